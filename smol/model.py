@@ -1,0 +1,181 @@
+"""SmolLM: the decoder layer and the model, with weight tying, scaled init and the loss."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from smol.attention import Attention
+from smol.config import SmolConfig
+from smol.mlp import MLP
+from smol.norm import RMSNorm
+from smol.rope import RotaryEmbedding
+
+IGNORE_INDEX = -100  # targets with this value do not count in the loss
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm residual block: x + attention(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, config: SmolConfig, layer_idx: int = 0):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, mask=None, is_causal=True, kv_cache=None):  # (B, T, C) -> (B, T, C)
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, is_causal, kv_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class SmolModel(nn.Module):
+    """The decoder stack; named `model` inside SmolLM, as in Hugging Face's LlamaForCausalLM."""
+
+    def __init__(self, config: SmolConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings)
+
+
+class SmolLM(nn.Module):
+    def __init__(self, config: SmolConfig):
+        super().__init__()
+        self.config = config
+        self.model = SmolModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.gradient_checkpointing = False
+        self.tie_weights()
+        self.reset_parameters()
+
+    def tie_weights(self) -> None:
+        """Share one matrix between the token embedding and the output head (Press & Wolf, 2017)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def reset_parameters(self) -> None:
+        """N(0, std) everywhere; projections into the residual stream get std / sqrt(2 * n_layers)
+        (GPT-2), since each layer adds two of them; norms start at one. A tied head is the embedding
+        matrix itself, so it is initialised once, as the embedding."""
+        std = self.config.initializer_range
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                if module.weight is self.model.embed_tokens.weight:
+                    continue  # the tied head: already initialised as the embedding
+                scale = math.sqrt(2 * self.config.num_hidden_layers) if getattr(module, "scaled_init", False) else 1.0
+                nn.init.normal_(module.weight, mean=0.0, std=std / scale)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+
+    def count_params(self, non_embedding: bool = False) -> int:
+        """Parameters, each shared tensor counted once; non_embedding leaves out the token embedding."""
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.model.embed_tokens.weight.numel() if non_embedding else n
+
+    def forward(self, input_ids, targets=None, attention_mask=None, position_ids=None, kv_cache=None):
+        """input_ids (B, T) -> logits (B, T, V), and the mean cross-entropy against targets (B, T)
+        (already shifted: targets[:, t] is the token after input_ids[:, t]; -100 is ignored) or None.
+
+        attention_mask (B, Tk) holds 1 for real tokens and 0 for padding, as transformers takes it;
+        Tk = T, plus the cached length when a kv_cache is given.
+        """
+        B, T = self._check_input_ids(input_ids)
+        offset = kv_cache.length if kv_cache is not None else 0
+        mask, is_causal = self._attention_mask(attention_mask, B, T, offset, input_ids.device)
+        cos, sin = self.model.rotary_emb(offset + T, input_ids.device, position_ids)
+        if position_ids is None:
+            cos, sin = cos[offset:], sin[offset:]
+        x = self.model.embed_tokens(input_ids)  # (B, T, C)
+        for layer in self.model.layers:
+            if self.gradient_checkpointing and self.training:
+                x = checkpoint(layer, x, cos, sin, mask, is_causal, use_reentrant=False)
+            else:
+                x = layer(x, cos, sin, mask, is_causal, kv_cache)
+        if kv_cache is not None:
+            kv_cache.advance(T)
+        logits = self.lm_head(self.model.norm(x))  # (B, T, V)
+        if targets is None:
+            return logits, None
+        if targets.shape != input_ids.shape:
+            raise ValueError(f"targets must have the shape of input_ids {tuple(input_ids.shape)}, "
+                             f"got {tuple(targets.shape)}")
+        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+        return logits, loss
+
+    def _check_input_ids(self, input_ids) -> tuple[int, int]:
+        if not isinstance(input_ids, torch.Tensor):
+            raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}")
+        if input_ids.dtype not in (torch.long, torch.int32, torch.int16, torch.uint8, torch.int8):
+            raise TypeError(f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}")
+        if input_ids.dim() != 2:
+            raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
+        if input_ids.shape[1] == 0:
+            raise ValueError("input_ids is empty: need at least one token per sequence")
+        if not torch.compiler.is_compiling():  # a data-dependent check; compiled graphs skip it
+            lo, hi = input_ids.min().item(), input_ids.max().item()
+            if lo < 0 or hi >= self.config.vocab_size:
+                raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), "
+                                 f"got values from {lo} to {hi}")
+        return input_ids.shape
+
+    def _attention_mask(self, attention_mask, B, T, offset, device):
+        """(mask, is_causal) for SDPA: no mask and is_causal when plain causal attention will do,
+        else a bool mask (B, 1, T, offset + T) that is causal and hides padded keys."""
+        Tk = offset + T
+        if attention_mask is None:
+            if offset == 0:
+                return None, True
+            if T == 1:
+                return None, False  # one new token sees every cached one
+        elif attention_mask.shape != (B, Tk):
+            raise ValueError(f"attention_mask must have shape (batch, {'cached + ' if offset else ''}seq_len) "
+                             f"= {(B, Tk)}, got {tuple(attention_mask.shape)}")
+        q_pos = torch.arange(offset, Tk, device=device)[:, None]  # (T, 1)
+        k_pos = torch.arange(Tk, device=device)[None, :]  # (1, Tk)
+        mask = (k_pos <= q_pos)[None, None]  # (1, 1, T, Tk): causal
+        if attention_mask is not None:
+            # Hide padded keys, but let every query see itself, so that a padding query's row is
+            # never all -inf (which makes softmax return NaN). Real tokens are unaffected.
+            mask = mask & attention_mask.bool()[:, None, None, :] | (k_pos == q_pos)
+        return mask, False
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        """PyTorch's load, with an error that names every missing, unexpected and mis-shaped key.
+        A tied model accepts a state dict without `lm_head.weight` (as tied checkpoints are saved)."""
+        state_dict = dict(state_dict)
+        if self.config.tie_word_embeddings and "lm_head.weight" not in state_dict and \
+                "model.embed_tokens.weight" in state_dict:
+            state_dict["lm_head.weight"] = state_dict["model.embed_tokens.weight"]
+        if strict:
+            check_state_dict(self, state_dict)
+        result = super().load_state_dict(state_dict, strict=strict, assign=assign)
+        self.tie_weights()  # assign=True puts new tensors in place; share them again
+        return result
+
+
+def check_state_dict(model: nn.Module, state_dict) -> None:
+    """Raise a ValueError listing how `state_dict` differs from the model's keys and shapes."""
+    own = model.state_dict()
+    missing = sorted(set(own) - set(state_dict))
+    unexpected = sorted(set(state_dict) - set(own))
+    shapes = [f"{k}: checkpoint {tuple(state_dict[k].shape)}, model {tuple(own[k].shape)}"
+              for k in own if k in state_dict and tuple(state_dict[k].shape) != tuple(own[k].shape)]
+    if not (missing or unexpected or shapes):
+        return
+
+    def show(items):
+        return "\n    " + "\n    ".join(items[:8]) + (f"\n    ... and {len(items) - 8} more" if len(items) > 8 else "")
+
+    parts = [f"{len(missing)} missing keys:{show(missing)}"] if missing else []
+    parts += [f"{len(unexpected)} unexpected keys:{show(unexpected)}"] if unexpected else []
+    parts += [f"{len(shapes)} shape mismatches:{show(shapes)}"] if shapes else []
+    raise ValueError("state dict does not fit this model's config (was it saved from another config?)\n"
+                     + "\n".join(parts))

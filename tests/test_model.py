@@ -1,0 +1,263 @@
+"""The model on its own: init statistics, tying, errors, RoPE tables, caching, checkpointing, compile."""
+
+import math
+
+import pytest
+import torch
+
+from smol import SmolConfig, SmolLM
+from smol.attention import eager_attention, repeat_kv
+from smol.generate import KVCache
+from smol.norm import RMSNorm
+from smol.rope import RotaryEmbedding
+
+
+def test_135m_preset_is_smollm2_as_released():
+    c = SmolConfig.preset("smollm2-135m")
+    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads) == (576, 30, 9, 3)
+    assert (c.head_dim, c.intermediate_size, c.vocab_size, c.n_rep) == (64, 1536, 49152, 3)
+    assert (c.rope_theta, c.rms_norm_eps, c.max_position_embeddings, c.tie_word_embeddings) == (1e5, 1e-5, 8192, True)
+    with torch.device("meta"):
+        model = SmolLM(c)
+    assert model.count_params() == 134_515_008
+    assert model.count_params(non_embedding=True) == 134_515_008 - 49152 * 576
+
+
+def test_config_round_trips_through_hf_dict():
+    for name in ("smollm2-135m", "tiny"):
+        c = SmolConfig.preset(name)
+        assert SmolConfig.from_hf_dict(c.to_hf_dict()) == c
+
+
+def test_init_statistics_follow_the_config():
+    config = SmolConfig.preset("tiny", num_hidden_layers=6, vocab_size=8000)
+    torch.manual_seed(0)
+    model = SmolLM(config)
+    std = config.initializer_range
+    residual = std / math.sqrt(2 * config.num_hidden_layers)
+    for name, p in model.named_parameters():
+        if name.endswith("norm.weight"):
+            assert torch.equal(p, torch.ones_like(p)), name
+            continue
+        expected = residual if name.endswith(("o_proj.weight", "down_proj.weight")) else std
+        assert p.mean().abs() < 3 * expected / math.sqrt(p.numel()), name
+        assert abs(p.std().item() / expected - 1) < 0.05, f"{name}: std {p.std().item():.5f}, expected {expected:.5f}"
+
+
+def test_tied_matrix_is_one_tensor_initialised_once(monkeypatch):
+    calls = []
+    original = torch.nn.init.normal_
+
+    def spy(tensor, *args, **kwargs):
+        calls.append(tensor.data_ptr())
+        return original(tensor, *args, **kwargs)
+
+    model = SmolLM(SmolConfig.preset("tiny"))
+    monkeypatch.setattr(torch.nn.init, "normal_", spy)
+    model.reset_parameters()
+    shared = model.model.embed_tokens.weight
+    assert model.lm_head.weight is shared
+    assert calls.count(shared.data_ptr()) == 1
+    assert len(calls) == len(set(calls)) == sum(1 for n, _ in model.named_parameters() if not n.endswith("norm.weight"))
+    # counted once, and it stays shared through a dtype/device move
+    assert model.count_params() == sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    model = model.to(torch.bfloat16)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_untied_head_is_its_own_matrix():
+    model = SmolLM(SmolConfig.preset("tiny", tie_word_embeddings=False))
+    assert model.lm_head.weight is not model.model.embed_tokens.weight
+    tied = SmolLM(SmolConfig.preset("tiny"))
+    assert model.count_params() - tied.count_params() == 4096 * 128
+
+
+def test_initial_loss_is_near_uniform():
+    torch.manual_seed(0)
+    config = SmolConfig.preset("tiny")
+    model = SmolLM(config)
+    ids = torch.randint(0, config.vocab_size, (4, 64))
+    targets = torch.randint(0, config.vocab_size, (4, 64))
+    _, loss = model(ids, targets)
+    assert abs(loss.item() - math.log(config.vocab_size)) < 0.1
+
+
+def test_ignore_index_and_loss_shape_errors():
+    torch.manual_seed(0)
+    model = SmolLM(SmolConfig.preset("tiny"))
+    ids = torch.randint(0, 4096, (2, 8))
+    targets = ids.roll(-1, dims=1)
+    _, full = model(ids, targets)
+    masked = targets.clone()
+    masked[:, 4:] = -100
+    logits, part = model(ids, masked)
+    expected = torch.nn.functional.cross_entropy(logits[:, :4].reshape(-1, 4096), targets[:, :4].reshape(-1))
+    torch.testing.assert_close(part, expected)
+    assert not torch.isclose(part, full)
+    with pytest.raises(ValueError, match="targets must have the shape"):
+        model(ids, targets[:, :-1])
+
+
+@pytest.mark.parametrize("changes, message", [
+    (dict(num_key_value_heads=4, num_attention_heads=6, hidden_size=48), "divisible by num_key_value_heads"),
+    (dict(hidden_size=130), "hidden_size \\(130\\) must be divisible by num_attention_heads"),
+    (dict(hidden_size=12, num_attention_heads=4, num_key_value_heads=2), "head_dim \\(3\\) must be even"),
+    (dict(num_hidden_layers=0), "num_hidden_layers must be a positive int"),
+    (dict(attn_implementation="flash"), "attn_implementation"),
+])
+def test_bad_configs_are_refused(changes, message):
+    with pytest.raises(ValueError, match=message):
+        SmolConfig.preset("tiny", **changes)
+    with pytest.raises(KeyError, match="unknown preset 'huge'"):
+        SmolConfig.preset("huge")
+
+
+def test_bad_inputs_get_clear_errors():
+    model = SmolLM(SmolConfig.preset("tiny", max_position_embeddings=32))
+    with pytest.raises(ValueError, match="longer than the context \\(max_position_embeddings=32\\)"):
+        model(torch.zeros(1, 33, dtype=torch.long))
+    with pytest.raises(ValueError, match="token ids must lie in \\[0, 4096\\), got values from 0 to 4096"):
+        model(torch.tensor([[0, 4096]]))
+    with pytest.raises(ValueError, match="from -1"):
+        model(torch.tensor([[-1, 3]]))
+    with pytest.raises(TypeError, match="integer token ids"):
+        model(torch.zeros(1, 4))
+    with pytest.raises(ValueError, match="shape \\(batch, seq_len\\), got \\(4,\\)"):
+        model(torch.zeros(4, dtype=torch.long))
+    with pytest.raises(TypeError, match="got list"):
+        model([[1, 2]])
+    with pytest.raises(ValueError, match="attention_mask must have shape"):
+        model(torch.zeros(2, 4, dtype=torch.long), attention_mask=torch.ones(2, 5))
+
+
+def test_state_dict_from_another_config_names_keys_and_shapes():
+    model = SmolLM(SmolConfig.preset("tiny"))
+    other = SmolLM(SmolConfig.preset("tiny", num_hidden_layers=5, intermediate_size=320))
+    with pytest.raises(ValueError) as err:
+        model.load_state_dict(other.state_dict())
+    text = str(err.value)
+    assert "unexpected keys" in text and "model.layers.4.mlp.up_proj.weight" in text
+    assert "model.layers.0.mlp.up_proj.weight: checkpoint (320, 128), model (384, 128)" in text
+    with pytest.raises(ValueError, match="missing keys:\n    model.layers.4"):
+        other.load_state_dict(model.state_dict())
+
+
+def test_tied_checkpoint_without_head_loads_and_assign_keeps_the_tie():
+    source = SmolLM(SmolConfig.preset("tiny"))
+    sd = {k: v.clone() for k, v in source.state_dict().items() if k != "lm_head.weight"}
+    with torch.device("meta"):
+        model = SmolLM(SmolConfig.preset("tiny"))
+    model.load_state_dict(sd, assign=True)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    assert torch.equal(model.lm_head.weight, source.lm_head.weight)
+
+
+def test_rope_tables_are_fp32_lazy_and_grow_to_the_context():
+    rope = RotaryEmbedding(head_dim=8, theta=10000.0, max_positions=100)
+    assert rope.cos is None
+    cos, sin = rope(10, torch.device("cpu"))
+    assert cos.shape == (10, 8) and rope.cos.shape[0] == 10 and cos.dtype == torch.float32
+    cos40, _ = rope(40, torch.device("cpu"))
+    assert rope.cos.shape[0] == 40
+    torch.testing.assert_close(cos40[:10], cos)
+    rope(60, torch.device("cpu"))
+    assert rope.cos.shape[0] == 80  # doubles, so growth happens only log(n) times
+    rope(90, torch.device("cpu"))
+    assert rope.cos.shape[0] == 100  # never past the context
+    with pytest.raises(ValueError, match="longer than the context"):
+        rope(101, torch.device("cpu"))
+    # the relative-position property: q.k after rotation depends only on the offset
+    q, k = torch.randn(8), torch.randn(8)
+    cos, sin = rope(100, torch.device("cpu"))
+    from smol.rope import apply_rope
+    def score(i, j):
+        return apply_rope(q, cos[i], sin[i]) @ apply_rope(k, cos[j], sin[j])
+    torch.testing.assert_close(score(7, 3), score(57, 53), atol=1e-5, rtol=0)
+
+
+def test_model_in_bf16_keeps_rope_tables_fp32():
+    model = SmolLM(SmolConfig.preset("tiny")).to(torch.bfloat16)
+    logits, _ = model(torch.randint(0, 4096, (1, 8)))
+    assert logits.dtype == torch.bfloat16
+    assert model.model.rotary_emb.cos.dtype == torch.float32
+
+
+def test_rmsnorm_matches_torch_and_computes_in_fp32():
+    x = torch.randn(4, 7, 32) * 3
+    norm = RMSNorm(32, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.uniform_(0.5, 1.5)
+    ref = torch.nn.RMSNorm(32, eps=1e-5)
+    ref.weight = norm.weight
+    torch.testing.assert_close(norm(x), ref(x))
+    # bf16 input: normalised in fp32 then cast back, so it matches the fp32 result rounded once
+    xb = (torch.randn(2, 256) * 300).to(torch.bfloat16)
+    expected = (norm_fp32 := RMSNorm(256))(xb.float()).to(torch.bfloat16)
+    assert torch.equal(norm_fp32(xb), expected)
+
+
+def test_repeat_kv_groups_query_heads_as_repeat_interleave():
+    kv = torch.randn(2, 3, 5, 4)
+    out = repeat_kv(kv, 3)
+    torch.testing.assert_close(out, kv.repeat_interleave(3, dim=1), atol=0, rtol=0)
+    assert not torch.equal(out, kv.repeat(1, 3, 1, 1))  # tiling is the classic bug
+    assert repeat_kv(kv, 1) is kv
+
+
+def test_eager_attention_matches_sdpa():
+    q, k, v = torch.randn(3, 2, 4, 7, 8).unbind(0)
+    mask = torch.rand(2, 1, 7, 7) > 0.3
+    mask |= torch.eye(7, dtype=torch.bool)
+    for kwargs in (dict(is_causal=True), dict(mask=mask)):
+        sdpa = torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, attn_mask=kwargs.get("mask"), is_causal=kwargs.get("is_causal", False))
+        torch.testing.assert_close(eager_attention(q, k, v, **kwargs), sdpa, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_kv_cache_gives_the_full_forward_logits(attn):
+    torch.manual_seed(0)
+    config = SmolConfig.preset("tiny", attn_implementation=attn)
+    model = SmolLM(config).eval()
+    ids = torch.randint(0, config.vocab_size, (2, 20))
+    with torch.no_grad():
+        full, _ = model(ids)
+        cache = KVCache(config, batch_size=2, max_len=32)
+        prefill, _ = model(ids[:, :12], kv_cache=cache)
+        chunk, _ = model(ids[:, 12:15], kv_cache=cache)  # several tokens after a cache
+        steps = [model(ids[:, t:t + 1], kv_cache=cache)[0] for t in range(15, 20)]
+    torch.testing.assert_close(torch.cat([prefill, chunk, *steps], dim=1), full, atol=1e-5, rtol=0)
+    assert cache.length == 20
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    torch.manual_seed(0)
+    model = SmolLM(SmolConfig.preset("tiny"))
+    ids = torch.randint(0, 4096, (2, 16))
+    grads = []
+    for flag in (False, True):
+        model.zero_grad()
+        model.gradient_checkpointing = flag
+        model(ids, ids.roll(-1, 1))[1].backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_torch_compile_in_train_and_eval():
+    torch.manual_seed(0)
+    model = SmolLM(SmolConfig.preset("tiny", num_hidden_layers=2))
+    compiled = torch.compile(model)
+    ids = torch.randint(0, 4096, (2, 16))
+    targets = ids.roll(-1, 1)
+    _, loss = compiled(ids, targets)
+    loss.backward()
+    _, eager_loss = model(ids, targets)
+    torch.testing.assert_close(loss, eager_loss, atol=1e-5, rtol=0)
+    model.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(ids)[0], model(ids)[0], atol=1e-5, rtol=0)
+        cache = KVCache(model.config, batch_size=2, max_len=20)
+        compiled(ids, kv_cache=cache)
+        step, _ = compiled(ids[:, :1], kv_cache=cache)
+    assert step.shape == (2, 1, 4096) and cache.length == 17
