@@ -25,8 +25,11 @@ def llama_pair(config: SmolConfig, attn="sdpa", seed=0):
     return ref, model
 
 
-@pytest.mark.parametrize("attn", ["sdpa", "eager"])
-def test_logits_equal_transformers(tiny_config, attn):
+@pytest.mark.parametrize("attn", ["sdpa", "sdpa-repeat-kv", "eager"])
+def test_logits_equal_transformers(tiny_config, attn, monkeypatch):
+    if attn == "sdpa-repeat-kv":  # the path CUDA takes in fp32 or on pre-Ampere GPUs: repeat_kv, then SDPA
+        monkeypatch.setattr("smol.attention.sdpa_uses_gqa", lambda q: False)
+        attn = "sdpa"
     ref, model = llama_pair(tiny_config, attn)
     ids = torch.randint(0, tiny_config.vocab_size, (3, 17), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():

@@ -1,0 +1,76 @@
+"""Forward and forward+backward time of SmolLM vs transformers' LlamaForCausalLM (sdpa), same weights.
+
+Runs alternate between the two models; the medians and the ratio smol / transformers are printed
+(below 1.0: smol is faster).
+
+    python bench/forward.py [--repeats 15] [--threads N]
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from smol import SmolConfig, SmolLM
+
+
+def pair(config: SmolConfig):
+    hf = {k: v for k, v in config.to_hf_dict().items() if k not in ("architectures", "torch_dtype")}
+    ref = LlamaForCausalLM(LlamaConfig(**hf, attn_implementation="sdpa"))
+    model = SmolLM(config)
+    model.load_state_dict(ref.state_dict())
+    return model, ref
+
+
+def forward(model, ids, is_smol):
+    with torch.no_grad():
+        return model(ids)[0] if is_smol else model(ids).logits
+
+
+def forward_backward(model, ids, is_smol):
+    if is_smol:
+        loss = model(ids, targets=ids.roll(-1, 1))[1]
+    else:
+        loss = model(ids, labels=ids).loss
+    loss.backward()
+    model.zero_grad(set_to_none=True)
+
+
+def measure(step, models, ids, repeats):
+    times = {name: [] for name in models}
+    for name, (m, is_smol) in models.items():  # warm-up
+        step(m, ids, is_smol)
+    for _ in range(repeats):
+        for name, (m, is_smol) in models.items():  # alternate
+            start = time.perf_counter()
+            step(m, ids, is_smol)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=15)
+    parser.add_argument("--threads", type=int, default=None)
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
+    cases = [("tiny", SmolConfig.preset("tiny"), (8, 256)), ("smollm2-135m", SmolConfig.preset("smollm2-135m"), (1, 128))]
+    print(f"{'preset':<14}{'B x T':>10}{'pass':>18}{'smol ms':>10}{'hf ms':>10}{'ratio':>8}")
+    for name, config, (b, t) in cases:
+        torch.manual_seed(0)
+        model, ref = pair(config)
+        ids = torch.randint(0, config.vocab_size, (b, t))
+        for label, step, mode in (("forward", forward, "eval"), ("forward+backward", forward_backward, "train")):
+            for m in (model, ref):
+                m.train(mode == "train")
+            med = measure(step, {"smol": (model, True), "hf": (ref, False)}, ids, args.repeats)
+            print(f"{name:<14}{f'{b} x {t}':>10}{label:>18}{med['smol'] * 1e3:>10.1f}{med['hf'] * 1e3:>10.1f}"
+                  f"{med['smol'] / med['hf']:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
