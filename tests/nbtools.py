@@ -68,8 +68,11 @@ def smol_source(header: str) -> str:
 
 def execute(path: Path, timeout: int = 600) -> None:
     """Run a notebook top to bottom in this environment and store its outputs (as nbval expects)."""
+    import os
+
     from nbclient import NotebookClient
 
+    os.environ.setdefault("PYTHONWARNINGS", "ignore:IProgress not found:Warning")  # as tests/conftest.py
     nb = read(path)
     if not nb.cells or nb.cells[0].source != setup_cell_source():
         nb.cells.insert(0, nbformat.v4.new_code_cell(setup_cell_source()))
