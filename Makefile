@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 NPROC ?= 2
 
-.PHONY: setup book test bench clean
+.PHONY: setup book test bench clean chromium
 
 setup: $(STAMP)
 
@@ -26,6 +26,12 @@ book: setup
 
 test: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -n $(NPROC) --dist loadfile
+
+# The browser test (tests/test_book_browser.py) drives Debian's Chromium; install it where missing
+# (as root). Without it that test is skipped, except in CI, where .ci/run installs it first.
+chromium:
+	@test -x /usr/bin/chromium || { apt-get update -q && \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium chromium-driver; }
 
 clean:
 	rm -rf _build $(VENV)

@@ -1,0 +1,295 @@
+"""The book as a reader gets it: built clean, every link inside it resolving, and checked in a real
+browser (headless Chromium driven by Playwright) from a local HTTP server.
+
+The book is built by this module into a temporary folder, from the notebooks' stored outputs, with
+warnings as errors: the tests never depend on someone having run `make book`, and never write into
+the repository's `_build/` (except the landing-page screenshot, _build/screenshots/landing.png).
+The pages come from `_toc.yml`, so new chapters are checked as soon as they are listed there.
+"""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path(os.environ.get("SMOL_CHROMIUM", "/usr/bin/chromium"))  # Debian's package
+SCREENSHOT = ROOT / "_build" / "screenshots" / "landing.png"
+CHROMIUM_ARGS = [  # Playwright adds --headless itself; nothing may reach the network
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+]
+
+
+def config() -> dict:
+    return yaml.safe_load((ROOT / "_config.yml").read_text())
+
+
+def toc_pages() -> list[str]:
+    """Every page of the book in reading order (the order of the "next" links): the root, then
+    each `file` of `_toc.yml` depth first."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    pages = [toc["root"]]
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                pages.append(str(node["file"]).removesuffix(".md").removesuffix(".ipynb"))
+            if "glob" in node:
+                found = sorted({p.with_suffix("") for s in (".md", ".ipynb") for p in ROOT.glob(node["glob"] + s)})
+                pages.extend(str(p.relative_to(ROOT)) for p in found)
+            for key, value in node.items():
+                if key not in ("file", "glob", "root"):
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(toc)
+    return pages
+
+
+def source_of(page: str) -> Path:
+    for suffix in (".ipynb", ".md"):
+        if (ROOT / page).with_suffix(suffix).exists():
+            return (ROOT / page).with_suffix(suffix)
+    raise FileNotFoundError(f"_toc.yml names {page}, which has no .ipynb or .md file")
+
+
+def image_outputs(notebook: Path) -> int:
+    import nbformat
+
+    nb = nbformat.read(notebook, as_version=4)
+    return sum(1 for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
+               if any(k.startswith("image/") for k in out.get("data", {})))
+
+
+@dataclass
+class Book:
+    html: Path
+    returncode: int
+    log: str
+
+
+@pytest.fixture(scope="module")
+def book(tmp_path_factory) -> Book:
+    out = tmp_path_factory.mktemp("book")
+    exe = Path(sys.executable).with_name("jupyter-book")
+    cmd = [str(exe) if exe.exists() else (shutil.which("jupyter-book") or "jupyter-book"),
+           "build", str(ROOT), "--path-output", str(out), "-W", "--keep-going"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    html = out / "_build" / "html"
+    assert (html / "index.html").exists(), f"the book did not build:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return Book(html, proc.returncode, proc.stdout + proc.stderr)
+
+
+def test_book_builds_without_warnings(book):
+    warnings = [line for line in book.log.splitlines() if "WARNING" in line or "ERROR" in line]
+    assert book.returncode == 0 and not warnings, "jupyter-book build -W --keep-going:\n" + "\n".join(
+        warnings or book.log.splitlines()[-40:])
+
+
+class _Links(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ids: set[str] = set()
+        self.refs: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        for name in ("id", "name") if tag == "a" else ("id",):
+            if attrs.get(name):
+                self.ids.add(attrs[name])
+        for name in ("href", "src"):
+            if attrs.get(name) and tag in ("a", "img", "link", "script", "source", "iframe"):
+                self.refs.append(attrs[name])
+
+
+def test_internal_links_and_assets_resolve(book):
+    """What `sphinx -b linkcheck` would do for links inside the book, without the network: every
+    relative href/src names a file of the build, and every #fragment an id on its page."""
+    parsed = {}
+    for path in book.html.rglob("*.html"):
+        if path.relative_to(book.html).parts[0] == "_static":
+            continue  # the themes' template fragments, not pages
+        parser = _Links()
+        parser.feed(path.read_text(errors="replace"))
+        parsed[path.resolve()] = parser
+    broken = []
+    for path, parser in parsed.items():
+        for ref in parser.refs:
+            parts = urlsplit(ref)
+            if parts.scheme or parts.netloc or ref.startswith(("mailto:", "javascript:", "data:")):
+                continue
+            target = (path.parent / unquote(parts.path)).resolve() if parts.path else path
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.exists():
+                broken.append(f"{path.relative_to(book.html)}: {ref} (no such file)")
+            elif parts.fragment and target.suffix == ".html" and target in parsed \
+                    and unquote(parts.fragment) not in parsed[target].ids:
+                broken.append(f"{path.relative_to(book.html)}: {ref} (no such anchor)")
+    assert not broken, "broken links inside the book:\n" + "\n".join(sorted(set(broken)))
+
+
+def test_repository_url_lives_in_config():
+    """_config.yml holds the repository URL and branch; the setup cell (tests/test_notebooks.py
+    checks every notebook against it), the README and the book's pages must agree with it."""
+    from tests import nbtools
+
+    repo = config()["repository"]
+    url, branch = repo["url"].rstrip("/"), repo.get("branch", "main")
+    assert f"git+{url}@{branch}" in nbtools.setup_cell_source()
+    owner_repo = urlsplit(url).path.strip("/")
+    readme = (ROOT / "README.md").read_text()
+    assert url in readme, "README.md does not name the repository of _config.yml"
+    for path in [ROOT / "README.md", *sorted((ROOT / "book").glob("*.md"))]:
+        text = path.read_text()
+        for found in re.findall(r"colab\.research\.google\.com/github/([^/\s)]+/[^/\s)]+)/blob/([^/\s)]+)/", text):
+            assert found == (owner_repo, branch), f"{path.name}: a Colab link to {found}, not {owner_repo}@{branch}"
+        for found in re.findall(r"git clone (\S+)", text):
+            assert found.removesuffix(".git") == url, f"{path.name}: `git clone {found}`, not {url}"
+
+
+def _require_browser():
+    reason = None
+    if not CHROMIUM.exists():
+        reason = f"no Chromium at {CHROMIUM}: `make chromium` (as root) installs Debian's chromium"
+    else:
+        try:
+            import playwright.sync_api  # noqa: F401
+        except ImportError:
+            reason = "the playwright package is missing: `make setup` installs it"
+    if reason:
+        if os.environ.get("CI"):
+            pytest.fail(f"{reason}; CI must run the browser test")
+        pytest.skip(reason)
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def served(book):
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(_QuietHandler, directory=str(book.html)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+WAIT_FOR_IMAGES = """async () => {
+    const images = Array.from(document.images);
+    images.forEach(img => { img.loading = "eager"; });
+    const settled = img => img.complete ? null : new Promise(done => {
+        img.addEventListener("load", done); img.addEventListener("error", done); });
+    await Promise.race([Promise.all(images.map(settled)), new Promise(done => setTimeout(done, 10000))]);
+    return images.map(img => [img.getAttribute("src"), img.naturalWidth]);
+}"""
+
+RENDER_MATH = """async () => {
+    await MathJax.startup.promise;
+    return [document.querySelectorAll("mjx-container").length, document.querySelectorAll("mjx-merror").length];
+}"""
+
+
+def test_pages_in_chromium(book, served, tmp_path):
+    """Open the landing page, then follow the "next" link through every page of _toc.yml."""
+    _require_browser()
+    from playwright.sync_api import sync_playwright
+
+    cfg = config()
+    url = cfg["repository"]["url"].rstrip("/")
+    branch = cfg["repository"].get("branch", "main")
+    book_path = (cfg["repository"].get("path_to_book") or "").strip("/")
+    colab = cfg["launch_buttons"]["colab_url"].rstrip("/")
+    owner_repo = urlsplit(url).path.strip("/")
+    pages = toc_pages()
+    errors: list[str] = []
+    current = {"page": "(landing)"}
+    pages_with_math = 0
+    start = time.perf_counter()
+
+    def local(u: str) -> bool:
+        return u.startswith(served + "/")
+
+    with sync_playwright() as pw:
+        context = pw.chromium.launch_persistent_context(
+            str(tmp_path / "profile"), executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS,
+            viewport={"width": 1280, "height": 900})
+        try:
+            # The book must work offline: anything not served from the book itself is refused.
+            context.route("**/*", lambda route: route.continue_() if local(route.request.url) else route.abort())
+            page = context.pages[0] if context.pages else context.new_page()
+            page.on("pageerror", lambda exc: errors.append(f"{current['page']}: uncaught {exc}"))
+            page.on("console", lambda msg: errors.append(f"{current['page']}: console: {msg.text} ({msg.location.get('url')})")
+                    if msg.type == "error" and local(msg.location.get("url", "")) and not _favicon(msg.location.get("url", ""))
+                    else None)
+            page.on("requestfailed", lambda req: errors.append(f"{current['page']}: failed to load {req.url}")
+                    if local(req.url) and not _favicon(req.url) else None)
+            page.on("response", lambda res: errors.append(f"{current['page']}: HTTP {res.status} for {res.url}")
+                    if res.status >= 400 and local(res.url) and not _favicon(res.url) else None)
+
+            page.goto(served + "/", wait_until="load")
+            for i, doc in enumerate(pages):
+                current["page"] = doc
+                page.wait_for_url(f"{served}/{doc}.html", wait_until="load")
+                assert page.locator("article h1").first.is_visible(), f"{doc}: no visible title"
+
+                # launch, repository and issue buttons
+                assert page.locator(f'a[href="{url}"]').count() >= 1, f"{doc}: no repository button"
+                assert page.locator(f'a[href^="{url}/issues/new"]').count() >= 1, f"{doc}: no issue button"
+                source = source_of(doc)
+                if source.suffix == ".ipynb":
+                    nb_path = "/".join(p for p in (book_path, f"{doc}.ipynb") if p)
+                    want = f"{colab}/github/{owner_repo}/blob/{branch}/{nb_path}"
+                    hrefs = page.locator(f'a[href^="{colab}/"]').evaluate_all("els => els.map(e => e.href)")
+                    assert hrefs == [want], f"{doc}: Colab launch links {hrefs}, expected [{want}]"
+
+                # every picture loaded; a notebook page shows at least its stored image outputs
+                images = page.evaluate(WAIT_FOR_IMAGES)
+                assert all(width > 0 for _, width in images), f"{doc}: images not loaded: {[s for s, w in images if not w]}"
+                if source.suffix == ".ipynb":
+                    shown = sum(1 for src, _ in images if src and "_images/" in src)
+                    assert shown >= image_outputs(source), f"{doc}: {shown} pictures shown, the notebook has {image_outputs(source)}"
+
+                # math rendered by the book's own MathJax
+                n_math = page.locator(".math").count()
+                if n_math:
+                    page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=15000)
+                    containers, merrors = page.evaluate(RENDER_MATH)
+                    assert containers >= n_math and not merrors, \
+                        f"{doc}: {n_math} formulas, {containers} rendered by MathJax, {merrors} with errors"
+                    pages_with_math += 1
+
+                if i == 0:
+                    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+                    page.screenshot(path=str(SCREENSHOT), full_page=True)
+                if i + 1 < len(pages):
+                    page.locator("a.right-next").first.click()
+        finally:
+            context.close()
+    assert not errors, "errors from the book's own pages:\n" + "\n".join(errors)
+    assert pages_with_math, "no page with math: the MathJax check never ran"
+    print(f"checked {len(pages)} pages in {time.perf_counter() - start:.1f} s; screenshot {SCREENSHOT}")
+
+
+def _favicon(u: str) -> bool:
+    return urlsplit(u).path == "/favicon.ico"  # browsers ask for it; the book has none
