@@ -213,6 +213,7 @@ RENDER_MATH = """async () => {
 def test_pages_in_chromium(book, served, tmp_path):
     """Open the landing page, then follow the "next" link through every page of _toc.yml."""
     _require_browser()
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
     from playwright.sync_api import sync_playwright
 
     cfg = config()
@@ -222,8 +223,13 @@ def test_pages_in_chromium(book, served, tmp_path):
     colab = cfg["launch_buttons"]["colab_url"].rstrip("/")
     owner_repo = urlsplit(url).path.strip("/")
     pages = toc_pages()
-    errors: list[str] = []
+    errors: list[str] = []  # every problem found; the walk goes on to the last page
     current = {"page": "(landing)"}
+
+    def check(ok: bool, problem: str) -> None:
+        if not ok:
+            errors.append(problem)
+
     pages_with_math = 0
     start = time.perf_counter()
 
@@ -250,43 +256,59 @@ def test_pages_in_chromium(book, served, tmp_path):
             page.goto(served + "/", wait_until="load")
             for i, doc in enumerate(pages):
                 current["page"] = doc
-                page.wait_for_url(f"{served}/{doc}.html", wait_until="load")
-                assert page.locator("article h1").first.is_visible(), f"{doc}: no visible title"
+                try:
+                    page.wait_for_url(f"{served}/{doc}.html", wait_until="load", timeout=15000)
+                except PlaywrightTimeout:
+                    came_from = "the landing URL" if i == 0 else f'the "next" link of {pages[i - 1]}'
+                    raise AssertionError(f"{came_from} led to {page.url}, not to {doc}.html\n" + "\n".join(errors)) from None
+                check(page.locator("article h1").first.is_visible(), f"{doc}: no visible title")
 
-                # launch, repository and issue buttons
-                assert page.locator(f'a[href="{url}"]').count() >= 1, f"{doc}: no repository button"
-                assert page.locator(f'a[href^="{url}/issues/new"]').count() >= 1, f"{doc}: no issue button"
+                # repository, issue and launch buttons
+                check(page.locator(f'a[href="{url}"]').count() >= 1, f"{doc}: no repository button")
+                check(page.locator(f'a[href^="{url}/issues/new"]').count() >= 1, f"{doc}: no issue button")
                 source = source_of(doc)
                 if source.suffix == ".ipynb":
                     nb_path = "/".join(p for p in (book_path, f"{doc}.ipynb") if p)
                     want = f"{colab}/github/{owner_repo}/blob/{branch}/{nb_path}"
-                    hrefs = page.locator(f'a[href^="{colab}/"]').evaluate_all("els => els.map(e => e.href)")
-                    assert hrefs == [want], f"{doc}: Colab launch links {hrefs}, expected [{want}]"
+                    launch = page.locator(".dropdown-launch-buttons")
+                    hrefs = launch.locator(f'a[href^="{colab}/"]').evaluate_all("els => els.map(e => e.href)")
+                    check(hrefs == [want], f"{doc}: Colab launch links {hrefs}, expected [{want}]")
+                    if hrefs == [want]:
+                        launch.locator("button").first.click()  # the rocket button opens its menu
+                        try:
+                            launch.locator(f'a[href="{want}"]').wait_for(state="visible", timeout=5000)
+                        except PlaywrightTimeout:
+                            check(False, f"{doc}: the rocket button does not show the Colab link")
+                        page.keyboard.press("Escape")
 
                 # every picture loaded; a notebook page shows at least its stored image outputs
                 images = page.evaluate(WAIT_FOR_IMAGES)
-                assert all(width > 0 for _, width in images), f"{doc}: images not loaded: {[s for s, w in images if not w]}"
+                check(all(width > 0 for _, width in images), f"{doc}: images not loaded: {[s for s, w in images if not w]}")
                 if source.suffix == ".ipynb":
-                    shown = sum(1 for src, _ in images if src and "_images/" in src)
-                    assert shown >= image_outputs(source), f"{doc}: {shown} pictures shown, the notebook has {image_outputs(source)}"
+                    shown, stored = sum(1 for src, _ in images if src and "_images/" in src), image_outputs(source)
+                    check(shown >= stored, f"{doc}: {shown} pictures shown, the notebook has {stored}")
 
                 # math rendered by the book's own MathJax
                 n_math = page.locator(".math").count()
                 if n_math:
-                    page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise", timeout=15000)
-                    containers, merrors = page.evaluate(RENDER_MATH)
-                    assert containers >= n_math and not merrors, \
-                        f"{doc}: {n_math} formulas, {containers} rendered by MathJax, {merrors} with errors"
-                    pages_with_math += 1
+                    try:
+                        page.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
+                                               timeout=15000)
+                        containers, merrors = page.evaluate(RENDER_MATH)
+                        check(containers >= n_math and not merrors,
+                              f"{doc}: {n_math} formulas, {containers} rendered by MathJax, {merrors} with errors")
+                        pages_with_math += 1
+                    except PlaywrightTimeout:
+                        check(False, f"{doc}: {n_math} formulas, and MathJax never started (is _static/mathjax there?)")
 
                 if i == 0:
                     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
                     page.screenshot(path=str(SCREENSHOT), full_page=True)
-                if i + 1 < len(pages):
+                if i + 1 < len(pages):  # the reader's way on: the "next" link at the bottom
                     page.locator("a.right-next").first.click()
         finally:
             context.close()
-    assert not errors, "errors from the book's own pages:\n" + "\n".join(errors)
+    assert not errors, f"{len(errors)} problems in the book's pages:\n" + "\n".join(errors)
     assert pages_with_math, "no page with math: the MathJax check never ran"
     print(f"checked {len(pages)} pages in {time.perf_counter() - start:.1f} s; screenshot {SCREENSHOT}")
 
