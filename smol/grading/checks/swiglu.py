@@ -1,0 +1,96 @@
+"""04 SwiGLU: silu, the gated MLP, and an MLP whose scaled-init flag never takes effect."""
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from smol import SmolConfig, SmolLM
+from smol.grading.checks._util import close, grad_of
+from smol.grading.core import check, task
+from smol.mlp import MLP as Reference
+
+task("silu", "swiglu", "silu(x): the sigmoid linear unit")
+task("swiglu", "swiglu", "SwiGLU(config): the gated feed-forward block")
+task("swiglu_bug", "swiglu", "Find the bug: an MLP that SmolLM initialises like any other layer")
+
+CONFIG = SmolConfig(vocab_size=64, hidden_size=64, intermediate_size=256, num_hidden_layers=8,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+
+
+@check("silu", "values: x * sigmoid(x)", 1, "silu(x) = x * torch.sigmoid(x)")
+def _(fn):
+    x = torch.randn(4, 9) * 3
+    close(fn(x), F.silu(x), "silu(x)")
+
+
+@check("silu", "gradients equal F.silu's", 1, "use differentiable torch operations")
+def _(fn):
+    x = torch.randn(3, 5) * 3
+    _, (g,), up = grad_of(fn, x)
+    _, (ref,), _ = grad_of(F.silu, x, upstream=up)
+    close(g, ref, "the gradient", atol=1e-5)
+
+
+@check("silu", "finite for large |x| (+-100)", 1, "torch.sigmoid is stable; 1 / (1 + exp(-x)) overflows")
+def _(fn):
+    x = torch.tensor([-100.0, -30.0, 0.0, 30.0, 100.0])
+    close(fn(x), F.silu(x), "silu at large |x|")
+
+
+def _pair(cls, config=CONFIG):
+    student = cls(config)
+    assert isinstance(student, torch.nn.Module), f"SwiGLU(config) should be an nn.Module, got {type(student).__name__}"
+    ref = Reference(config)
+    student.load_state_dict(ref.state_dict())
+    return student, ref
+
+
+BOTH = ("swiglu", "swiglu_bug")
+
+
+@check(BOTH, "gate_proj, up_proj (C -> F) and down_proj (F -> C), without biases", 1,
+       "three nn.Linear(..., bias=False) named as Hugging Face's LlamaMLP")
+def _(cls):
+    student = cls(CONFIG)
+    got = {k: tuple(v.shape) for k, v in student.state_dict().items()}
+    want = {k: tuple(v.shape) for k, v in Reference(CONFIG).state_dict().items()}
+    assert got == want, f"parameters {got}, expected {want}"
+
+
+@check(BOTH, "values: down(silu(gate(x)) * up(x)) with smol's weights", 2,
+       "the gate goes through silu, the up projection does not; multiply them, then project down")
+def _(cls):
+    student, ref = _pair(cls)
+    x = torch.randn(2, 5, CONFIG.hidden_size)
+    close(student(x), ref(x), "the MLP's output", atol=1e-5)
+
+
+@check(BOTH, "gradients for the input and every weight equal smol's", 1,
+       "use differentiable operations only")
+def _(cls):
+    student, ref = _pair(cls)
+    x = torch.randn(2, 3, CONFIG.hidden_size)
+    _, (g,), up = grad_of(student, x)
+    _, (ref_g,), _ = grad_of(ref, x, upstream=up)
+    close(g, ref_g, "the input's gradient", atol=1e-5)
+    for (name, p), r in zip(student.named_parameters(), ref.parameters()):
+        assert p.grad is not None, f"no gradient reached {name}"
+        close(p.grad, r.grad, f"the gradient of {name}", atol=1e-5)
+
+
+@check(BOTH, "down_proj is flagged `scaled_init`, so SmolLM initialises it with std / sqrt(2 * n_layers)", 2,
+       "SmolLM.reset_parameters reads getattr(module, 'scaled_init', False): the flag must be "
+       "spelt exactly `scaled_init` and set on down_proj")
+def _(cls):
+    model = SmolLM(CONFIG)
+    for layer in model.model.layers:
+        layer.mlp = cls(CONFIG)
+    model.reset_parameters()
+    std = CONFIG.initializer_range
+    want = std / math.sqrt(2 * CONFIG.num_hidden_layers)
+    for name, p in model.named_parameters():
+        if name.endswith(("down_proj.weight", "up_proj.weight")):
+            expected = want if "down_proj" in name else std
+            got = p.std().item()
+            assert abs(got / expected - 1) < 0.1, f"{name} has std {got:.4f}, expected {expected:.4f}"

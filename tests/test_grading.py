@@ -1,0 +1,313 @@
+"""The grader, proven: solutions score full marks, untouched exercises zero, each known bug class
+loses exactly the points of the check written for it, and hostile student code (raising, hanging,
+exiting, killing its kernel) costs only its own points."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import math
+import subprocess
+import sys
+import threading
+
+import nbformat
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from smol import SmolConfig
+from smol.grade import collected_results, expected_tasks
+from smol.grading import NOTEBOOKS, TASKS, core, run_checks
+from smol.grading.make_exercises import BEGIN, END, exercise_notebook, stale, strip_solutions
+from smol.norm import RMSNorm
+from tests.nbtools import ROOT
+
+SOLUTIONS = [ROOT / "solutions" / f"{stem}.ipynb" for stem in NOTEBOOKS.values()]
+EXERCISES = [ROOT / "exercises" / f"{stem}.ipynb" for stem in NOTEBOOKS.values()]
+
+
+def run_in_process(path):
+    """Execute a notebook's code cells (after the setup cell) in one namespace, here; return the
+    namespace and the counted grade results."""
+    nb = nbformat.read(path, as_version=4)
+    core.RESULTS.clear()
+    namespace = {"__name__": "__main__"}
+    with contextlib.redirect_stdout(io.StringIO()):
+        for cell in nb.cells[1:]:
+            if cell.cell_type == "code":
+                exec(compile(cell.source, str(path), "exec"), namespace)  # noqa: S102
+    return nb, namespace, dict(core.RESULTS)
+
+
+def failed(task, obj, timeout=core.DEFAULT_TIMEOUT):
+    return {row.check for row in run_checks(task, obj, timeout).rows if not row.passed}
+
+
+def check_named(task, start):
+    names = [c.name for c in TASKS[task].checks if c.name.startswith(start)]
+    assert len(names) == 1, (task, start, names)
+    return names[0]
+
+
+# --- the notebooks ------------------------------------------------------------------------------
+
+def test_seven_notebooks_each_with_tasks_and_one_bug_hunt():
+    assert len(NOTEBOOKS) >= 7
+    for topic, stem in NOTEBOOKS.items():
+        nb = nbformat.read(ROOT / "solutions" / f"{stem}.ipynb", as_version=4)
+        tasks = expected_tasks(nb)
+        assert tasks == [t.name for t in TASKS.values() if t.notebook == topic], stem
+        assert 2 <= sum(not t.endswith("_bug") for t in tasks) <= 5 and sum(t.endswith("_bug") for t in tasks) == 1, stem
+        assert nb.cells[-1].source == f'summary("{topic}")', f"{stem} must end with its total"
+        regions = sum(c.source.count(BEGIN) for c in nb.cells if c.cell_type == "code")
+        assert regions >= len(tasks), f"{stem}: every task needs a solution region"
+        for cell in nb.cells:  # a check cell follows each task; previews are not counted
+            if "grade(" in cell.source:
+                assert cell.source.startswith("grade(") and "\n" not in cell.source.strip()
+
+
+def test_strip_solutions_makes_an_indented_stub():
+    source = f"def f(x):\n    {BEGIN}\n    return x\n    {END}\n\ny = 1"
+    assert strip_solutions(source) == "def f(x):\n    # YOUR CODE HERE\n    raise NotImplementedError\n\ny = 1"
+    for broken in (f"{BEGIN}\nx", f"x\n{END}", f"{BEGIN}\n{BEGIN}\n{END}"):
+        with pytest.raises(ValueError):
+            strip_solutions(broken)
+
+
+def test_exercises_are_generated_from_the_current_solutions():
+    problems = stale(ROOT / "solutions", ROOT / "exercises")
+    assert not problems, f"exercises/ is stale, run `make exercises`: {problems}"
+    for path in EXERCISES:
+        nb = nbformat.read(path, as_version=4)
+        assert not any(BEGIN in c.source or END in c.source for c in nb.cells), path.name
+        assert sum("# YOUR CODE HERE" in c.source for c in nb.cells) >= 3, path.name
+
+
+def test_stale_exercises_are_detected(tmp_path):
+    solution = nbformat.read(SOLUTIONS[0], as_version=4)
+    (tmp_path / "s").mkdir(), (tmp_path / "e").mkdir()
+    nbformat.write(solution, tmp_path / "s" / SOLUTIONS[0].name)
+    assert stale(tmp_path / "s", tmp_path / "e") == [f"{SOLUTIONS[0].name}: missing"]
+    nbformat.write(exercise_notebook(solution), tmp_path / "e" / SOLUTIONS[0].name)
+    assert stale(tmp_path / "s", tmp_path / "e") == []
+    solution.cells[3].source += "\n# an edit"
+    nbformat.write(solution, tmp_path / "s" / SOLUTIONS[0].name)
+    assert stale(tmp_path / "s", tmp_path / "e")
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_solutions_score_full_marks(path):
+    nb, namespace, results = run_in_process(path)
+    assert set(results) == set(expected_tasks(nb))
+    for name, result in results.items():
+        assert result.score == result.total == TASKS[name].points, result.table()
+
+
+@pytest.mark.parametrize("path", EXERCISES, ids=lambda p: p.stem)
+def test_untouched_exercises_score_zero_and_run(path):
+    nb, namespace, results = run_in_process(path)  # no cell may raise
+    assert set(results) == set(expected_tasks(nb))
+    for result in results.values():
+        assert result.score == 0 and result.total > 0, result.table()
+        assert all("NotImplementedError" in row.message for row in result.rows), result.table()
+
+
+@pytest.mark.parametrize("path", SOLUTIONS + EXERCISES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_stored_outputs_show_the_scores(path):
+    nb = nbformat.read(path, as_version=4)
+    results = collected_results(nb)
+    assert set(results) == set(expected_tasks(nb)), "re-execute the notebook"
+    for r in results.values():
+        assert r["score"] == (r["total"] if path.parent.name == "solutions" else 0), r
+
+
+@pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
+def test_each_bug_hunt_shows_a_bug_that_fails_one_check(path):
+    nb, namespace, _ = run_in_process(path)
+    previews = [c.source for c in nb.cells if c.cell_type == "code" and c.source.startswith("preview(")]
+    assert len(previews) == 1
+    task, name = previews[0].removeprefix("preview(").rstrip(")").replace('"', "").split(", ")
+    assert len(failed(task, namespace[name])) == 1
+
+
+# --- smol's own code passes the checks of the pieces it has --------------------------------------
+
+def test_smols_reference_implementations_score_full_marks():
+    from smol.attention import repeat_kv
+    from smol.generate import filter_top_k, filter_top_p
+    from smol.mlp import MLP
+    from smol.rope import apply_rope, rotate_half
+
+    for task, obj in [("rmsnorm", RMSNorm), ("rope", apply_rope), ("rotate_half", rotate_half),
+                      ("repeat_kv", repeat_kv), ("silu", F.silu), ("swiglu", MLP),
+                      ("tie_weights", lambda m: m.tie_weights()), ("init_weights", lambda m: m.reset_parameters()),
+                      ("filter_top_k", filter_top_k), ("filter_top_p", filter_top_p)]:
+        assert not failed(task, obj), task
+
+
+def test_smol_train_passes_the_training_checks():
+    train = pytest.importorskip("smol.train")
+    if hasattr(train, "lr_schedule"):
+        assert not failed("lr_schedule", lambda step, **kw: train.lr_schedule(step, kind="cosine", **kw))
+    if hasattr(train, "param_groups"):
+        assert not failed("param_groups", train.param_groups)
+
+
+# --- mutants: each bug class loses exactly the points of its own check ---------------------------
+
+class NoUpcastRMSNorm(RMSNorm):
+    def forward(self, x):
+        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+
+
+def interleaved_rope(x, cos, sin):
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    c, s = cos[..., : x.shape[-1] // 2], sin[..., : x.shape[-1] // 2]
+    return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2).to(x.dtype)
+
+
+def tiled_repeat_kv(x, n_rep):
+    return x.repeat(1, n_rep, 1, 1)
+
+
+def misspelt_flag_mlp(config):
+    from smol.mlp import MLP
+
+    mlp = MLP(config)
+    del mlp.down_proj.scaled_init
+    mlp.down_proj.scaled_inti = True
+    return mlp
+
+
+def init_without_skip(model):
+    std = model.config.initializer_range
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            scale = math.sqrt(2 * model.config.num_hidden_layers) if getattr(module, "scaled_init", False) else 1.0
+            nn.init.normal_(module.weight, std=std / scale)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=std)
+        elif isinstance(module, RMSNorm):
+            nn.init.ones_(module.weight)
+
+
+def unshifted_train_step(model, optimizer, tokens):
+    optimizer.zero_grad()
+    loss = model(tokens, targets=tokens)[1]
+    loss.backward()
+    optimizer.step()
+    return loss.item()
+
+
+def mask_without_causality(attention_mask, T, offset=0):
+    q, k = torch.arange(offset, offset + T)[:, None], torch.arange(offset + T)[None, :]
+    if attention_mask is None:
+        return (k <= q)[None, None]
+    return attention_mask.bool()[:, None, None, :] | (k == q)
+
+
+MUTANTS = {  # bug class: (task, mutant, the check written for it)
+    "missing fp32 upcast": ("rmsnorm", NoUpcastRMSNorm, "float16 activations"),
+    "wrong RoPE convention": ("rope", interleaved_rope, "rotates feature i with feature i + D/2"),
+    "tiling instead of grouping": ("repeat_kv", tiled_repeat_kv, "query head h reads"),
+    "scaled-init flag misspelt": ("swiglu", misspelt_flag_mlp, "down_proj is flagged"),
+    "tied weights re-initialised": ("init_weights", init_without_skip, "the tied matrix is initialised once"),
+    "loss not shifted": ("train_step_bug", unshifted_train_step, "the loss is next-token prediction"),
+    "causal mask lost with a padding mask": ("attention_mask_bug", mask_without_causality, "with a padding mask"),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(MUTANTS))
+def test_a_mutant_loses_exactly_the_points_of_its_check(bug):
+    task, mutant, check = MUTANTS[bug]
+    result = run_checks(task, mutant)
+    lost = {row.check for row in result.rows if not row.passed}
+    assert lost == {check_named(task, check)}, result.table()
+    assert result.score == TASKS[task].points - next(c.points for c in TASKS[task].checks if c.name in lost)
+
+
+# --- hostile student code ------------------------------------------------------------------------
+
+def good_rotate_half(x):
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def test_raising_hanging_exiting_and_misshaped_code_costs_only_its_checks():
+    calls = {"n": 0}
+
+    from smol.rope import apply_rope
+
+    def sometimes(x, cos, sin):  # the first check's call raises, the second's hangs, then all is well
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("boom")
+        if calls["n"] == 2:
+            while True:
+                pass
+        return apply_rope(x, cos, sin)
+
+    result = run_checks("rope", sometimes, timeout=0.5)
+    assert [row.passed for row in result.rows] == [False, False] + [True] * (len(result.rows) - 2)
+    assert "RuntimeError: boom" in result.rows[0].message and "timed out" in result.rows[1].message
+
+    hanging = run_checks("rotate_half", lambda x: [None for _ in iter(int, 1)], timeout=0.3)
+    assert hanging.score == 0 and all("timed out" in r.message for r in hanging.rows)
+    exiting = run_checks("rms", lambda x, eps: sys.exit(3))
+    assert exiting.score == 0 and "sys.exit(3)" in exiting.rows[0].message
+    wrong_shape = run_checks("rms", lambda x, eps: x.pow(2).mean(-1).sqrt())
+    assert "shape" in wrong_shape.rows[0].message and not wrong_shape.rows[0].passed
+
+
+def test_timeout_works_off_the_main_thread_too():
+    box = []
+    thread = threading.Thread(target=lambda: box.append(run_checks("rotate_half", lambda x: [0 for _ in iter(int, 1)], 0.3)))
+    thread.start()
+    thread.join(10)
+    assert box and box[0].score == 0 and "timed out" in box[0].rows[0].message
+
+
+def test_grade_prints_a_table_and_never_raises(capsys):
+    from smol.grading import grade, summary
+
+    core.RESULTS.clear()
+    assert grade("no_such_task", None) is None
+    grade("rotate_half", good_rotate_half)
+    grade("rms", None)
+    summary("rope")
+    out = capsys.readouterr().out
+    assert "unknown task" in out and "rotate_half: 3/3 points" in out and "rms: 0/4 points" in out
+    assert "hint:" in out and "(not graded yet)" in out
+
+
+# --- the command line: fresh kernels, a hang and a dead kernel cost only their notebook -------------
+
+def _notebook(tmp_path, name, sources):
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
+    path = tmp_path / name
+    nbformat.write(nb, path)
+    return path
+
+
+def test_command_line_grades_fresh_kernels_and_survives_hostile_notebooks(tmp_path):
+    head = "from smol.grading import grade\nimport torch"
+    rotate = "def rotate_half(x):\n    a, b = x.chunk(2, -1)\n    return torch.cat((-b, a), -1)"
+    dies = _notebook(tmp_path, "dies.ipynb", [head, rotate, 'grade("rotate_half", rotate_half)',
+                                              "import os\nos._exit(1)", 'grade("rms", None)'])
+    hangs = _notebook(tmp_path, "hangs.ipynb", [head, rotate, 'grade("rotate_half", rotate_half)',
+                                                "while True:\n    pass", 'grade("rope", None)'])
+    report = tmp_path / "report.json"
+    proc = subprocess.run([sys.executable, "-m", "smol.grade", str(SOLUTIONS[0]), str(EXERCISES[0]), str(dies),
+                           str(hangs), "--cell-timeout", "4", "--json", str(report), "--strict"],
+                          capture_output=True, text=True, timeout=170, cwd=ROOT)
+    assert proc.returncode == 1, proc.stdout + proc.stderr  # --strict: below full marks
+    solution, exercise, died, hung = json.loads(report.read_text())["notebooks"]
+    full = sum(TASKS[t].points for t in ("rms", "rmsnorm", "rmsnorm_bug"))
+    assert (solution["score"], solution["total"], exercise["score"], exercise["total"]) == (full, full, 0, full)
+    assert solution["status"] == "ok" and exercise["status"] == "ok"
+    assert (died["score"], died["total"]) == (3, 7) and "died" in died["status"]
+    assert (hung["score"], hung["total"]) == (3, 11) and "time limit" in hung["status"]
+    assert f"total{full + 6}/{2 * full + 18}" in proc.stdout.replace(" ", "")
