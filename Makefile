@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 NPROC ?= 2
 
-.PHONY: setup book test bench clean chromium
+.PHONY: setup book test bench clean chromium exercises
 
 setup: $(STAMP)
 
@@ -26,6 +26,10 @@ book: setup
 
 test: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -n $(NPROC) --dist loadfile
+
+# Regenerate exercises/ from solutions/ (solution regions become stubs) and run them.
+exercises: setup
+	$(PY) -m smol.grading.make_exercises
 
 # The browser test (tests/test_book_browser.py) drives Debian's Chromium; install it where missing
 # (as root). Without it that test is skipped, except in CI, where .ci/run installs it first.
