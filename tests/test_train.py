@@ -224,7 +224,7 @@ def test_cli_trains_the_tiny_preset(tmp_path, capsys):
     assert summary["step"] == 4 and summary["mfu"] is None and math.isfinite(summary["val_loss"])
     assert (out / "loss.png").stat().st_size > 0
     printed = capsys.readouterr().out
-    assert "tokens/s" in printed and "sample: 'ROMEO." in printed
+    assert "tokens/s" in printed and "sample: 'Romeo." in printed
     assert main(args + ["--steps", "6", "--resume", "--sample-tokens", "0"]) == 0
     assert json.loads((out / "summary.json").read_text())["step"] == 6
 
