@@ -19,6 +19,7 @@ from typing import Any, Callable
 
 MIME = "application/vnd.smol.grade+json"  # the machine-readable result that `python -m smol.grade` reads
 DEFAULT_TIMEOUT = 10.0  # seconds per check
+NOT_WRITTEN = "NotImplementedError: not written yet"  # a stub was called; its hint stays hidden
 
 
 @dataclass(frozen=True)
@@ -106,7 +107,8 @@ class Result:
             mark = "pass" if r.passed else "FAIL"
             line = f"  {mark}  {r.earned}/{r.points}  {r.check:<{width}}"
             if not r.passed:
-                line += f"\n              hint: {r.hint}"
+                if r.message != NOT_WRITTEN:
+                    line += f"\n              hint: {r.hint}"
                 if r.message:
                     line += f"\n              got:  {r.message}"
             lines.append(line)
@@ -119,7 +121,7 @@ class Result:
         rows = "".join(
             f"<tr><td>{'✅' if r.passed else '❌'}</td><td>{r.earned}/{r.points}</td>"
             f"<td style='text-align:left'>{html.escape(r.check)}</td><td style='text-align:left'>"
-            f"{'' if r.passed else html.escape(r.hint) + ('<br><code>' + html.escape(r.message) + '</code>' if r.message else '')}"
+            f"{'' if r.passed else ('' if r.message == NOT_WRITTEN else html.escape(r.hint) + '<br>') + ('<code>' + html.escape(r.message) + '</code>' if r.message else '')}"
             "</td></tr>" for r in self.rows)
         return (f"{head}<table><tr><th></th><th>points</th><th style='text-align:left'>check</th>"
                 f"<th style='text-align:left'>hint</th></tr>{rows}</table>")
@@ -133,7 +135,7 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, AssertionError) and str(exc):
         return str(exc)
     if isinstance(exc, NotImplementedError):
-        return "NotImplementedError: not written yet"
+        return NOT_WRITTEN
     # The last frame of the student's code, so the message points at the line that failed.
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if "smol/grading" not in f.filename.replace("\\", "/")]
     where = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames and frames[-1].line else ""

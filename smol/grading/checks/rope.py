@@ -59,7 +59,7 @@ def _(fn):
 
 
 @check("rotate_half", "values: (x1, x2) -> (-x2, x1) on the halves of the last dimension", 2,
-       "x1, x2 = x.chunk(2, dim=-1); return torch.cat((-x2, x1), dim=-1)")
+       "split the last dimension in two halves (x.chunk(2, dim=-1)); the output's first half is minus x's second half")
 def _(fn):
     x = torch.randn(2, 3, 5, 8)
     close(fn(x), reference_rotate_half(x), "rotate_half(x)")
