@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -66,7 +67,8 @@ def run_notebook(path: Path, timeout: float, cell_timeout: float) -> tuple[nbfor
     status, errors = "ok", 0
     deadline = time.monotonic() + timeout
     try:
-        with client.setup_kernel():
+        # The kernel's own stderr holds only its logs (cell output comes over its channels).
+        with client.setup_kernel(stderr=subprocess.DEVNULL):
             for index, cell in enumerate(nb.cells):
                 if cell.cell_type != "code":
                     continue

@@ -8,6 +8,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -258,6 +259,9 @@ def test_raising_hanging_exiting_and_misshaped_code_costs_only_its_checks():
     assert hanging.score == 0 and all("timed out" in r.message for r in hanging.rows)
     exiting = run_checks("rms", lambda x, eps: sys.exit(3))
     assert exiting.score == 0 and "sys.exit(3)" in exiting.rows[0].message
+    killing = run_checks("rms", lambda x, eps: os._exit(3))  # the test process survives
+    assert killing.score == 0 and "os._exit(3,)" in killing.rows[0].message
+    assert os._exit.__name__ == "_exit"
     wrong_shape = run_checks("rms", lambda x, eps: x.pow(2).mean(-1).sqrt())
     assert "shape" in wrong_shape.rows[0].message and not wrong_shape.rows[0].passed
 

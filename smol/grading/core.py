@@ -69,6 +69,10 @@ class CheckTimeout(Exception):
     pass
 
 
+class ExitRefused(Exception):
+    """Raised in place of os._exit / os.abort while a check runs, so the kernel survives."""
+
+
 @dataclass
 class Row:
     check: str
@@ -128,7 +132,7 @@ class Result:
 
 
 def _describe(exc: BaseException) -> str:
-    if isinstance(exc, CheckTimeout):
+    if isinstance(exc, (CheckTimeout, ExitRefused)):
         return str(exc)
     if isinstance(exc, SystemExit):
         return f"your code called sys.exit({exc.code!r})"
@@ -182,10 +186,26 @@ def run_checks(task_name: str, obj: Any, timeout: float = DEFAULT_TIMEOUT) -> Re
     """Every check of `task_name` against `obj`; never raises (except KeyboardInterrupt)."""
     if task_name not in TASKS:
         return Result(task_name, [], error=f"unknown task {task_name!r}; tasks are {', '.join(sorted(TASKS))}")
+    import os
+
     import torch
 
+    def refuse(name):
+        def stand_in(*args):
+            raise ExitRefused(f"your code called os.{name}{args!r}: that would kill the kernel")
+        return stand_in
+
+    saved_exit, saved_abort = os._exit, os.abort
+    os._exit, os.abort = refuse("_exit"), refuse("abort")
+    try:
+        return Result(task_name, _run_all(TASKS[task_name].checks, obj, timeout, torch))
+    finally:
+        os._exit, os.abort = saved_exit, saved_abort
+
+
+def _run_all(checks, obj, timeout, torch) -> list[Row]:
     rows = []
-    for c in TASKS[task_name].checks:
+    for c in checks:
         state = torch.random.get_rng_state()
         threads = torch.get_num_threads()
         try:
@@ -199,7 +219,7 @@ def run_checks(task_name: str, obj: Any, timeout: float = DEFAULT_TIMEOUT) -> Re
         finally:
             torch.random.set_rng_state(state)
             torch.set_num_threads(threads)
-    return Result(task_name, rows)
+    return rows
 
 
 RESULTS: dict[str, Result] = {}  # the latest graded result of each task in this process
