@@ -321,3 +321,73 @@ def test_command_line_grades_fresh_kernels_and_survives_hostile_notebooks(tmp_pa
     assert (died["score"], died["total"]) == (3, 7) and "died" in died["status"]
     assert (hung["score"], hung["total"]) == (3, 11) and "time limit" in hung["status"]
     assert f"total{full + 6}/{2 * full + 18}" in proc.stdout.replace(" ", "")
+
+
+# --- other correct ways to write a piece pass too (no false alarms) --------------------------------
+
+class DividingRMSNorm(nn.Module):
+    def __init__(self, dim, eps=1e-5):
+        super().__init__()
+        self.eps, self.weight = eps, nn.Parameter(torch.ones(dim))
+
+    def forward(self, x):
+        h = x.float()
+        return (self.weight * (h / torch.sqrt(h.square().mean(-1, keepdim=True) + self.eps))).to(x.dtype)
+
+
+def additive_mask_attention(q, k, v):
+    n_rep, T = q.shape[1] // k.shape[1], q.shape[2]
+    k, v = k.repeat_interleave(n_rep, 1), v.repeat_interleave(n_rep, 1)
+    bias = torch.full((T, T), float("-inf")).triu(1)
+    return torch.softmax(q @ k.mT * q.shape[-1] ** -0.5 + bias, dim=-1) @ v
+
+
+def init_by_name(model):
+    std, L = model.config.initializer_range, model.config.num_hidden_layers
+    for name, p in model.named_parameters():  # a tied matrix is listed once
+        if p.dim() == 1:
+            nn.init.ones_(p)
+        else:
+            nn.init.normal_(p, std=std / math.sqrt(2 * L) if name.endswith(("o_proj.weight", "down_proj.weight")) else std)
+
+
+def hf_style_top_p(logits, p):
+    sorted_logits, order = torch.sort(logits, descending=False)
+    remove = sorted_logits.softmax(-1).cumsum(-1) <= 1 - p
+    remove[..., -1] = False
+    return logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
+
+
+def zero_after_step(model, optimizer, tokens):
+    loss = F.cross_entropy(model(tokens[:, :-1])[0].flatten(0, 1), tokens[:, 1:].flatten())
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return loss.item()
+
+
+def generate_without_no_grad(model, ids, n):
+    from smol.generate import KVCache
+
+    cache, out, step = KVCache(model.config, ids.shape[0], ids.shape[1] + n), ids, ids
+    for _ in range(n):
+        step = model(step, kv_cache=cache)[0][:, -1:].argmax(-1)
+        out = torch.cat([out, step], 1)
+    return out
+
+
+def test_other_correct_implementations_score_full_marks():
+    from einops import repeat
+
+    for task, obj in [("rmsnorm", DividingRMSNorm),
+                      ("rope_frequencies", lambda d, theta: theta ** (-torch.arange(0, d, 2).float() / d)),
+                      ("repeat_kv", lambda x, n: repeat(x, "b h t d -> b (h r) t d", r=n)),
+                      ("repeat_kv", lambda x, n: x.repeat_interleave(n, dim=1)),
+                      ("gqa_attention", additive_mask_attention), ("init_weights", init_by_name),
+                      ("filter_top_p", hf_style_top_p), ("train_step_bug", zero_after_step),
+                      ("kv_generate", generate_without_no_grad),
+                      ("lr_schedule", lambda s, *, max_lr, warmup_steps, total_steps, min_lr=0.0:
+                       max_lr * (s + 1) / warmup_steps if s < warmup_steps else min_lr + (max_lr - min_lr)
+                       * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup_steps) / (total_steps - warmup_steps)))))]:
+        result = run_checks(task, obj)
+        assert result.score == result.total, result.table()
