@@ -3,6 +3,7 @@
 from smol.config import SmolConfig
 from smol.generate import generate
 from smol.model import SmolLM
+from smol.pretrained import load_pretrained
 
-__all__ = ["SmolConfig", "SmolLM", "generate"]
+__all__ = ["SmolConfig", "SmolLM", "generate", "load_pretrained"]
 __version__ = "0.1.0"
