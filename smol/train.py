@@ -206,6 +206,9 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, train_tokens: torch.Tensor | None = None,
                  val_tokens: torch.Tensor | None = None):
+        if config.tokenizer == "auto":
+            vocab = config.model_config().vocab_size
+            config = dataclasses.replace(config, tokenizer="shakespeare" if vocab <= 4096 else "smollm2")
         self.cfg = cfg = config
         self.rank, self.world_size, local_rank = setup_distributed(cfg.device)
         if cfg.device == "auto":
@@ -222,8 +225,6 @@ class Trainer:
         self.lr(0)  # a schedule that cannot run fails here, not mid-training
         if cfg.grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {cfg.grad_accum}")
-        if cfg.tokenizer == "auto":
-            cfg.tokenizer = "shakespeare" if mc.vocab_size <= 4096 else "smollm2"
         self.tokenizer = None
         if train_tokens is None or val_tokens is None:
             self.tokenizer = data.load_tokenizer(cfg.tokenizer)
@@ -255,8 +256,10 @@ class Trainer:
         # Training runs through DDP (and compile) when used; eval through the compiled model;
         # generation through the plain model, whose KV-cache steps would only recompile.
         self.eval_model = torch.compile(self.model) if cfg.compile else self.model
-        train_model = self.ddp or self.model
-        self.train_model = (torch.compile(train_model) if self.ddp else self.eval_model) if cfg.compile else train_model
+        if self.ddp is None:
+            self.train_model = self.eval_model
+        else:
+            self.train_model = torch.compile(self.ddp) if cfg.compile else self.ddp
 
         self.step = 0
         self.history = {"step": [], "loss": [], "lr": [], "val_step": [], "val_loss": [], "tokens_per_s": []}
