@@ -99,3 +99,17 @@ def test_the_smollm2_tokenizer_for_full_size_runs():
     assert tok.vocab_size == 49152 and tok.eot_id == 0  # <|endoftext|>, as in the shipped BPE
     text = "Romeo.\nBut, soft! what light through yonder window breaks?"
     assert tok.decode(tok.encode(text)) == text
+
+
+def test_a_streamed_hub_dataset_becomes_one_token_stream(monkeypatch):
+    import sys
+    import types
+
+    rows = [{"text": "Once upon a time."}, {"text": "The end."}, {"text": "Never read."}]
+    fake = types.ModuleType("datasets")
+    fake.load_dataset = lambda name, config=None, split=None, streaming=False: iter(rows)
+    monkeypatch.setitem(sys.modules, "datasets", fake)  # no network in tests
+    tok = data.load_tokenizer()
+    first, second = tok.encode(rows[0]["text"]), tok.encode(rows[1]["text"])
+    ids = data.hf_dataset_tokens(tok, "some/dataset", max_tokens=len(first) + 1 + len(second))
+    assert ids.tolist() == first + [tok.eot_id] + second

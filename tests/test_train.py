@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from smol import SmolConfig, SmolLM
-from smol.train import (CheckpointError, TrainConfig, Trainer, TrainingDiverged, flops_per_token, lr_schedule,
-                        main, num_params, param_groups, peak_flops)
+from smol.train import (CheckpointError, TrainConfig, Trainer, TrainingDiverged, amp_dtype, flops_per_token,
+                        lr_schedule, main, num_params, param_groups, peak_flops)
 
 SMALL = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
@@ -101,6 +101,18 @@ def test_peak_flops_table(monkeypatch, name, peak):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     assert peak_flops("cuda") == peak
     assert peak_flops("cpu") is None
+
+
+def test_amp_dtype_bf16_where_native_else_fp16_on_cuda_fp32_on_cpu(monkeypatch):
+    assert amp_dtype(torch.device("cpu")) == torch.float32
+    assert amp_dtype(torch.device("cpu"), "bf16") == torch.bfloat16
+    with pytest.raises(ValueError, match="fp16 with a GradScaler needs a CUDA device"):
+        amp_dtype(torch.device("cpu"), "fp16")
+    with pytest.raises(ValueError, match="dtype must be one of"):
+        amp_dtype(torch.device("cpu"), "half")
+    for native, expected in ((True, torch.bfloat16), (False, torch.float16)):  # an A100, a T4
+        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True, n=native: n)
+        assert amp_dtype(torch.device("cuda")) == expected
 
 
 # Training
@@ -197,6 +209,33 @@ def test_batches_that_do_not_fit_the_data_are_refused(tmp_path):
         Trainer(small_config(tmp_path, seq_len=32), train_tokens=tokens(3000, 0), val_tokens=tokens(20, 1))
     with pytest.raises(ValueError, match="longer than the model's context"):
         trainer(small_config(tmp_path, seq_len=128))
+
+
+def test_bf16_autocast_trains_float32_weights(tmp_path):
+    t = trainer(small_config(tmp_path, steps=3, dtype="bf16"))
+    t.fit()
+    assert t.amp_dtype == torch.bfloat16 and all(math.isfinite(x) for x in t.history["loss"])
+    assert all(p.dtype == torch.float32 for p in t.model.parameters())
+    assert t.mfu(1000.0) is None  # a CPU has no peak in the table
+    t.peak = 100e12
+    assert t.mfu(1000.0) == pytest.approx(t.flops_per_token * 1000 / 100e12)
+
+
+def test_a_crash_while_saving_leaves_the_last_checkpoint_intact(tmp_path, monkeypatch):
+    t = trainer(small_config(tmp_path, steps=4, ckpt_every=2, eval_every=0))
+    t.fit(until=2)
+
+    def crash(*args, **kwargs):
+        raise KeyboardInterrupt("killed while saving")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(KeyboardInterrupt):
+        t.fit()
+    monkeypatch.undo()
+    root = tmp_path / "run" / "checkpoints"
+    assert (root / "latest").read_text().strip() == "step_0000002"
+    assert not (root / "step_0000004").exists()
+    assert trainer(dataclasses.replace(t.cfg, resume=True)).step == 2
 
 
 def test_compile_keeps_eval_and_generation_working(tmp_path, monkeypatch):
