@@ -432,8 +432,9 @@ class Trainer:
         root = self.checkpoint_root
         final = root / f"step_{self.step:07d}"
         if self.is_main:
+            for stale in root.glob(".step_*.tmp-*"):  # left by a crash mid-save
+                shutil.rmtree(stale, ignore_errors=True)
             tmp = root / f".{final.name}.tmp-{os.getpid()}"
-            shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
             tied = self.model_config.tie_word_embeddings
             weights = {k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()

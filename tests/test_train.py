@@ -235,7 +235,10 @@ def test_a_crash_while_saving_leaves_the_last_checkpoint_intact(tmp_path, monkey
     root = tmp_path / "run" / "checkpoints"
     assert (root / "latest").read_text().strip() == "step_0000002"
     assert not (root / "step_0000004").exists()
-    assert trainer(dataclasses.replace(t.cfg, resume=True)).step == 2
+    again = trainer(dataclasses.replace(t.cfg, resume=True))
+    assert again.step == 2
+    again.fit()
+    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_0000002", "step_0000004"]  # no leftovers
 
 
 def test_compile_keeps_eval_and_generation_working(tmp_path, monkeypatch):
