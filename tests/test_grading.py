@@ -391,3 +391,13 @@ def test_other_correct_implementations_score_full_marks():
                        * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup_steps) / (total_steps - warmup_steps)))))]:
         result = run_checks(task, obj)
         assert result.score == result.total, result.table()
+
+
+def test_the_mask_reference_is_smols_mask():
+    from smol import SmolLM
+    from smol.grading.checks.generation import PADDED, _reference_mask
+
+    for am, T, offset in ((PADDED, 6, 0), (PADDED, 2, 4), (None, 3, 4)):
+        B = 2 if am is not None else 1
+        mask, _ = SmolLM._attention_mask(None, am, B, T, offset, torch.device("cpu"))  # uses no state
+        assert torch.equal(mask.expand(B, 1, T, offset + T), _reference_mask(am, T, offset).expand(B, 1, T, offset + T))
