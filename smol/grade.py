@@ -123,7 +123,7 @@ def _name(path: str) -> str:
 
 
 def table(reports: list[dict], verbose: bool = True) -> str:
-    width = max([len(_name(r["notebook"])) for r in reports] + [8])
+    width = max([len(_name(r["notebook"])) for r in reports] + [len(t["task"]) + 2 for r in reports for t in r["tasks"]] + [8])
     lines = [f"{'notebook':<{width}}  {'points':>9}  {'time':>6}  status"]
     for r in reports:
         lines.append(f"{_name(r['notebook']):<{width}}  {r['score']:>4}/{r['total']:<4}  {r['seconds']:>5.1f}s  {r['status']}")
