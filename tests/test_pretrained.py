@@ -218,3 +218,30 @@ def test_config_json_is_a_llama_config(real_model, tmp_path):
     tiny_folder(real_model, tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == "llama" and config["eos_token_id"] == 2 and config["tie_word_embeddings"]
+
+
+def test_command_line_chat_and_generate(real_model, monkeypatch, capsys):
+    import smol.pretrained
+    from smol.__main__ import main
+
+    monkeypatch.setattr(smol.pretrained, "load_pretrained", lambda source, device, dtype: real_model)
+    main(["chat", "What is the capital of France?", "--max-new-tokens", "16", "--device", "cpu"])
+    assert capsys.readouterr().out == "The capital of France is Paris.\n"
+    main(["generate", "Once upon a time", "--max-new-tokens", "8", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert out.startswith("Once upon a time") and len(out) > len("Once upon a time") + 8
+
+
+def test_text_stream_keeps_multibyte_characters_whole(real_model):
+    import io
+
+    from smol.__main__ import TextStream
+
+    tokenizer = real_model[1]
+    text = "emoji 🤗🚀 and 東京"
+    out = io.StringIO()
+    stream = TextStream(tokenizer, skip_special_tokens=False, out=out)
+    for i in tokenizer.encode(text):
+        stream(torch.tensor([i]))
+        assert "\ufffd" not in out.getvalue()
+    assert out.getvalue() == text
