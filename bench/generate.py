@@ -3,11 +3,13 @@ smol with its KV cache, smol rerunning the whole sequence each step, and transfo
 (with its cache) on the same weights. Runs alternate, so that a busy machine slows all alike.
 
     python bench/generate.py [--new-tokens 200] [--runs 3] [--threads N] [--device cpu] [--skip-no-cache]
+        [--csv bench/results/generate.csv]
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import statistics
 import time
 
@@ -28,6 +30,7 @@ def main() -> None:
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--skip-no-cache", action="store_true",
                         help="leave out the slow no-cache loop, to spend the runs on cached smol vs transformers")
+    parser.add_argument("--csv", help="also write the medians to this CSV file (the book's Benchmarks page reads it)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -74,6 +77,10 @@ def main() -> None:
         print(f"  smol cached / no cache:     {cached / medians['smol, no cache']:.2f}x (goal >= 4)")
     same = all(torch.equal(o.cpu(), outputs["smol, KV cache"].cpu()) for o in outputs.values())
     print(f"  all produced the same {n} tokens: {same}")
+    if args.csv:
+        with open(args.csv, "w", newline="") as f:
+            csv.writer(f).writerows([["implementation", "tokens/s", "relative to smol with the KV cache"]]
+                                    + [[name, f"{r:.1f}", f"{r / cached:.2f}"] for name, r in medians.items()])
 
 
 if __name__ == "__main__":
