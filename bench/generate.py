@@ -16,7 +16,8 @@ import time
 import torch
 
 from smol.generate import generate
-from smol.pretrained import bundled_gguf_path, load_pretrained
+from smol.gguf import bundled_gguf_path
+from smol.pretrained import load_pretrained
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
 

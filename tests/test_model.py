@@ -7,7 +7,7 @@ import torch
 
 from smol import SmolConfig, SmolLM
 from smol.attention import eager_attention, repeat_kv
-from smol.generate import KVCache
+from smol.kv_cache import KVCache
 from smol.norm import RMSNorm
 from smol.rope import RotaryEmbedding
 

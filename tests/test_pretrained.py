@@ -12,8 +12,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from smol import SmolConfig, SmolLM
 from smol.generate import generate
-from smol.pretrained import (GGUFFile, build_model, bundled_gguf_path, dequantize, load_pretrained, permute_qk,
-                             save_pretrained, unpermute_qk)
+from smol.gguf import GGUFFile, bundled_gguf_path, dequantize, permute_qk, unpermute_qk
+from smol.pretrained import build_model, load_pretrained, save_pretrained
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, in a land far away,"]
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]

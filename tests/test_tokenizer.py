@@ -3,7 +3,7 @@
 import pytest
 from transformers import AutoTokenizer
 
-from smol.pretrained import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
+from smol.gguf import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
 from smol.tokenizer import Tokenizer
 
 TRICKY = [
