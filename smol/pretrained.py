@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from smol.checkpoint import weights_to_save
 from smol.config import SmolConfig
 from smol.gguf import bundled_gguf_path, read_gguf
 from smol.model import SmolLM
@@ -133,9 +134,5 @@ def save_pretrained(model: SmolLM, tokenizer: Tokenizer | None, folder: str | Pa
         tokenizer.save(folder)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (folder / "generation_config.json").write_text(json.dumps(special, indent=2) + "\n")
-    state_dict = model.state_dict()
-    if model.config.tie_word_embeddings:
-        state_dict.pop("lm_head.weight")  # one shared matrix, saved once (as transformers does)
-    save_file({k: v.detach().contiguous().cpu() for k, v in state_dict.items()}, folder / "model.safetensors",
-              metadata={"format": "pt"})
+    save_file(weights_to_save(model), folder / "model.safetensors", metadata={"format": "pt"})
     return folder

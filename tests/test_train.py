@@ -8,8 +8,11 @@ import pytest
 import torch
 
 from smol import SmolConfig, SmolLM
-from smol.train import (CheckpointError, TrainConfig, Trainer, TrainingDiverged, amp_dtype, flops_per_token,
-                        lr_schedule, main, num_params, param_groups, peak_flops)
+from smol.checkpoint import CheckpointError
+from smol.flops import flops_per_token, num_params, peak_flops
+from smol.optim import amp_dtype, lr_schedule, param_groups
+from smol.train import TrainConfig, Trainer, TrainingDiverged
+from smol.train_cli import main
 
 SMALL = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
          "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}

@@ -1,0 +1,33 @@
+"""Where a training process runs: its rank among torchrun's processes, and its device."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import torch.distributed as dist
+
+
+def setup_distributed(device: str) -> tuple[int, int, int]:
+    """(rank, world_size, local_rank); under torchrun, joins the process group (NCCL on GPUs, gloo on CPU)."""
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size == 1:
+        return 0, 1, 0
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device != "cpu" and torch.cuda.is_available()
+    if use_cuda:
+        torch.cuda.set_device(local_rank)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    return rank, world_size, local_rank
+
+
+def training_device(device: str, local_rank: int = 0) -> torch.device:
+    """The device a rank trains on ("auto": its GPU when there is one), with TF32 on for CUDA."""
+    if device == "auto":
+        device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul left
+        torch.backends.cudnn.allow_tf32 = True
+    return device
