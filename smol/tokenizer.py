@@ -2,27 +2,23 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
 import torch
-from jinja2.exceptions import TemplateError
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import AddedToken, Regex, Tokenizer as Backend, decoders, models, pre_tokenizers, processors
 
 BOS_TOKEN, EOS_TOKEN = "<|im_start|>", "<|im_end|>"
+EOT_TOKEN = "<|endoftext|>"  # separates documents in a training stream; id 0 in SmolLM2's vocabulary
 GGUF_CONTROL = 3  # tokenizer.ggml.token_type of special (control) tokens
-
-
-def _raise_exception(message):
-    raise TemplateError(message)
 
 
 class Tokenizer:
     """Text <-> token ids around a `tokenizers.Tokenizer`, with SmolLM2's special tokens and chat template.
 
     No BOS is added automatically (SmolLM2 was trained without one); decode keeps special tokens by
-    default, as transformers does.
+    default, as transformers does. The same class wraps the small BPE that smol.data trains on.
     """
 
     def __init__(self, backend: Backend, chat_template: str | None = None, bos_token: str | None = BOS_TOKEN,
@@ -113,6 +109,16 @@ class Tokenizer:
     def pad_token_id(self) -> int | None:
         return self.token_to_id(self.pad_token)
 
+    @property
+    def eot_id(self) -> int | None:
+        """The id that separates documents (<|endoftext|>), or None when the vocabulary lacks it."""
+        return self.token_to_id(EOT_TOKEN)
+
+    @property
+    def fingerprint(self) -> str:
+        """A short hash of the whole tokenizer: token ids cached on disk are keyed by it."""
+        return hashlib.sha256(self.backend.to_str().encode()).hexdigest()[:16]
+
     def __len__(self) -> int:
         return self.vocab_size
 
@@ -141,10 +147,17 @@ class Tokenizer:
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
                             tokenize: bool = False, **kwargs):
         """Render messages ([{"role": ..., "content": ...}]) with the model's own (ChatML) template."""
+        from jinja2.exceptions import TemplateError  # jinja2 only where a chat is rendered
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template (a base model's tokenizer?)")
+
+        def raise_exception(message):
+            raise TemplateError(message)
+
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-        env.globals["raise_exception"] = _raise_exception
+        env.globals["raise_exception"] = raise_exception
         text = env.from_string(self.chat_template).render(
             messages=messages, add_generation_prompt=add_generation_prompt, bos_token=self.bos_token,
             eos_token=self.eos_token, pad_token=self.pad_token, unk_token=self.unk_token, **kwargs)
