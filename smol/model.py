@@ -119,7 +119,11 @@ class SmolLM(nn.Module):
             raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids is empty: need at least one token per sequence")
-        if not torch.compiler.is_compiling():  # a data-dependent check; compiled graphs skip it
+        # Reading min and max back is free on a CPU, but on a GPU it is a host sync per forward,
+        # which would stall the trainer's queue of kernels: check CPU tensors only. On a GPU an
+        # out-of-range id still stops the embedding lookup (a device-side assert, less clear).
+        # Compiled graphs skip this data-dependent check too.
+        if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
             lo, hi = input_ids.min().item(), input_ids.max().item()
             if lo < 0 or hi >= self.config.vocab_size:
                 raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), "

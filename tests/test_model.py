@@ -130,6 +130,18 @@ def test_bad_inputs_get_clear_errors():
         model(torch.zeros(2, 4, dtype=torch.long), attention_mask=torch.ones(2, 5))
 
 
+def test_token_ids_are_range_checked_on_cpu_without_reading_back_other_devices():
+    """On a CPU out-of-range ids get a clear error; elsewhere the check must not read values back
+    (on a GPU that is a host sync per forward). A meta tensor has no values: a check that read them
+    (`.item()` on every device) raises here."""
+    with torch.device("meta"):
+        model = SmolLM(SmolConfig.preset("tiny"))
+        logits, _ = model(torch.zeros(2, 5, dtype=torch.long))
+    assert logits.shape == (2, 5, 4096)
+    with pytest.raises(ValueError, match="token ids must lie in \\[0, 4096\\)"):
+        SmolLM(SmolConfig.preset("tiny"))(torch.tensor([[5, 4096]]))
+
+
 def test_state_dict_from_another_config_names_keys_and_shapes():
     model = SmolLM(SmolConfig.preset("tiny"))
     other = SmolLM(SmolConfig.preset("tiny", num_hidden_layers=5, intermediate_size=320))
