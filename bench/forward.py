@@ -12,14 +12,13 @@ import statistics
 import time
 
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from smol import SmolConfig, SmolLM
+from smol.reference import llama_twin
 
 
 def pair(config: SmolConfig):
-    hf = {k: v for k, v in config.to_hf_dict().items() if k not in ("architectures", "torch_dtype")}
-    ref = LlamaForCausalLM(LlamaConfig(**hf, attn_implementation="sdpa"))
+    ref = llama_twin(config, "sdpa")
     model = SmolLM(config)
     model.load_state_dict(ref.state_dict())
     return model, ref

@@ -17,15 +17,15 @@ import time
 
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from smol import SmolConfig, SmolLM
-from smol.train import amp_dtype, flops_per_token, num_params, param_groups, peak_flops
+from smol.flops import flops_per_token, mfu, num_params, peak_flops
+from smol.optim import adamw, amp_dtype, param_groups
+from smol.reference import llama_twin
 
 
 def build(config: SmolConfig, device):
-    hf_config = {k: v for k, v in config.to_hf_dict().items() if k not in ("architectures", "torch_dtype")}
-    reference = LlamaForCausalLM(LlamaConfig(**hf_config, attn_implementation="sdpa")).to(device)
+    reference = llama_twin(config, "sdpa").to(device)
     model = SmolLM(config).to(device)
     model.load_state_dict(reference.state_dict())
     return {"smol": (model, lambda m, x: m(x)[0]), "transformers": (reference, lambda m, x: m(input_ids=x).logits)}
@@ -38,10 +38,7 @@ class Run:
         self.model, self.device, self.dtype = model, device, dtype
         self.forward = torch.compile(model) if compile_ else model
         self.logits_fn = logits_fn
-        try:
-            self.optimizer = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-4, fused=True)
-        except (RuntimeError, TypeError):
-            self.optimizer = torch.optim.AdamW(param_groups(model, 0.1), lr=1e-4)
+        self.optimizer = adamw(param_groups(model, 0.1), lr=1e-4, betas=(0.9, 0.999))
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
     def step(self, x, y):
@@ -130,10 +127,10 @@ def main():
     print(f"\n{'model':>12} {'tokens/s':>12} {'MFU':>7} {'peak memory':>12}")
     for k in runs:
         tok_s = B * T / statistics.median(seconds[k])
-        mfu = fpt * tok_s / peak if peak else None
+        util = mfu(fpt, tok_s, peak)
         mem = max(memory[k]) if memory[k][0] is not None else None
-        results[k] = {"tokens_per_s": tok_s, "mfu": mfu, "peak_memory_gib": mem}
-        print(f"{k:>12} {tok_s:>12,.0f} {f'{mfu:.1%}' if mfu else 'n/a':>7} "
+        results[k] = {"tokens_per_s": tok_s, "mfu": util, "peak_memory_gib": mem}
+        print(f"{k:>12} {tok_s:>12,.0f} {f'{util:.1%}' if util else 'n/a':>7} "
               f"{f'{mem:.1f} GiB' if mem is not None else 'n/a':>12}")
     ratio = results["smol"]["tokens_per_s"] / results["transformers"]["tokens_per_s"]
     print(f"smol / transformers tokens/s: {ratio:.2f}")

@@ -30,6 +30,30 @@ def setup_cell_source() -> str:
                             "smol @ git+{repository_url()}@main"], check=True)""")
 
 
+def toc_pages() -> list[str]:
+    """Every page of the book in reading order (the order of the "next" links): the root, then
+    each `file` of `_toc.yml` depth first."""
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    pages = [toc["root"]]
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "file" in node:
+                pages.append(str(node["file"]).removesuffix(".md").removesuffix(".ipynb"))
+            if "glob" in node:
+                found = sorted({p.with_suffix("") for s in (".md", ".ipynb") for p in ROOT.glob(node["glob"] + s)})
+                pages.extend(str(p.relative_to(ROOT)) for p in found)
+            for key, value in node.items():
+                if key not in ("file", "glob", "root"):
+                    walk(value)
+        elif isinstance(node, list):
+            for item in node:
+                walk(item)
+
+    walk(toc)
+    return pages
+
+
 def notebooks() -> list[Path]:
     return sorted(p for d in NOTEBOOK_DIRS for p in (ROOT / d).glob("*.ipynb"))
 
@@ -67,17 +91,14 @@ def smol_source(header: str) -> str:
 
 
 def execute(path: Path, timeout: int = 600) -> None:
-    """Run a notebook top to bottom in this environment and store its outputs (as nbval expects)."""
-    import os
+    """Run a notebook top to bottom in this environment (the shared setup cell first) and store
+    its outputs, as nbval expects: with the runner that ships in smol.grading."""
+    from smol.grading.make_exercises import execute as run
 
-    from nbclient import NotebookClient
-
-    os.environ.setdefault("PYTHONWARNINGS", "ignore:IProgress not found:Warning")  # as tests/conftest.py
     nb = read(path)
     if not nb.cells or nb.cells[0].source != setup_cell_source():
         nb.cells.insert(0, nbformat.v4.new_code_cell(setup_cell_source()))
-    NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                   resources={"metadata": {"path": str(path.parent)}}).execute()
+    run(nb, path.parent, timeout, record_timing=True)
     nbformat.write(nb, path)
 
 

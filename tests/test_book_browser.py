@@ -26,6 +26,8 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 
+from tests.nbtools import toc_pages
+
 ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path(os.environ.get("SMOL_CHROMIUM", "/usr/bin/chromium"))  # Debian's package
 SCREENSHOT = ROOT / "_build" / "screenshots" / "landing.png"
@@ -37,30 +39,6 @@ CHROMIUM_ARGS = [  # Playwright adds --headless itself; nothing may reach the ne
 
 def config() -> dict:
     return yaml.safe_load((ROOT / "_config.yml").read_text())
-
-
-def toc_pages() -> list[str]:
-    """Every page of the book in reading order (the order of the "next" links): the root, then
-    each `file` of `_toc.yml` depth first."""
-    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
-    pages = [toc["root"]]
-
-    def walk(node):
-        if isinstance(node, dict):
-            if "file" in node:
-                pages.append(str(node["file"]).removesuffix(".md").removesuffix(".ipynb"))
-            if "glob" in node:
-                found = sorted({p.with_suffix("") for s in (".md", ".ipynb") for p in ROOT.glob(node["glob"] + s)})
-                pages.extend(str(p.relative_to(ROOT)) for p in found)
-            for key, value in node.items():
-                if key not in ("file", "glob", "root"):
-                    walk(value)
-        elif isinstance(node, list):
-            for item in node:
-                walk(item)
-
-    walk(toc)
-    return pages
 
 
 def source_of(page: str) -> Path:

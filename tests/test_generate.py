@@ -2,11 +2,11 @@
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from smol import SmolConfig, SmolLM
 from smol.generate import filter_top_k, filter_top_p, generate, sample_next_token
 from smol.kv_cache import KVCache
+from smol.reference import llama_twin
 
 CONFIG = SmolConfig(vocab_size=211, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=6,
                     num_key_value_heads=2, max_position_embeddings=128, rope_theta=10000.0)
@@ -62,8 +62,7 @@ def test_left_padded_batch_equals_one_by_one(model, use_cache):
 
 
 def test_greedy_equals_transformers_generate(model):
-    hf = {k: v for k, v in CONFIG.to_hf_dict().items() if k not in ("architectures", "torch_dtype")}
-    ref = LlamaForCausalLM(LlamaConfig(**hf)).eval()
+    ref = llama_twin(CONFIG).eval()
     ref.load_state_dict(model.state_dict(), strict=False)
     ref.tie_weights()
     ids = torch.cat(prompts([8, 8], seed=3))

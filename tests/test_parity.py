@@ -2,9 +2,8 @@
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
-
 from smol import SmolConfig, SmolLM
+from smol.reference import llama_twin
 
 ATOL = 1e-5
 
@@ -12,10 +11,7 @@ ATOL = 1e-5
 def llama_pair(config: SmolConfig, attn="sdpa", seed=0):
     """A randomly initialised LlamaForCausalLM and a SmolLM holding its weights."""
     torch.manual_seed(seed)
-    hf_dict = config.to_hf_dict()
-    hf_config = LlamaConfig(**{k: v for k, v in hf_dict.items() if k not in ("architectures", "torch_dtype")},
-                            attn_implementation=attn)
-    ref = LlamaForCausalLM(hf_config).eval()
+    ref = llama_twin(config, attn).eval()
     with torch.no_grad():  # transformers initialises norms to one: make them random too
         for name, p in ref.named_parameters():
             if name.endswith("norm.weight"):
@@ -98,9 +94,8 @@ def test_padded_batch_equals_transformers_and_stays_causal(tiny_config, attn):
 
 def test_real_size_config_matches_transformers_layout():
     config = SmolConfig.preset("smollm2-135m")
-    hf = LlamaConfig(**{k: v for k, v in config.to_hf_dict().items() if k not in ("architectures", "torch_dtype")})
     with torch.device("meta"):
-        ref, model = LlamaForCausalLM(hf), SmolLM(config)
+        ref, model = llama_twin(config), SmolLM(config)
     ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     theirs = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
     assert ours == theirs

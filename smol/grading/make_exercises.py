@@ -11,12 +11,15 @@ executed so that its stored outputs show the unsolved state (every check failing
 
     python -m smol.grading.make_exercises            # write and execute exercises/
     python -m smol.grading.make_exercises --check    # exit 1 if exercises/ is stale (sources only)
+
+Run it from the course repository's root (or pass --root): solutions/ and exercises/ are found there.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import os
 import sys
 from pathlib import Path
 
@@ -24,7 +27,18 @@ import nbformat
 
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
 STUB = ("# YOUR CODE HERE", "raise NotImplementedError")
-ROOT = Path(__file__).resolve().parents[2]
+# Without ipywidgets, tqdm warns "IProgress not found" in every kernel; its text (with this
+# machine's paths) would land in stored outputs.
+QUIET_TQDM = "ignore:IProgress not found:Warning"
+
+
+def repo_root(path: str | Path | None = None) -> Path:
+    """The course repository: `path`, else the current directory. It must hold solutions/."""
+    root = Path.cwd() if path is None else Path(path)
+    if not (root / "solutions").is_dir():
+        raise FileNotFoundError(f"no solutions/ folder in {root.resolve()}: run this from the course "
+                                f"repository's root, or name the root (--root PATH)")
+    return root
 
 
 def strip_solutions(source: str) -> str:
@@ -69,7 +83,7 @@ def solution_paths(solutions: Path) -> list[Path]:
     return sorted(solutions.glob("*.ipynb"))
 
 
-def stale(solutions: Path = ROOT / "solutions", exercises: Path = ROOT / "exercises") -> list[str]:
+def stale(solutions: Path, exercises: Path) -> list[str]:
     """What differs between exercises/ and what solutions/ would generate (cell sources only)."""
     problems = []
     wanted = {p.name for p in solution_paths(solutions)}
@@ -85,21 +99,33 @@ def stale(solutions: Path = ROOT / "solutions", exercises: Path = ROOT / "exerci
     return problems
 
 
-def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 600) -> None:
+def execute(nb: nbformat.NotebookNode, cwd: Path, timeout: int = 600, record_timing: bool = False) -> None:
+    """Run a notebook top to bottom in a fresh kernel of this environment, in place (outputs stored,
+    as nbval compares them); cells run with `cwd` as their working directory."""
     from nbclient import NotebookClient
 
-    NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=False,
+    os.environ.setdefault("PYTHONWARNINGS", QUIET_TQDM)  # the kernel inherits it
+    NotebookClient(nb, timeout=timeout, kernel_name="python3", record_timing=record_timing,
                    resources={"metadata": {"path": str(cwd)}}).execute()
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--solutions", type=Path, default=Path("solutions"))
-    parser.add_argument("--exercises", type=Path, default=Path("exercises"))
+    parser = argparse.ArgumentParser(prog="python -m smol.grading.make_exercises", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--root", type=Path, default=None, help="the course repository (default: here)")
+    parser.add_argument("--solutions", type=Path, default=None, help="default: ROOT/solutions")
+    parser.add_argument("--exercises", type=Path, default=None, help="default: ROOT/exercises")
     parser.add_argument("--check", action="store_true", help="only report whether exercises/ is stale")
     parser.add_argument("--no-execute", action="store_true", help="write without running the notebooks")
     parser.add_argument("names", nargs="*", help="only these solution notebooks (file names)")
     args = parser.parse_args(argv)
+    if args.solutions is None or args.exercises is None:
+        try:
+            root = repo_root(args.root)
+        except FileNotFoundError as e:
+            parser.error(str(e))
+        args.solutions = args.solutions or root / "solutions"
+        args.exercises = args.exercises or root / "exercises"
     if args.check:
         problems = stale(args.solutions, args.exercises)
         for p in problems:

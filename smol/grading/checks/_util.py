@@ -10,9 +10,10 @@ def is_tensor(out, what="the result") -> torch.Tensor:
     return out
 
 
-def same_shape(out, shape, what="the result") -> torch.Tensor:
+def same_shape(out, shape, what="the result", dtype: torch.dtype | None = None) -> torch.Tensor:
     is_tensor(out, what)
     assert tuple(out.shape) == tuple(shape), f"{what} has shape {tuple(out.shape)}, expected {tuple(shape)}"
+    assert dtype is None or out.dtype == dtype, f"{what} has dtype {out.dtype}, expected {dtype}"
     return out
 
 

@@ -16,6 +16,7 @@ task("swiglu_bug", "swiglu", "Find the bug: an MLP that SmolLM initialises like 
 
 CONFIG = SmolConfig(vocab_size=64, hidden_size=64, intermediate_size=256, num_hidden_layers=8,
                     num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+BOTH = ("swiglu", "swiglu_bug")  # the checks that the buggy MLP must pass as well
 
 
 @check("silu", "values: x * sigmoid(x)", 1, "silu(x) = x * torch.sigmoid(x)")
@@ -44,9 +45,6 @@ def _pair(cls, config=CONFIG):
     ref = Reference(config)
     student.load_state_dict(ref.state_dict())
     return student, ref
-
-
-BOTH = ("swiglu", "swiglu_bug")
 
 
 @check(BOTH, "gate_proj, up_proj (C -> F) and down_proj (F -> C), without biases", 1,

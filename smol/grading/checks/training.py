@@ -33,9 +33,8 @@ def _pair(out):
 def _(fn):
     tokens = torch.randint(0, 100, (3, 9))
     inputs, targets = _pair(fn(tokens, None))
-    for name, t in (("inputs", inputs), ("targets", targets)):
-        same_shape(t, (3, 8), name)
-        assert t.dtype == torch.long, f"{name} has dtype {t.dtype}, expected torch.long"
+    same_shape(inputs, (3, 8), "inputs", torch.long)
+    same_shape(targets, (3, 8), "targets", torch.long)
 
 
 @check("next_token_batch", "targets[:, t] is the token after inputs[:, t]", 2,
