@@ -94,7 +94,7 @@ def latest(root: str | Path) -> Path:
     pointer = Path(root) / "latest"
     if not pointer.is_file():
         raise FileNotFoundError(f"no checkpoint to resume from: {pointer} does not exist "
-                                f"(train once without resume, or check the output folder)")
+                                f"(train once without resume, or check the output folder, out_dir)")
     return Path(root) / pointer.read_text().strip()
 
 

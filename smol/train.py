@@ -303,10 +303,7 @@ class Trainer:
     def load_checkpoint(self, path: str | Path | None = None) -> Path:
         """Restore everything save_checkpoint wrote; `path` defaults to the latest in out_dir."""
         if path is None:
-            try:
-                path = checkpoint.latest(self.checkpoint_root)
-            except FileNotFoundError as e:
-                raise FileNotFoundError(f"{e} (out_dir={self.cfg.out_dir!r})") from None
+            path = checkpoint.latest(self.checkpoint_root)
         checkpoint.restore_trainer(self, path)
         self.last_checkpoint = Path(path)
         return self.last_checkpoint
