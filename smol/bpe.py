@@ -1,0 +1,290 @@
+"""SmolLM2's byte-level BPE by hand: the byte map, the pre-tokenizer, merges, encode, train.
+
+Text becomes token ids in four steps. Special tokens (`<|im_start|>`, ...) are cut out whole.
+The rest is split into pre-tokens: every digit on its own, then GPT-2's pattern (words with
+their leading space, numbers, runs of punctuation, runs of whitespace). Each pre-token's UTF-8
+bytes start as one symbol each, written as printable characters (GPT-2's byte map), and the
+merges are applied, lowest rank first, until none applies. Training learns the merges: again
+and again, the most frequent adjacent pair becomes a new token.
+
+    from smol.bpe import BPE
+    BPE.from_pretrained().encode("Hello world")  # [19556, 905], as SmolLM2's own tokenizer
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+from collections import Counter, defaultdict
+from collections.abc import Iterable
+from pathlib import Path
+
+import regex
+
+# GPT-2's split: contractions, letters, numbers and other symbols (each with one optional
+# leading space), whitespace before whitespace, then any remaining whitespace.
+GPT2_SPLIT = regex.compile(
+    r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
+)
+DIGIT = regex.compile(r"(\p{N})")  # SmolLM2 isolates every digit before GPT-2's split
+GGUF_CONTROL = 3  # tokenizer.ggml.token_type of special tokens
+NO_MERGE = (float("inf"), -1)  # the rank of a pair that no merge joins
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's byte map: byte -> a printable character. The 188 printable Latin-1 bytes
+    stand for themselves; the 68 others (controls, space, ...) take U+0100 onwards, in order."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table, shifted = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(0x100 + shifted)
+            shifted += 1
+    return table
+
+
+BYTE_TO_CHAR = bytes_to_unicode()
+CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}
+
+
+def pre_tokenize(text: str, split_digits: bool = True) -> list[str]:
+    """The pre-tokens of text (no special tokens in it): digits one by one, then GPT-2's split
+    on what lies between them. Splitting in two passes matters: ' 7' stays two pre-tokens."""
+    if not isinstance(text, str):
+        raise TypeError(f"expected text as str, got {type(text).__name__}")
+    pieces = DIGIT.split(text) if split_digits else [text]
+    return [p for piece in pieces if piece for p in GPT2_SPLIT.findall(piece)]
+
+
+def merge(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
+    """ids with every occurrence of pair, left to right and not overlapping, made new_id."""
+    out, i = [], 0
+    while i < len(ids):
+        if i + 1 < len(ids) and ids[i] == pair[0] and ids[i + 1] == pair[1]:
+            out.append(new_id)
+            i += 2
+        else:
+            out.append(ids[i])
+            i += 1
+    return out
+
+
+class BPE:
+    """A byte-level BPE: vocab {token: id} in GPT-2's byte-mapped characters, merges in rank
+    order (the first merge is applied first), special tokens matched whole in any text."""
+
+    def __init__(
+        self,
+        vocab: dict[str, int],
+        merges: list[tuple[str, str]],
+        special_tokens: Iterable[str] = (),
+        split_digits: bool = True,
+    ):
+        self.vocab, self.split_digits = dict(vocab), split_digits
+        self.id_to_token = {i: t for t, i in self.vocab.items()}
+        # A byte without a symbol in vocab is dropped, as by `tokenizers` without an unknown
+        # token: SmolLM2 has none for 21 bytes that its training data never held (e.g. 0x04).
+        self.byte_ids = [self.vocab.get(BYTE_TO_CHAR[b]) for b in range(256)]
+        self.ranks: dict[tuple[int, int], tuple[int, int]] = {}  # pair -> (rank, new id)
+        for rank, (a, b) in enumerate(merges):
+            if a not in self.vocab or b not in self.vocab or a + b not in self.vocab:
+                raise ValueError(f"merge {rank} ({a!r}, {b!r}) uses a token not in vocab")
+            self.ranks.setdefault((self.vocab[a], self.vocab[b]), (rank, self.vocab[a + b]))
+        self.merges = list(merges)
+        self.special = {t: self.vocab[t] for t in special_tokens}
+        # longest first: where one special token starts another, the longer one wins
+        alternatives = sorted(self.special, key=len, reverse=True)
+        self.special_split = (
+            regex.compile("(" + "|".join(map(regex.escape, alternatives)) + ")")
+            if alternatives
+            else None
+        )
+        self.cache: dict[str, list[int]] = {}  # pre-token -> ids: text repeats its words
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    def __repr__(self) -> str:
+        return (
+            f"BPE(vocab={len(self.vocab)}, merges={len(self.merges)}, "
+            f"special={len(self.special)}, split_digits={self.split_digits})"
+        )
+
+    def encode_pre_token(self, piece: str) -> list[int]:
+        """One pre-token: its bytes as symbols, then the lowest-ranked pair merged, until none."""
+        ids = [self.byte_ids[b] for b in piece.encode("utf-8")]
+        ids = [i for i in ids if i is not None]
+        while len(ids) > 1:
+            pair = min(zip(ids, ids[1:]), key=lambda p: self.ranks.get(p, NO_MERGE))
+            if pair not in self.ranks:
+                break
+            ids = merge(ids, pair, self.ranks[pair][1])
+        return ids
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of text; special tokens written in it become their own ids."""
+        if not isinstance(text, str):
+            raise TypeError(f"expected text as str, got {type(text).__name__}")
+        parts = self.special_split.split(text) if self.special_split else [text]
+        ids = []
+        for i, part in enumerate(parts):
+            if i % 2:  # the split's captured separators: special tokens
+                ids.append(self.special[part])
+                continue
+            for piece in pre_tokenize(part, self.split_digits):
+                if piece not in self.cache:
+                    self.cache[piece] = self.encode_pre_token(piece)
+                ids.extend(self.cache[piece])
+        return ids
+
+    def token_bytes(self, i: int) -> bytes:
+        token = self.id_to_token.get(i) if isinstance(i, int) else None
+        if token is None:
+            raise ValueError(f"expected token ids in 0..{len(self.vocab) - 1}, got {i!r}")
+        if token in self.special:
+            return token.encode("utf-8")
+        return bytes(CHAR_TO_BYTE[c] for c in token)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """The text of ids; bytes that are not valid UTF-8 become U+FFFD."""
+        return b"".join(self.token_bytes(int(i)) for i in ids).decode("utf-8", "replace")
+
+    @classmethod
+    def from_pretrained(cls, source: str | Path | None = None) -> BPE:
+        """SmolLM2's tokenizer from source: None (the GGUF file that load_pretrained reads, else
+        the hub's tokenizer.json), a .gguf file, or a Hugging Face folder / its tokenizer.json."""
+        if source is None:
+            from smol.pretrained import HUB_ID, bundled_gguf_path
+
+            source = bundled_gguf_path()
+            if source is None:  # e.g. in Colab: the same tokenizer from the hub
+                from huggingface_hub import hf_hub_download
+
+                source = hf_hub_download(HUB_ID, "tokenizer.json")
+        path = Path(source)
+        if path.is_dir():
+            path = path / "tokenizer.json"
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"expected a .gguf file, a tokenizer.json or a folder holding one, got {source}"
+            )
+        if path.suffix == ".gguf":
+            return cls._from_gguf(path)
+        return cls._from_tokenizer_json(json.loads(path.read_text(encoding="utf-8")))
+
+    @classmethod
+    def _from_gguf(cls, path: Path) -> BPE:
+        from smol.pretrained import GGUFFile
+
+        meta = GGUFFile(path).metadata
+        if meta.get("tokenizer.ggml.model") != "gpt2":
+            raise ValueError(
+                f"expected a byte-level BPE (tokenizer.ggml.model 'gpt2') in {path}, "
+                f"got {meta.get('tokenizer.ggml.model')!r}"
+            )
+        pre = meta.get("tokenizer.ggml.pre", "default")
+        if pre not in ("smollm", "gpt2", "default"):
+            raise ValueError(f"expected the pre-tokenizer 'smollm' or 'gpt2', got {pre!r}")
+        tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+        special = [t for t, kind in zip(tokens, types) if kind == GGUF_CONTROL]
+        vocab = {t: i for i, t in enumerate(tokens)}
+        return cls(vocab, merges, special, split_digits=pre == "smollm")
+
+    @classmethod
+    def _from_tokenizer_json(cls, spec: dict) -> BPE:
+        model = spec.get("model") or {}
+        if model.get("type") != "BPE":
+            raise ValueError(f"expected a BPE model in tokenizer.json, got {model.get('type')!r}")
+        pre = spec.get("pre_tokenizer") or {}
+        steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+        kinds = [s.get("type") for s in steps]
+        digits = kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits")
+        if not (kinds == ["ByteLevel"] or digits) or steps[-1].get("add_prefix_space"):
+            raise ValueError(
+                "expected the pre-tokenizer ByteLevel (add_prefix_space false), optionally "
+                f"after Digits(individual_digits=True), got {pre}"
+            )
+        merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        vocab = dict(model["vocab"])
+        added = spec.get("added_tokens", [])
+        vocab.update({t["content"]: t["id"] for t in added})
+        return cls(vocab, merges, [t["content"] for t in added], split_digits=bool(digits))
+
+
+
+def train(
+    text: str | Iterable[str],
+    vocab_size: int,
+    special_tokens: Iterable[str] = (),
+    split_digits: bool = True,
+) -> BPE:
+    """Learn merges from text (a string or a list of documents) until the vocabulary holds
+    vocab_size tokens (or no pair is left).
+
+    Ids: the special tokens first, then the 256 byte symbols in the order of their characters'
+    code points, then each merged token as it is made; as `tokenizers`' BpeTrainer numbers them.
+    Tie-breaking: of the pairs with the highest count, the one with the smallest
+    (left id, right id) is merged first, as `tokenizers` does. Counts are updated, not recounted:
+    a merge only revisits the words holding the pair, and a heap finds the next best pair.
+    """
+    if isinstance(text, str):
+        text = [text]
+    special_tokens = list(special_tokens)
+    tokens = special_tokens + sorted(BYTE_TO_CHAR.values())
+    if not isinstance(vocab_size, int) or vocab_size < len(tokens):
+        raise ValueError(
+            f"vocab_size must be an int of at least {len(tokens)} (the special tokens and 256 "
+            f"bytes), got {vocab_size!r}"
+        )
+    vocab = {t: i for i, t in enumerate(tokens)}
+    cut = (
+        regex.compile("|".join(map(regex.escape, sorted(special_tokens, key=len, reverse=True))))
+        if special_tokens
+        else None
+    )
+    word_counts = Counter()
+    for document in text:
+        for part in cut.split(document) if cut else [document]:
+            word_counts.update(pre_tokenize(part, split_digits))
+    words = [[vocab[BYTE_TO_CHAR[b]] for b in w.encode("utf-8")] for w in word_counts]
+    freqs = list(word_counts.values())
+
+    pair_counts: dict[tuple[int, int], int] = defaultdict(int)
+    where: dict[tuple[int, int], set[int]] = defaultdict(set)  # pair -> words that hold it
+    for i, word in enumerate(words):
+        for pair in zip(word, word[1:]):
+            pair_counts[pair] += freqs[i]
+            where[pair].add(i)
+    heap = [(-count, pair) for pair, count in pair_counts.items()]
+    heapq.heapify(heap)
+
+    merges = []
+    while len(vocab) < vocab_size and heap:
+        negative, pair = heapq.heappop(heap)
+        if -negative != pair_counts[pair]:  # stale: the count fell since it was pushed
+            if pair_counts[pair] > 0:
+                heapq.heappush(heap, (-pair_counts[pair], pair))
+            continue
+        a, b = tokens[pair[0]], tokens[pair[1]]
+        if a + b not in vocab:  # two merge paths can spell the same token: it keeps its id
+            vocab[a + b] = len(tokens)
+            tokens.append(a + b)
+        new_id = vocab[a + b]
+        merges.append((a, b))
+        delta: dict[tuple[int, int], int] = defaultdict(int)  # count changes of this merge
+        for i in where.pop(pair):
+            old, words[i] = words[i], merge(words[i], pair, new_id)
+            for p in zip(old, old[1:]):
+                delta[p] -= freqs[i]
+            for p in zip(words[i], words[i][1:]):
+                delta[p] += freqs[i]
+                if new_id in p:  # the only pairs this word did not hold before
+                    where[p].add(i)
+        for p, change in delta.items():
+            pair_counts[p] += change
+            if change > 0:  # a count that rose goes into the heap with its new value
+                heapq.heappush(heap, (-pair_counts[p], p))
+    return BPE(vocab, merges, special_tokens, split_digits)
