@@ -1,14 +1,15 @@
-"""SmolLM2's byte-level BPE by hand: the byte map, the pre-tokenizer, merges, encode, train.
+"""SmolLM2's byte-level BPE by hand: byte map, pre-tokenizer, merges, encode, train.
 
-Text becomes token ids in four steps. Special tokens (`<|im_start|>`, ...) are cut out whole.
-The rest is split into pre-tokens: every digit on its own, then GPT-2's pattern (words with
-their leading space, numbers, runs of punctuation, runs of whitespace). Each pre-token's UTF-8
-bytes start as one symbol each, written as printable characters (GPT-2's byte map), and the
-merges are applied, lowest rank first, until none applies. Training learns the merges: again
-and again, the most frequent adjacent pair becomes a new token.
+Text becomes token ids in four steps. Special tokens (`<|im_start|>`, ...) are cut out
+whole. The rest is split into pre-tokens: every digit on its own, then GPT-2's pattern
+(words with their leading space, numbers, runs of punctuation, runs of whitespace).
+Each pre-token's UTF-8 bytes start as one symbol each, written as printable characters
+(GPT-2's byte map), and the merges are applied, lowest rank first, until none applies.
+Training learns the merges: again and again, the most frequent adjacent pair becomes a
+new token.
 
     from smol.bpe import BPE
-    BPE.from_pretrained().encode("Hello world")  # [19556, 905], as SmolLM2's own tokenizer
+    BPE.from_pretrained().encode("Hello world")  # [19556, 905], as SmolLM2's tokenizer
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ import heapq
 import json
 from collections import Counter, defaultdict
 from collections.abc import Iterable
+from itertools import pairwise
 from pathlib import Path
 
 import regex
 
-# GPT-2's split: contractions, letters, numbers and other symbols (each with one optional
-# leading space), whitespace before whitespace, then any remaining whitespace.
+# GPT-2's split: contractions, letters, numbers and other symbols (each with one
+# optional leading space), whitespace before whitespace, then any remaining whitespace.
 GPT2_SPLIT = regex.compile(
     r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 )
@@ -32,8 +34,9 @@ NO_MERGE = (float("inf"), -1)  # the rank of a pair that no merge joins
 
 
 def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte map: byte -> a printable character. The 188 printable Latin-1 bytes
-    stand for themselves; the 68 others (controls, space, ...) take U+0100 onwards, in order."""
+    """GPT-2's byte map: byte -> a printable character. The 188 printable Latin-1
+    bytes stand for themselves; the 68 others (controls, space, ...) take the characters
+    from U+0100 on, in order."""
     printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
     table, shifted = {}, 0
     for b in range(256):
@@ -50,8 +53,8 @@ CHAR_TO_BYTE = {c: b for b, c in BYTE_TO_CHAR.items()}
 
 
 def pre_tokenize(text: str, split_digits: bool = True) -> list[str]:
-    """The pre-tokens of text (no special tokens in it): digits one by one, then GPT-2's split
-    on what lies between them. Splitting in two passes matters: ' 7' stays two pre-tokens."""
+    """The pre-tokens of text (no special tokens in it): digits one by one, then GPT-2's
+    split on what lies between them. Two passes matter: ' 7' stays two pre-tokens."""
     if not isinstance(text, str):
         raise TypeError(f"expected text as str, got {type(text).__name__}")
     pieces = DIGIT.split(text) if split_digits else [text]
@@ -59,7 +62,7 @@ def pre_tokenize(text: str, split_digits: bool = True) -> list[str]:
 
 
 def merge(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
-    """ids with every occurrence of pair, left to right and not overlapping, made new_id."""
+    """ids with each occurrence of pair, left to right, not overlapping, made new_id."""
     out, i = [], 0
     while i < len(ids):
         if i + 1 < len(ids) and ids[i] == pair[0] and ids[i + 1] == pair[1]:
@@ -72,8 +75,8 @@ def merge(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
 
 
 class BPE:
-    """A byte-level BPE: vocab {token: id} in GPT-2's byte-mapped characters, merges in rank
-    order (the first merge is applied first), special tokens matched whole in any text."""
+    """A byte-level BPE: vocab {token: id} in GPT-2's byte-mapped characters, merges in
+    rank order (the first is applied first), special tokens matched whole anywhere."""
 
     def __init__(
         self,
@@ -84,14 +87,18 @@ class BPE:
     ):
         self.vocab, self.split_digits = dict(vocab), split_digits
         self.id_to_token = {i: t for t, i in self.vocab.items()}
-        # A byte without a symbol in vocab is dropped, as by `tokenizers` without an unknown
-        # token: SmolLM2 has none for 21 bytes that its training data never held (e.g. 0x04).
+        # A byte without a symbol in vocab is dropped, as `tokenizers` does without an
+        # unknown token: SmolLM2 lacks 21 bytes its training data never held (0x04, ...)
         self.byte_ids = [self.vocab.get(BYTE_TO_CHAR[b]) for b in range(256)]
-        self.ranks: dict[tuple[int, int], tuple[int, int]] = {}  # pair -> (rank, new id)
+        self.ranks: dict[
+            tuple[int, int], tuple[int, int]
+        ] = {}  # pair -> (rank, new id)
         for rank, (a, b) in enumerate(merges):
             if a not in self.vocab or b not in self.vocab or a + b not in self.vocab:
-                raise ValueError(f"merge {rank} ({a!r}, {b!r}) uses a token not in vocab")
-            self.ranks.setdefault((self.vocab[a], self.vocab[b]), (rank, self.vocab[a + b]))
+                raise ValueError(
+                    f"merge {rank} ({a!r}, {b!r}) uses a token not in vocab"
+                )
+            self.ranks[self.vocab[a], self.vocab[b]] = (rank, self.vocab[a + b])
         self.merges = list(merges)
         self.special = {t: self.vocab[t] for t in special_tokens}
         # longest first: where one special token starts another, the longer one wins
@@ -101,7 +108,7 @@ class BPE:
             if alternatives
             else None
         )
-        self.cache: dict[str, list[int]] = {}  # pre-token -> ids: text repeats its words
+        self.cache: dict[str, list[int]] = {}  # pre-token -> ids: words repeat
 
     def __len__(self) -> int:
         return len(self.vocab)
@@ -113,11 +120,11 @@ class BPE:
         )
 
     def encode_pre_token(self, piece: str) -> list[int]:
-        """One pre-token: its bytes as symbols, then the lowest-ranked pair merged, until none."""
+        """One pre-token: its bytes, then the best-ranked pair merged until none is."""
         ids = [self.byte_ids[b] for b in piece.encode("utf-8")]
         ids = [i for i in ids if i is not None]
         while len(ids) > 1:
-            pair = min(zip(ids, ids[1:]), key=lambda p: self.ranks.get(p, NO_MERGE))
+            pair = min(pairwise(ids), key=lambda p: self.ranks.get(p, NO_MERGE))
             if pair not in self.ranks:
                 break
             ids = merge(ids, pair, self.ranks[pair][1])
@@ -142,19 +149,24 @@ class BPE:
     def token_bytes(self, i: int) -> bytes:
         token = self.id_to_token.get(i) if isinstance(i, int) else None
         if token is None:
-            raise ValueError(f"expected token ids in 0..{len(self.vocab) - 1}, got {i!r}")
+            raise ValueError(
+                f"expected token ids in 0..{len(self.vocab) - 1}, got {i!r}"
+            )
         if token in self.special:
             return token.encode("utf-8")
         return bytes(CHAR_TO_BYTE[c] for c in token)
 
     def decode(self, ids: Iterable[int]) -> str:
         """The text of ids; bytes that are not valid UTF-8 become U+FFFD."""
-        return b"".join(self.token_bytes(int(i)) for i in ids).decode("utf-8", "replace")
+        return b"".join(self.token_bytes(int(i)) for i in ids).decode(
+            "utf-8", "replace"
+        )
 
     @classmethod
     def from_pretrained(cls, source: str | Path | None = None) -> BPE:
-        """SmolLM2's tokenizer from source: None (the GGUF file that load_pretrained reads, else
-        the hub's tokenizer.json), a .gguf file, or a Hugging Face folder / its tokenizer.json."""
+        """SmolLM2's tokenizer from source: None (the GGUF file load_pretrained reads,
+        else the hub's tokenizer.json), a .gguf file, or a Hugging Face folder (or its
+        tokenizer.json)."""
         if source is None:
             from smol.pretrained import HUB_ID, bundled_gguf_path
 
@@ -168,7 +180,8 @@ class BPE:
             path = path / "tokenizer.json"
         if not path.is_file():
             raise FileNotFoundError(
-                f"expected a .gguf file, a tokenizer.json or a folder holding one, got {source}"
+                "expected a .gguf file, a tokenizer.json or a folder holding one, "
+                f"got {source}"
             )
         if path.suffix == ".gguf":
             return cls._from_gguf(path)
@@ -186,7 +199,9 @@ class BPE:
             )
         pre = meta.get("tokenizer.ggml.pre", "default")
         if pre not in ("smollm", "gpt2", "default"):
-            raise ValueError(f"expected the pre-tokenizer 'smollm' or 'gpt2', got {pre!r}")
+            raise ValueError(
+                f"expected the pre-tokenizer 'smollm' or 'gpt2', got {pre!r}"
+            )
         tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
         merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
         special = [t for t, kind in zip(tokens, types) if kind == GGUF_CONTROL]
@@ -197,22 +212,30 @@ class BPE:
     def _from_tokenizer_json(cls, spec: dict) -> BPE:
         model = spec.get("model") or {}
         if model.get("type") != "BPE":
-            raise ValueError(f"expected a BPE model in tokenizer.json, got {model.get('type')!r}")
+            raise ValueError(
+                f"expected a BPE model in tokenizer.json, got {model.get('type')!r}"
+            )
         pre = spec.get("pre_tokenizer") or {}
-        steps = pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+        steps = (
+            pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+        )
         kinds = [s.get("type") for s in steps]
         digits = kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits")
         if not (kinds == ["ByteLevel"] or digits) or steps[-1].get("add_prefix_space"):
             raise ValueError(
-                "expected the pre-tokenizer ByteLevel (add_prefix_space false), optionally "
-                f"after Digits(individual_digits=True), got {pre}"
+                "expected the pre-tokenizer ByteLevel (add_prefix_space false), "
+                f"optionally after Digits(individual_digits=True), got {pre}"
             )
-        merges = [tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m) for m in model["merges"]]
+        merges = [
+            tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m)
+            for m in model["merges"]
+        ]
         vocab = dict(model["vocab"])
         added = spec.get("added_tokens", [])
         vocab.update({t["content"]: t["id"] for t in added})
-        return cls(vocab, merges, [t["content"] for t in added], split_digits=bool(digits))
-
+        return cls(
+            vocab, merges, [t["content"] for t in added], split_digits=bool(digits)
+        )
 
 
 def train(
@@ -221,14 +244,15 @@ def train(
     special_tokens: Iterable[str] = (),
     split_digits: bool = True,
 ) -> BPE:
-    """Learn merges from text (a string or a list of documents) until the vocabulary holds
-    vocab_size tokens (or no pair is left).
+    """Learn merges from text (a string or a list of documents) until the vocabulary
+    holds vocab_size tokens (or no pair is left).
 
-    Ids: the special tokens first, then the 256 byte symbols in the order of their characters'
-    code points, then each merged token as it is made; as `tokenizers`' BpeTrainer numbers them.
-    Tie-breaking: of the pairs with the highest count, the one with the smallest
-    (left id, right id) is merged first, as `tokenizers` does. Counts are updated, not recounted:
-    a merge only revisits the words holding the pair, and a heap finds the next best pair.
+    Ids: the special tokens first, then the 256 byte symbols in the order of their
+    characters' code points, then each merged token as it is made, as `tokenizers`'
+    BpeTrainer numbers them. Tie-breaking: of the pairs with the highest count, the one
+    with the smallest (left id, right id) is merged first, as in `tokenizers`. Counts
+    are updated, not recounted: a merge revisits only the words that hold the pair, and
+    a heap finds the next best pair.
     """
     if isinstance(text, str):
         text = [text]
@@ -236,12 +260,14 @@ def train(
     tokens = special_tokens + sorted(BYTE_TO_CHAR.values())
     if not isinstance(vocab_size, int) or vocab_size < len(tokens):
         raise ValueError(
-            f"vocab_size must be an int of at least {len(tokens)} (the special tokens and 256 "
-            f"bytes), got {vocab_size!r}"
+            f"vocab_size must be an int of at least {len(tokens)} (the special tokens "
+            f"and 256 bytes), got {vocab_size!r}"
         )
     vocab = {t: i for i, t in enumerate(tokens)}
     cut = (
-        regex.compile("|".join(map(regex.escape, sorted(special_tokens, key=len, reverse=True))))
+        regex.compile(
+            "|".join(map(regex.escape, sorted(special_tokens, key=len, reverse=True)))
+        )
         if special_tokens
         else None
     )
@@ -253,9 +279,9 @@ def train(
     freqs = list(word_counts.values())
 
     pair_counts: dict[tuple[int, int], int] = defaultdict(int)
-    where: dict[tuple[int, int], set[int]] = defaultdict(set)  # pair -> words that hold it
+    where: dict[tuple[int, int], set[int]] = defaultdict(set)  # pair -> its words
     for i, word in enumerate(words):
-        for pair in zip(word, word[1:]):
+        for pair in pairwise(word):
             pair_counts[pair] += freqs[i]
             where[pair].add(i)
     heap = [(-count, pair) for pair, count in pair_counts.items()]
@@ -264,27 +290,27 @@ def train(
     merges = []
     while len(vocab) < vocab_size and heap:
         negative, pair = heapq.heappop(heap)
-        if -negative != pair_counts[pair]:  # stale: the count fell since it was pushed
+        if -negative != pair_counts[pair]:  # stale: the count fell since the push
             if pair_counts[pair] > 0:
                 heapq.heappush(heap, (-pair_counts[pair], pair))
             continue
         a, b = tokens[pair[0]], tokens[pair[1]]
-        if a + b not in vocab:  # two merge paths can spell the same token: it keeps its id
+        if a + b not in vocab:  # two merge paths can spell one token: it keeps its id
             vocab[a + b] = len(tokens)
             tokens.append(a + b)
         new_id = vocab[a + b]
         merges.append((a, b))
-        delta: dict[tuple[int, int], int] = defaultdict(int)  # count changes of this merge
-        for i in where.pop(pair):
+        delta: dict[tuple[int, int], int] = defaultdict(int)  # this merge's changes
+        for i in where.pop(pair, ()):
             old, words[i] = words[i], merge(words[i], pair, new_id)
-            for p in zip(old, old[1:]):
+            for p in pairwise(old):
                 delta[p] -= freqs[i]
-            for p in zip(words[i], words[i][1:]):
+            for p in pairwise(words[i]):
                 delta[p] += freqs[i]
                 if new_id in p:  # the only pairs this word did not hold before
                     where[p].add(i)
         for p, change in delta.items():
             pair_counts[p] += change
-            if change > 0:  # a count that rose goes into the heap with its new value
+            if change > 0:  # a count that rose goes into the heap, as it is now
                 heapq.heappush(heap, (-pair_counts[p], p))
     return BPE(vocab, merges, special_tokens, split_digits)
