@@ -119,16 +119,19 @@ class BPE:
             f"special={len(self.special)}, split_digits={self.split_digits})"
         )
 
-    def encode_pre_token(self, piece: str) -> list[int]:
-        """One pre-token: its bytes, then the best-ranked pair merged until none is."""
-        ids = [self.byte_ids[b] for b in piece.encode("utf-8")]
-        ids = [i for i in ids if i is not None]
+    def apply_merges(self, ids: list[int]) -> list[int]:
+        """ids with the lowest-ranked pair merged, again and again, until none is."""
         while len(ids) > 1:
             pair = min(pairwise(ids), key=lambda p: self.ranks.get(p, NO_MERGE))
             if pair not in self.ranks:
                 break
             ids = merge(ids, pair, self.ranks[pair][1])
         return ids
+
+    def encode_pre_token(self, piece: str) -> list[int]:
+        """One pre-token: its bytes as symbols, then the merges."""
+        ids = [self.byte_ids[b] for b in piece.encode("utf-8")]
+        return self.apply_merges([i for i in ids if i is not None])
 
     def encode(self, text: str) -> list[int]:
         """Token ids of text; special tokens written in it become their own ids."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from itertools import pairwise
 
 import pytest
 import regex
@@ -429,14 +430,9 @@ class LeftmostMergeBPE(BPE):
     """Merges applied in the wrong order: the leftmost pair that has a merge, not the
     one of the lowest rank."""
 
-    def encode_pre_token(self, piece):
-        ids = [
-            i
-            for i in (self.byte_ids[b] for b in piece.encode("utf-8"))
-            if i is not None
-        ]
+    def apply_merges(self, ids):
         while True:
-            pairs = [p for p in zip(ids, ids[1:]) if p in self.ranks]
+            pairs = [p for p in pairwise(ids) if p in self.ranks]
             if not pairs:
                 return ids
             ids = merge(ids, pairs[0], self.ranks[pairs[0]][1])

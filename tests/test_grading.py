@@ -149,6 +149,16 @@ def test_smols_reference_implementations_score_full_marks():
         assert not failed(task, obj), task
 
 
+def test_smols_bpe_passes_the_bpe_checks():
+    from types import SimpleNamespace
+
+    from smol.bpe import BPE, bytes_to_unicode
+
+    assert not failed("byte_map", bytes_to_unicode)
+    for task in ("bpe_encode", "bpe_bug"):
+        assert not failed(task, lambda ids, ranks: BPE.apply_merges(SimpleNamespace(ranks=ranks), ids))
+
+
 def test_smol_train_passes_the_training_checks():
     train = pytest.importorskip("smol.train")
     if hasattr(train, "lr_schedule"):
@@ -210,6 +220,31 @@ def mask_without_causality(attention_mask, T, offset=0):
     return attention_mask.bool()[:, None, None, :] | (k == q)
 
 
+def leftmost_first_encode(ids, ranks):
+    from smol.bpe import merge
+
+    while True:
+        pairs = [p for p in zip(ids, ids[1:]) if p in ranks]
+        if not pairs:
+            return ids
+        ids = merge(ids, pairs[0], ranks[pairs[0]][1])
+
+
+def first_seen_tie_step(word_counts, new_id):
+    from smol.bpe import merge
+
+    pairs = {}
+    for word, count in word_counts.items():
+        for pair in zip(word, word[1:]):
+            pairs[pair] = pairs.get(pair, 0) + count
+    best = max(pairs, key=pairs.get)  # ties: the pair seen first
+    merged = {}
+    for word, count in word_counts.items():
+        key = tuple(merge(list(word), best, new_id))
+        merged[key] = merged.get(key, 0) + count
+    return best, merged
+
+
 MUTANTS = {  # bug class: (task, mutant, the check written for it)
     "missing fp32 upcast": ("rmsnorm", NoUpcastRMSNorm, "float16 activations"),
     "wrong RoPE convention": ("rope", interleaved_rope, "rotates feature i with feature i + D/2"),
@@ -218,6 +253,8 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it)
     "tied weights re-initialised": ("init_weights", init_without_skip, "the tied matrix is initialised once"),
     "loss not shifted": ("train_step_bug", unshifted_train_step, "the loss is next-token prediction"),
     "causal mask lost with a padding mask": ("attention_mask_bug", mask_without_causality, "with a padding mask"),
+    "BPE merges applied leftmost first": ("bpe_bug", leftmost_first_encode, "the lowest rank first"),
+    "BPE ties broken by first sight": ("merge_step", first_seen_tie_step, "ties go to the smallest"),
 }
 
 

@@ -17,6 +17,7 @@ NOTEBOOKS = {  # topic -> file stem, in course order
     "tying_and_init": "05_tying_and_init",
     "training_loop": "06_training_loop",
     "kv_cache_generation": "07_kv_cache_generation",
+    "bpe": "08_bpe",
 }
 
 __all__ = ["grade", "preview", "summary", "run_checks", "TASKS", "RESULTS", "Check", "Result", "MIME", "NOTEBOOKS"]

@@ -1,0 +1,179 @@
+"""08 BPE: GPT-2's byte map, one training step of BPE, encoding with merge ranks, and an
+encoder that applies its merges in the wrong order."""
+
+from functools import lru_cache
+
+from smol.bpe import bytes_to_unicode as reference_byte_map, merge
+from smol.grading.core import check, task
+
+task("byte_map", "bpe", "bytes_to_unicode(): GPT-2's printable byte map")
+task("merge_step", "bpe", "merge_step(word_counts, new_id): one step of BPE training")
+task("bpe_encode", "bpe", "encode_ids(ids, ranks): merges applied by rank")
+task(
+    "bpe_bug",
+    "bpe",
+    "Find the bug: an encoder that applies its merges in the wrong order",
+)
+
+
+@check(
+    "byte_map",
+    "256 distinct characters, one per byte",
+    1,
+    "return a dict {byte (0-255): a one-character str}, no character used twice",
+)
+def _(fn):
+    table = fn()
+    assert isinstance(table, dict), f"expected a dict, got {type(table).__name__}"
+    assert sorted(table) == list(range(256)), "the keys should be the bytes 0..255"
+    assert all(isinstance(c, str) and len(c) == 1 for c in table.values()), (
+        "every value should be a single character"
+    )
+    assert len(set(table.values())) == 256, "two bytes share a character"
+
+
+@check(
+    "byte_map",
+    "printable bytes ('!'-'~', '¡'-'¬', '®'-'ÿ') stand for themselves",
+    1,
+    "chr(b) for b in 0x21-0x7E, 0xA1-0xAC and 0xAE-0xFF",
+)
+def _(fn):
+    table = fn()
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    wrong = [b for b in printable if table.get(b) != chr(b)]
+    assert not wrong, (
+        f"{len(wrong)} printable bytes map elsewhere, e.g. {wrong[0]:#04x}"
+    )
+
+
+@check(
+    "byte_map",
+    "the other 68 bytes take U+0100, U+0101, ... in byte order (space -> 'Ġ')",
+    2,
+    "count the non-printable bytes in increasing order: the n-th gets chr(256 + n)",
+)
+def _(fn):
+    table, want = fn(), reference_byte_map()
+    wrong = [b for b in range(256) if table.get(b) != want[b]]
+    assert not wrong, (
+        f"byte {wrong[0]:#04x} maps to {table.get(wrong[0])!r}, "
+        f"expected {want[wrong[0]]!r}"
+    )
+
+
+def _reference_step(word_counts, new_id):
+    pairs = {}
+    for word, count in word_counts.items():
+        for pair in zip(word, word[1:]):
+            pairs[pair] = pairs.get(pair, 0) + count
+    best = min(pairs, key=lambda p: (-pairs[p], p))
+    merged = {}
+    for word, count in word_counts.items():
+        key = tuple(merge(list(word), best, new_id))
+        merged[key] = merged.get(key, 0) + count
+    return best, merged
+
+
+def _step(fn, word_counts, new_id):
+    out = fn(dict(word_counts), new_id)
+    assert isinstance(out, tuple) and len(out) == 2, (
+        f"merge_step should return (pair, new word_counts), got {type(out).__name__}"
+    )
+    pair, merged = out
+    want_pair, want = _reference_step(word_counts, new_id)
+    assert tuple(pair) == want_pair, f"merged the pair {pair}, expected {want_pair}"
+    got = {tuple(w): c for w, c in merged.items()}
+    assert got == want, f"the words after the merge are {got}, expected {want}"
+
+
+@check(
+    "merge_step",
+    "merges the pair that occurs most often, counting each word's count",
+    2,
+    "add each word's count to every adjacent pair in it; take the largest sum",
+)
+def _(fn):
+    _step(fn, {(1, 2, 3): 5, (2, 3): 4, (1, 2): 2}, 9)  # (2, 3): 9 beats (1, 2): 7
+    _step(fn, {(1, 2, 3): 1, (1, 2): 3, (3,): 7}, 9)  # (1, 2): 4
+
+
+@check(
+    "merge_step",
+    "overlapping pairs merge left to right: (1, 1, 1) -> (9, 1)",
+    1,
+    "scan each word from the left; after a merge, jump past both symbols",
+)
+def _(fn):
+    _step(fn, {(1, 1, 1): 2, (1, 1, 1, 1): 1, (2, 1): 1}, 9)
+
+
+@check(
+    "merge_step",
+    "ties go to the smallest (left id, right id), as in `tokenizers`",
+    1,
+    "among pairs with the same count take min(pair): compare ids, not the order seen",
+)
+def _(fn):
+    _step(fn, {(7, 8): 3, (5, 6): 3, (5, 9): 3}, 20)  # (5, 6) < (5, 9) < (7, 8)
+    _step(fn, {(4, 2): 1, (3, 4): 1}, 10)  # (3, 4)
+
+
+@lru_cache(maxsize=1)
+def _small_bpe():
+    """A 400-token BPE trained on the start of a play, and its text's distinct words."""
+    from smol.bpe import pre_tokenize, train
+    from smol.data import split_plays
+
+    text = split_plays("val")[0][:30_000]
+    bpe = train(text, 400)
+    return bpe, sorted(set(pre_tokenize(text)))[:400]
+
+
+BOTH = ("bpe_encode", "bpe_bug")
+
+
+@check(
+    BOTH,
+    "one merge, no merge, one symbol, no symbols",
+    1,
+    "loop while some adjacent pair has a rank; return the ids when none has",
+)
+def _(fn):
+    ranks = {(1, 2): (0, 9)}
+    for ids, want in (([1, 2, 3], [9, 3]), ([3, 3], [3, 3]), ([5], [5]), ([], [])):
+        got = fn(list(ids), ranks)
+        assert list(got) == want, (
+            f"encode_ids({ids}, {ranks}) gave {got}, expected {want}"
+        )
+
+
+@check(
+    BOTH,
+    "a token made by one merge takes part in the next",
+    1,
+    "after each merge, look at the new pairs again",
+)
+def _(fn):
+    ranks = {(1, 2): (0, 9), (9, 3): (1, 10)}
+    got = fn([1, 2, 3, 1, 2], ranks)
+    assert list(got) == [10, 9], f"encode_ids gave {got}, expected [10, 9]"
+
+
+@check(
+    BOTH,
+    "the lowest rank first: equals smol's BPE on 400 words of a play",
+    3,
+    "of all adjacent pairs that have a merge, take the one of the lowest rank, "
+    "wherever it stands, not the leftmost one",
+)
+def _(fn):
+    got = fn([1, 2, 3], {(1, 2): (1, 9), (2, 3): (0, 10)})
+    assert list(got) == [1, 10], (
+        f"with (2, 3) ranked before (1, 2), got {got}, expected [1, 10]"
+    )
+    bpe, words = _small_bpe()
+    for word in words:
+        ids = [bpe.byte_ids[b] for b in word.encode("utf-8")]
+        got, want = fn(list(ids), bpe.ranks), bpe.encode_pre_token(word)
+        assert list(got) == want, f"{word!r} gave {got}, smol's BPE gives {want}"
