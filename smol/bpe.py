@@ -90,9 +90,8 @@ class BPE:
         # A byte without a symbol in vocab is dropped, as `tokenizers` does without an
         # unknown token: SmolLM2 lacks 21 bytes its training data never held (0x04, ...)
         self.byte_ids = [self.vocab.get(BYTE_TO_CHAR[b]) for b in range(256)]
-        self.ranks: dict[
-            tuple[int, int], tuple[int, int]
-        ] = {}  # pair -> (rank, new id)
+        # a pair of ids -> (its merge's rank, the id of the merged token)
+        self.ranks: dict[tuple[int, int], tuple[int, int]] = {}
         for rank, (a, b) in enumerate(merges):
             if a not in self.vocab or b not in self.vocab or a + b not in self.vocab:
                 raise ValueError(
@@ -150,6 +149,7 @@ class BPE:
         return ids
 
     def token_bytes(self, i: int) -> bytes:
+        """The bytes token i stands for (a special token: its text in UTF-8)."""
         token = self.id_to_token.get(i) if isinstance(i, int) else None
         if token is None:
             raise ValueError(
