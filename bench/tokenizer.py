@@ -20,7 +20,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from smol.bpe import BPE, pre_tokenize, train
 from smol.data import EOT, split_plays
-from smol.pretrained import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
+from smol.gguf import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
 
 
 def timed(fn) -> float:

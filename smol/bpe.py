@@ -171,7 +171,8 @@ class BPE:
         else the hub's tokenizer.json), a .gguf file, or a Hugging Face folder (or its
         tokenizer.json)."""
         if source is None:
-            from smol.pretrained import HUB_ID, bundled_gguf_path
+            from smol.gguf import bundled_gguf_path
+            from smol.pretrained import HUB_ID
 
             source = bundled_gguf_path()
             if source is None:  # e.g. in Colab: the same tokenizer from the hub
@@ -192,7 +193,7 @@ class BPE:
 
     @classmethod
     def _from_gguf(cls, path: Path) -> BPE:
-        from smol.pretrained import GGUFFile
+        from smol.gguf import GGUFFile
 
         meta = GGUFFile(path).metadata
         if meta.get("tokenizer.ggml.model") != "gpt2":

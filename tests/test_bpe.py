@@ -209,7 +209,7 @@ def bpe():
 @pytest.fixture(scope="module")
 def real():
     """SmolLM2's tokenizer as smol.tokenizer builds it (`tokenizers`) from the GGUF."""
-    from smol.pretrained import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
+    from smol.gguf import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
 
     return tokenizer_from_gguf(GGUFFile(bundled_gguf_path()))
 
@@ -277,7 +277,7 @@ def test_transformers_gguf_tokenizer_is_the_same_bpe_without_the_digit_split(bpe
     the two differ only where whitespace stands before a digit."""
     from transformers import AutoTokenizer
 
-    from smol.pretrained import bundled_gguf_path
+    from smol.gguf import bundled_gguf_path
 
     path = bundled_gguf_path()
     hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)

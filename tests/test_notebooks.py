@@ -21,6 +21,7 @@ SHOWN = {
     "06_the_assembled_model": ["# smol/model.py: DecoderLayer", "# smol/model.py: SmolModel",
                                "# smol/model.py: SmolLM", "# smol/model.py: check_state_dict",
                                "# smol/model.py"],
+    "07_the_tokenizer": ["# smol/bpe.py"],
     "08_running_the_real_smollm2": ["# smol/kv_cache.py: KVCache",
                                     "# smol/generate.py: filter_top_k, filter_top_p, sample_next_token"],
     "10_training": ["# smol/optim.py: lr_schedule, param_groups", "# smol/train.py: Trainer.train_step"],
