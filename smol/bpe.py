@@ -189,6 +189,8 @@ class BPE:
             )
         if path.suffix == ".gguf":
             return cls._from_gguf(path)
+        if path.suffix != ".json":
+            raise ValueError(f"expected a .gguf or a tokenizer.json file, got {path}")
         return cls._from_tokenizer_json(json.loads(path.read_text(encoding="utf-8")))
 
     @classmethod

@@ -328,6 +328,9 @@ def test_clear_errors(bpe, tmp_path):
         bpe.decode([49152])
     with pytest.raises(FileNotFoundError, match="expected a .gguf file"):
         BPE.from_pretrained(tmp_path / "nothing")
+    (tmp_path / "vocab.txt").write_text("a b")
+    with pytest.raises(ValueError, match="expected a .gguf or a tokenizer.json file"):
+        BPE.from_pretrained(tmp_path / "vocab.txt")
     (tmp_path / "tokenizer.json").write_text(json.dumps({"model": {"type": "Unigram"}}))
     with pytest.raises(ValueError, match="expected a BPE model"):
         BPE.from_pretrained(tmp_path)
