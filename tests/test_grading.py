@@ -12,6 +12,8 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 
 import nbformat
 import pytest
@@ -288,19 +290,65 @@ def test_raising_hanging_exiting_and_misshaped_code_costs_only_its_checks():
                 pass
         return apply_rope(x, cos, sin)
 
-    result = run_checks("rope", sometimes, timeout=0.5)
+    result = run_checks("rope", sometimes, timeout=0.5, isolate=False)  # state shared across checks
     assert [row.passed for row in result.rows] == [False, False] + [True] * (len(result.rows) - 2)
     assert "RuntimeError: boom" in result.rows[0].message and "timed out" in result.rows[1].message
 
-    hanging = run_checks("rotate_half", lambda x: [None for _ in iter(int, 1)], timeout=0.3)
-    assert hanging.score == 0 and all("timed out" in r.message for r in hanging.rows)
-    exiting = run_checks("rms", lambda x, eps: sys.exit(3))
-    assert exiting.score == 0 and "sys.exit(3)" in exiting.rows[0].message
-    killing = run_checks("rms", lambda x, eps: os._exit(3))  # the test process survives
-    assert killing.score == 0 and "os._exit(3,)" in killing.rows[0].message
-    assert os._exit.__name__ == "_exit"
-    wrong_shape = run_checks("rms", lambda x, eps: x.pow(2).mean(-1).sqrt())
-    assert "shape" in wrong_shape.rows[0].message and not wrong_shape.rows[0].passed
+    for isolate in (False, True):
+        hanging = run_checks("rotate_half", lambda x: [None for _ in iter(int, 1)], 0.3, isolate=isolate)
+        assert hanging.score == 0 and all("timed out" in r.message for r in hanging.rows)
+        exiting = run_checks("rms", lambda x, eps: sys.exit(3), isolate=isolate)
+        assert exiting.score == 0 and "sys.exit(3)" in exiting.rows[0].message
+        killing = run_checks("rms", lambda x, eps: os._exit(3), isolate=isolate)  # the test process survives
+        assert killing.score == 0 and "os._exit(3,)" in killing.rows[0].message
+        assert os._exit.__name__ == "_exit"
+        wrong_shape = run_checks("rms", lambda x, eps: x.pow(2).mean(-1).sqrt(), isolate=isolate)
+        assert "shape" in wrong_shape.rows[0].message and not wrong_shape.rows[0].passed
+
+
+def test_isolated_checks_survive_crashes_and_forget_what_the_code_patched():
+    import ctypes
+
+    crash = run_checks("rms", lambda x, eps: ctypes.string_at(0), isolate=True)  # a segfault
+    assert crash.score == 0 and "SIGSEGV" in crash.rows[0].message
+
+    def patching(x, eps):  # tries to make every later check pass
+        core.Result.score = property(lambda self: 99)
+        torch.isclose = lambda *a, **k: torch.ones((), dtype=torch.bool)
+        return x
+
+    isclose = torch.isclose
+    result = run_checks("rms", patching, isolate=True)
+    assert torch.isclose is isclose and isinstance(core.Result.__dict__["score"], property)
+    assert result.score == 0 < result.total, result.table()
+
+
+def test_a_check_stuck_in_one_long_torch_call_is_killed_at_its_limit():
+    def one_long_call(x, eps):  # tens of seconds inside one C call: no Python signal handler runs
+        return torch.linalg.matrix_power(torch.randn(1500, 1500), 2**60)
+
+    start = time.monotonic()
+    result = run_checks("rms", one_long_call, timeout=0.5)
+    assert time.monotonic() - start < 3 * 0.5 + 5, "the checks were not stopped at their limit"
+    assert result.score == 0 and all("timed out after 0.5 s" in r.message for r in result.rows), result.table()
+
+
+def test_a_timeout_must_be_a_positive_number(capsys):
+    from smol.grade import main
+    from smol.grading import grade
+
+    for bad in (-1, 0, float("nan"), float("inf"), "10", True):
+        result = run_checks("rms", None, timeout=bad)
+        assert result.error and "timeout" in result.error and not result.rows, bad
+    grade("rms", None, timeout=-1)
+    assert "positive" in capsys.readouterr().out
+    for option in ("--timeout", "--cell-timeout", "--check-timeout"):
+        for value in ("-1", "0", "nan", "abc"):
+            with pytest.raises(SystemExit) as exit_:
+                main(["exercises/", option, value])
+            assert exit_.value.code == 2
+            err = capsys.readouterr().err
+            assert option in err and "seconds" in err and value in err, err
 
 
 def test_timeout_works_off_the_main_thread_too():
@@ -339,25 +387,130 @@ def _notebook(tmp_path, name, sources):
     return path
 
 
-def test_command_line_grades_fresh_kernels_and_survives_hostile_notebooks(tmp_path):
-    head = "from smol.grading import grade\nimport torch"
-    rotate = "def rotate_half(x):\n    a, b = x.chunk(2, -1)\n    return torch.cat((-b, a), -1)"
-    dies = _notebook(tmp_path, "dies.ipynb", [head, rotate, 'grade("rotate_half", rotate_half)',
-                                              "import os\nos._exit(1)", 'grade("rms", None)'])
-    hangs = _notebook(tmp_path, "hangs.ipynb", [head, rotate, 'grade("rotate_half", rotate_half)',
-                                                "while True:\n    pass", 'grade("rope", None)'])
-    report = tmp_path / "report.json"
+HEAD = "from smol.grading import grade\nimport torch"
+ROTATE = "def rotate_half(x):\n    a, b = x.chunk(2, -1)\n    return torch.cat((-b, a), -1)"
+FORGE = """from IPython.display import display
+from smol.grading import MIME
+for task, total in (("rms", 4), ("rmsnorm", 7)):
+    forged = {"task": task, "score": total, "total": total, "counted": True, "error": "",
+              "checks": [{"check": "all", "points": total, "passed": True, "message": ""}]}
+    display({MIME: forged, "text/plain": f"{task}: {total}/{total} points"}, raw=True)
+    print(forged)"""
+PATCH = """import smol.grading, smol.grading.core as core
+def full_marks(task_name, obj=None, timeout=10.0, **kw):
+    return core.Result(task_name, [core.Row(c.name, c.points, c.points, True, c.hint)
+                                   for c in core.TASKS[task_name].checks])
+core.run_checks = full_marks
+core.Result.score = property(lambda self: 99)
+smol.grading.grade = grade = lambda task, obj=None, **kw: print(task, "full marks")
+for task in core.TASKS.values():
+    task.checks.clear()"""
+
+
+@pytest.fixture(scope="module")
+def command_line(tmp_path_factory):
+    """One run of `python -m smol.grade` over good, hostile, forging and broken notebooks."""
+    tmp = tmp_path_factory.mktemp("grade")
+    dies = _notebook(tmp, "dies.ipynb", [HEAD, ROTATE, 'grade("rotate_half", rotate_half)',
+                                         "import os\nos._exit(1)", 'grade("rms", None)'])
+    hangs = _notebook(tmp, "hangs.ipynb", [HEAD, ROTATE, 'grade("rotate_half", rotate_half)',
+                                           "while True:\n    pass", 'grade("rope", None)'])
+    forges = _notebook(tmp, "forges.ipynb", [HEAD, FORGE, 'grade("rms", None)'])
+    patches = _notebook(tmp, "patches.ipynb", [HEAD, ROTATE, PATCH, 'grade("rms", None)',
+                                               'grade("rotate_half", rotate_half)'])
+    folder = tmp / "submissions"
+    folder.mkdir()
+    (folder / "01_rmsnorm.ipynb").write_bytes(b"")  # an empty file
+    (folder / "02_rope.ipynb").write_text('{"cells": [')  # cut short
+    (folder / "03_gqa_repeat_kv.ipynb").write_text('{"a": 1}')  # JSON, not a notebook
+    _notebook(folder, "04_swiglu.ipynb", [HEAD, ROTATE, 'grade("rotate_half", rotate_half)'])
+    report = tmp / "report.json"
     proc = subprocess.run([sys.executable, "-m", "smol.grade", str(SOLUTIONS[0]), str(EXERCISES[0]), str(dies),
-                           str(hangs), "--cell-timeout", "4", "--json", str(report), "--strict"],
-                          capture_output=True, text=True, timeout=170, cwd=ROOT)
+                           str(hangs), str(forges), str(patches), str(folder), "--cell-timeout", "15",
+                           "--json", str(report), "--strict"],
+                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    reports = json.loads(report.read_text())["notebooks"]
+    return proc, {f"{Path(r['notebook']).parent.name}/{Path(r['notebook']).name}": r for r in reports}
+
+
+def test_command_line_grades_fresh_kernels_and_survives_hostile_notebooks(command_line):
+    proc, notebooks = command_line
     assert proc.returncode == 1, proc.stdout + proc.stderr  # --strict: below full marks
-    solution, exercise, died, hung = json.loads(report.read_text())["notebooks"]
+    solution, exercise = notebooks["solutions/01_rmsnorm.ipynb"], notebooks["exercises/01_rmsnorm.ipynb"]
+    died, hung = (r for name, r in notebooks.items() if name.endswith(("/dies.ipynb", "/hangs.ipynb")))
     full = sum(TASKS[t].points for t in ("rms", "rmsnorm", "rmsnorm_bug"))
     assert (solution["score"], solution["total"], exercise["score"], exercise["total"]) == (full, full, 0, full)
     assert solution["status"] == "ok" and exercise["status"] == "ok"
     assert (died["score"], died["total"]) == (3, 7) and "died" in died["status"]
     assert (hung["score"], hung["total"]) == (3, 11) and "time limit" in hung["status"]
-    assert f"total{full + 6}/{2 * full + 18}" in proc.stdout.replace(" ", "")
+    assert all(c["passed"] for t in solution["tasks"] for c in t["checks"])
+
+
+def test_invalid_notebooks_are_reported_and_the_rest_graded(command_line):
+    proc, notebooks = command_line
+    empty, cut, other = (notebooks[f"submissions/{name}.ipynb"] for name in
+                         ("01_rmsnorm", "02_rope", "03_gqa_repeat_kv"))
+    assert "01_rmsnorm.ipynb is empty" in empty["error"] and "invalid JSON" in cut["error"]
+    assert "JSON but not a Jupyter notebook" in other["error"]
+    rope = sum(t.points for t in TASKS.values() if t.notebook == "rope")
+    assert (empty["score"], cut["score"], cut["total"]) == (0, 0, rope)  # its tasks score zero
+    assert all(r["status"].startswith("error: ") for r in (empty, cut, other))
+    swiglu = notebooks["submissions/04_swiglu.ipynb"]  # graded after the broken ones
+    assert swiglu["score"] == 3 and "error" not in swiglu
+    assert "3 files could not be graded" in proc.stdout and "Traceback" not in proc.stderr
+
+
+def test_printed_or_displayed_results_are_not_counted(command_line):
+    forged = next(r for n, r in command_line[1].items() if n.endswith("/forges.ipynb"))
+    assert (forged["score"], forged["total"]) == (0, 4), forged
+
+
+def test_patching_the_grader_in_the_notebook_changes_nothing(command_line):
+    patched = next(r for n, r in command_line[1].items() if n.endswith("/patches.ipynb"))
+    scores = {t["task"]: (t["score"], t["total"]) for t in patched["tasks"]}
+    assert scores == {"rms": (0, 4), "rotate_half": (3, 3)}, patched  # what it really solves
+
+
+def test_a_deleted_check_cell_still_counts_its_points(command_line):
+    swiglu = command_line[1]["submissions/04_swiglu.ipynb"]  # exercise 4's name, one other task
+    want = sum(t.points for t in TASKS.values() if t.notebook == "swiglu") + TASKS["rotate_half"].points
+    assert swiglu["total"] == want
+    assert {t["task"]: t["graded"] for t in swiglu["tasks"]}["swiglu"] is False
+
+
+def test_an_unwritable_report_path_is_refused_before_grading(tmp_path, capsys):
+    from smol.grade import main
+
+    empty = tmp_path / "empty.ipynb"
+    empty.write_bytes(b"")
+    for where in (tmp_path, tmp_path / "missing" / "report.json"):
+        start = time.monotonic()
+        with pytest.raises(SystemExit) as exit_:
+            main([str(empty), "--json", str(where)])
+        assert exit_.value.code == 2 and time.monotonic() - start < 5
+        err = capsys.readouterr().err
+        assert f"cannot write the report to {where}" in err and "--json" in err, err
+    assert not list(tmp_path.glob("missing*"))
+
+
+def test_a_report_that_fails_late_still_shows_the_scores(tmp_path, capsys, monkeypatch):
+    from smol import grade as cli
+
+    empty = tmp_path / "empty.ipynb"
+    empty.write_bytes(b"")
+    monkeypatch.setattr(cli, "report_problem", lambda path: "")  # the folder vanished meanwhile
+    assert cli.main([str(empty), "--json", str(tmp_path)]) == 1
+    out, err = capsys.readouterr()
+    assert "total" in out and "empty.ipynb is empty" in out
+    assert f"could not write the report to {tmp_path}" in err and "Traceback" not in err
+
+
+def test_grade_calls_name_the_object_graded():
+    from smol.grade import grade_calls
+
+    source = 'x = 1\n%time grade("rope", apply_rope, timeout=30)\ngrade("rms")\ngrade(obj=f, task_name="y")'
+    assert grade_calls(source) == [("rope", "apply_rope"), ("rms", "None")]
+    assert grade_calls('grade("rms", rms') == [("rms", None)]  # does not parse: never ran
 
 
 # --- other correct ways to write a piece pass too (no false alarms) --------------------------------

@@ -4,16 +4,26 @@ A check is a function of the student's object that returns normally when the obj
 raises (usually `AssertionError` with a message for the student) when it does not. `grade` runs
 every check of a task with a per-check time limit, catches everything the student's code can throw
 (including `SystemExit`), prints a table and never raises.
+
+Where the platform can fork (Linux; see `ISOLATE`), every check runs in a forked child process:
+the time limit then kills the child, so it stops even a check stuck in one long torch call, and
+nothing a check's code does (patching modules, exiting, crashing) outlives it. Elsewhere the
+check runs in-process under a timer that interrupts Python code only, between two C calls.
 """
 
 from __future__ import annotations
 
 import html
 import json
+import os
+import secrets
+import select
 import signal
 import sys
 import threading
+import time
 import traceback
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -182,13 +192,50 @@ def _run_with_timeout(fn: Callable[[], None], timeout: float) -> None:
         raise box[0]
 
 
-def run_checks(task_name: str, obj: Any, timeout: float = DEFAULT_TIMEOUT) -> Result:
-    """Every check of `task_name` against `obj`; never raises (except KeyboardInterrupt)."""
+ISOLATE = sys.platform.startswith("linux")  # fork a child per check by default (safe there)
+_exit, _write = os._exit, os.write  # the real ones, whatever a check's code patches later
+
+
+def timeout_problem(timeout: Any) -> str:
+    """Why `timeout` is not a usable time limit in seconds ("" when it is)."""
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        return f"the timeout must be a number of seconds, got {type(timeout).__name__}"
+    if not timeout > 0 or timeout == float("inf"):
+        return f"the timeout must be a positive, finite number of seconds, got {timeout!r}"
+    return ""
+
+
+def can_isolate() -> bool:
+    """Whether checks can run in forked children here: a POSIX fork, and no CUDA context (a
+    forked child cannot use its parent's)."""
+    torch = sys.modules.get("torch")
+    return hasattr(os, "fork") and not (torch is not None and torch.cuda.is_initialized())
+
+
+def run_checks(task_name: str, obj: Any = None, timeout: float = DEFAULT_TIMEOUT, *,
+               isolate: bool | None = None, payload: bytes | None = None) -> Result:
+    """Every check of `task_name` against `obj`; never raises (except KeyboardInterrupt).
+
+    isolate: run each check in a forked child that is killed at the time limit (default: on
+    Linux, where the platform allows it). payload: the object as `cloudpickle` bytes instead of
+    `obj`, unpickled inside each child, so that its code never runs in this process.
+    """
     if task_name not in TASKS:
         return Result(task_name, [], error=f"unknown task {task_name!r}; tasks are {', '.join(sorted(TASKS))}")
-    import os
+    problem = timeout_problem(timeout)
+    if problem:
+        return Result(task_name, [], error=problem)
+    if isolate is None:
+        isolate = ISOLATE
+    isolate = isolate and can_isolate()
+    if payload is not None:
+        import cloudpickle
 
-    import torch
+        def load():
+            return cloudpickle.loads(payload)
+    else:
+        def load():
+            return obj
 
     def refuse(name):
         def stand_in(*args):
@@ -198,28 +245,120 @@ def run_checks(task_name: str, obj: Any, timeout: float = DEFAULT_TIMEOUT) -> Re
     saved_exit, saved_abort = os._exit, os.abort
     os._exit, os.abort = refuse("_exit"), refuse("abort")
     try:
-        return Result(task_name, _run_all(TASKS[task_name].checks, obj, timeout, torch))
+        run = _run_in_child if isolate else _run_here
+        return Result(task_name, [run(c, load, timeout) for c in TASKS[task_name].checks])
     finally:
         os._exit, os.abort = saved_exit, saved_abort
 
 
-def _run_all(checks, obj, timeout, torch) -> list[Row]:
-    rows = []
-    for c in checks:
-        state = torch.random.get_rng_state()
-        threads = torch.get_num_threads()
-        try:
-            torch.manual_seed(0)
-            _run_with_timeout(lambda: c.fn(obj), timeout)
-            rows.append(Row(c.name, c.points, c.points, True, c.hint))
-        except KeyboardInterrupt:
-            raise
-        except BaseException as exc:  # noqa: BLE001 - student code may raise anything, even SystemExit
-            rows.append(Row(c.name, c.points, 0, False, c.hint, _describe(exc)))
-        finally:
-            torch.random.set_rng_state(state)
-            torch.set_num_threads(threads)
-    return rows
+def _check(c: Check, load: Callable[[], Any]) -> Row:
+    """Run one check (no time limit); the row it earns."""
+    import torch
+
+    torch.manual_seed(0)
+    try:
+        obj = load()
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        return Row(c.name, c.points, 0, False, c.hint,
+                   f"the grader could not load your object: {_describe(exc)}")
+    try:
+        c.fn(obj)
+        return Row(c.name, c.points, c.points, True, c.hint)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - student code may raise anything, even SystemExit
+        return Row(c.name, c.points, 0, False, c.hint, _describe(exc))
+
+
+def _run_here(c: Check, load: Callable[[], Any], timeout: float) -> Row:
+    """One check in this process, under a timer that interrupts Python code (not a C call)."""
+    import torch
+
+    state, threads, box = torch.random.get_rng_state(), torch.get_num_threads(), []
+    try:
+        _run_with_timeout(lambda: box.append(_check(c, load)), timeout)
+        return box[0]
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001 - the timeout, or a raise from a stray thread
+        return Row(c.name, c.points, 0, False, c.hint, _describe(exc))
+    finally:
+        torch.random.set_rng_state(state)
+        torch.set_num_threads(threads)
+
+
+def _run_in_child(c: Check, load: Callable[[], Any], timeout: float) -> Row:
+    """One check in a forked child, killed (with anything it started) at the time limit. The
+    child reports its row over a pipe, tagged with a nonce fresh for this check."""
+    nonce = secrets.token_hex(16)
+    read_fd, write_fd = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded process" (3.12+)
+        pid = os.fork()
+    if pid == 0:
+        _child(c, load, read_fd, write_fd, nonce)
+    os.close(write_fd)
+    data, timed_out, deadline = b"", False, time.monotonic() + timeout
+    try:
+        while b"\n" not in data:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                timed_out = True
+                break
+            if select.select([read_fd], [], [], left)[0]:
+                chunk = os.read(read_fd, 1 << 16)
+                if not chunk:
+                    break
+                data += chunk
+    finally:
+        os.close(read_fd)
+        for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+            try:
+                kill()
+            except OSError:
+                pass
+        status = os.waitpid(pid, 0)[1]
+    try:
+        message = json.loads(data.split(b"\n")[0])
+        assert message.pop("nonce") == nonce
+        return Row(c.name, c.points, c.points if message["passed"] else 0, bool(message["passed"]),
+                   c.hint, str(message["message"]))
+    except Exception:  # noqa: BLE001 - no (valid) report: say how the child ended
+        pass
+    if timed_out:
+        why = f"timed out after {timeout:g} s (an endless loop, or one very long call?)"
+    elif os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else number
+        why = f"the check's process was killed by signal {name} (a crash, or out of memory?)"
+    else:
+        why = f"the check's process ended (exit status {os.WEXITSTATUS(status)}) before it finished"
+    return Row(c.name, c.points, 0, False, c.hint, why)
+
+
+def _child(c: Check, load: Callable[[], Any], read_fd: int, write_fd: int, nonce: str) -> None:
+    """The forked child: run the check with output discarded, report one line, never return."""
+    try:
+        os.close(read_fd)
+        os.setpgid(0, 0)  # its own process group: the parent kills whatever it starts
+        import faulthandler
+
+        faulthandler.disable()  # a crash is reported by the parent, not dumped on its stderr
+        devnull = os.open(os.devnull, os.O_RDWR)
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+        sys.stdout = sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - the process ends soon
+        import torch
+
+        torch.set_num_threads(1)  # an OpenMP pool does not survive a fork
+        row = _check(c, load)
+        line = json.dumps({"nonce": nonce, "passed": row.passed, "message": row.message})
+        _write(write_fd, line.encode() + b"\n")
+    finally:
+        _exit(0)
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 RESULTS: dict[str, Result] = {}  # the latest graded result of each task in this process
@@ -250,7 +389,12 @@ def grade(task_name: str, obj: Any = None, *, timeout: float = DEFAULT_TIMEOUT, 
 
     Never raises: a check that fails, raises, hangs or exits costs its own points only. Returns
     None (so a notebook shows only the table); the result is kept in `RESULTS[task_name]`.
+    In a kernel started by `python -m smol.grade` it only says so: that command grades `obj`
+    itself, in processes of its own, right after this cell.
     """
+    if os.environ.get("SMOL_GRADE_DEFERRED"):
+        print(f"{task_name}: graded by python -m smol.grade after this cell")
+        return
     try:
         result = run_checks(task_name, obj, timeout)
     except KeyboardInterrupt:
