@@ -145,7 +145,7 @@ def test_smols_reference_implementations_score_full_marks():
     from smol.rope import apply_rope, rotate_half
 
     for task, obj in [("rmsnorm", RMSNorm), ("rope", apply_rope), ("rotate_half", rotate_half),
-                      ("repeat_kv", repeat_kv), ("silu", F.silu), ("swiglu", MLP),
+                      ("repeat_kv", repeat_kv), ("swiglu", MLP),
                       ("tie_weights", lambda m: m.tie_weights()), ("init_weights", lambda m: m.reset_parameters()),
                       ("filter_top_k", filter_top_k), ("filter_top_p", filter_top_p)]:
         assert not failed(task, obj), task
@@ -247,7 +247,41 @@ def first_seen_tie_step(word_counts, new_id):
     return best, merged
 
 
+def overflowing_silu(x):  # right values everywhere; the gradient is NaN at x = -100
+    return x / (1 + torch.exp(-x))
+
+
+def library_silu(x):
+    return nn.SiLU()(x)
+
+
+def library_attention(q, k, v):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+
+def clamped_rms(x, eps):  # agrees with sqrt(mean + eps) on all-zero rows and to 1e-5 elsewhere
+    return torch.sqrt(torch.clamp(x.pow(2).mean(-1, keepdim=True), min=eps))
+
+
+def tie_by_replacing_the_head(model):  # the same weight object, and a head that cannot project
+    if model.config.tie_word_embeddings:
+        model.lm_head = model.model.embed_tokens
+
+
+def init_that_freezes(model):  # "no autograd while initialising", never switched back on
+    for p in model.parameters():
+        p.requires_grad_(False)
+    init_by_name(model)
+
+
 MUTANTS = {  # bug class: (task, mutant, the check written for it)
+    "a gradient that overflows where the value does not": (
+        "silu", overflowing_silu, "finite values and gradients for large |x|"),
+    "F.silu where the task says without it": ("silu", library_silu, "written by hand"),
+    "SDPA where the task says without it": ("gqa_attention", library_attention, "written by hand"),
+    "eps clamped instead of added": ("rms", clamped_rms, "eps is added inside"),
+    "tied by replacing the head module": ("tie_weights", tie_by_replacing_the_head, "the tied model runs"),
+    "an init that leaves the model unable to learn": ("init_weights", init_that_freezes, "the model still runs"),
     "missing fp32 upcast": ("rmsnorm", NoUpcastRMSNorm, "float16 activations"),
     "wrong RoPE convention": ("rope", interleaved_rope, "rotates feature i with feature i + D/2"),
     "tiling instead of grouping": ("repeat_kv", tiled_repeat_kv, "query head h reads"),
@@ -566,21 +600,124 @@ def generate_without_no_grad(model, ids, n):
     return out
 
 
-def test_other_correct_implementations_score_full_marks():
+class ReorderedSwiGLU(nn.Module):  # layers defined in another order, silu written with tanh
+    def __init__(self, config):
+        super().__init__()
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        setattr(self.down_proj, "scaled_init", True)
+
+    def forward(self, x):
+        gate = self.gate_proj(x)
+        return self.down_proj(self.up_proj(x) * gate * 0.5 * (1 + torch.tanh(gate / 2)))
+
+
+def tie_by_reregistering(model):
+    if model.config.tie_word_embeddings:
+        del model.lm_head.weight
+        model.lm_head.weight = model.get_submodule("model.embed_tokens").weight
+
+
+def init_module_by_module(model):  # model.apply, children before parents, skipping the tied head
+    std, L = model.config.initializer_range, model.config.num_hidden_layers
+    shared = model.model.embed_tokens.weight
+
+    def init(module):
+        weight = getattr(module, "weight", None)
+        if isinstance(module, RMSNorm):
+            nn.init.constant_(weight, 1.0)
+        elif isinstance(module, (nn.Linear, nn.Embedding)) and not (isinstance(module, nn.Linear) and weight is shared):
+            weight.data.normal_(0.0, std / (2 * L) ** 0.5 if getattr(module, "scaled_init", False) else std)
+
+    model.apply(init)
+
+
+def next_token_batch_masked_fill(tokens, attention_mask=None):
+    targets = tokens[:, 1:]
+    if attention_mask is not None:
+        targets = targets.masked_fill(~attention_mask[:, 1:].bool(), -100)
+    return tokens[:, :-1].clone(), targets.clone()
+
+
+def no_decay_group_first(model, weight_decay):
+    named = sorted(model.named_parameters(), key=lambda item: item[0])
+    return [{"params": [p for _, p in named if p.ndim == 1], "weight_decay": 0.0},
+            {"params": [p for _, p in named if p.ndim > 1], "weight_decay": weight_decay}]
+
+
+def top_k_by_scatter(logits, k):
+    values, index = logits.topk(min(k, logits.shape[-1]), dim=-1)
+    return torch.full_like(logits, float("-inf")).scatter(-1, index, values)
+
+
+def mask_causal_of_visible(attention_mask, T, offset=0):
+    q, k = torch.arange(offset, offset + T).view(-1, 1), torch.arange(offset + T).view(1, -1)
+    causal = (q >= k).view(1, 1, T, offset + T)
+    if attention_mask is None:
+        return causal
+    return causal & ((attention_mask.view(attention_mask.shape[0], 1, 1, -1) != 0) | (q == k))
+
+
+def rope_by_slices(x, cos, sin):
+    half = x.shape[-1] // 2
+    h = x.float()
+    rotated = torch.cat((-h[..., half:], h[..., :half]), dim=-1)
+    return torch.addcmul(h * cos, rotated, sin).type_as(x)
+
+
+def _variants():
     from einops import repeat
 
-    for task, obj in [("rmsnorm", DividingRMSNorm),
-                      ("rope_frequencies", lambda d, theta: theta ** (-torch.arange(0, d, 2).float() / d)),
-                      ("repeat_kv", lambda x, n: repeat(x, "b h t d -> b (h r) t d", r=n)),
-                      ("repeat_kv", lambda x, n: x.repeat_interleave(n, dim=1)),
-                      ("gqa_attention", additive_mask_attention), ("init_weights", init_by_name),
-                      ("filter_top_p", hf_style_top_p), ("train_step_bug", zero_after_step),
-                      ("kv_generate", generate_without_no_grad),
-                      ("lr_schedule", lambda s, *, max_lr, warmup_steps, total_steps, min_lr=0.0:
-                       max_lr * (s + 1) / warmup_steps if s < warmup_steps else min_lr + (max_lr - min_lr)
-                       * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup_steps) / (total_steps - warmup_steps)))))]:
-        result = run_checks(task, obj)
-        assert result.score == result.total, result.table()
+    def rope_tables_einsum(length, head_dim, theta):
+        freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        angles = torch.einsum("t,f->tf", torch.arange(length, dtype=torch.float32), freqs).repeat(1, 2)
+        return angles.cos(), angles.sin()
+
+    return {  # task: a correct implementation written differently from the solution
+        "rms": lambda x, eps: x.square().mean(-1, keepdim=True).add(eps).sqrt(),
+        "rmsnorm": DividingRMSNorm, "rmsnorm_bug": DividingRMSNorm,
+        "rope_frequencies": lambda d, theta: theta ** (-torch.arange(0, d, 2).float() / d),
+        "rope_tables": rope_tables_einsum,
+        "rotate_half": lambda x: torch.stack(x.chunk(2, -1)[::-1], -2).mul(
+            torch.tensor([-1.0, 1.0]).view(2, 1)).flatten(-2),
+        "rope": rope_by_slices, "rope_bug": rope_by_slices,
+        "repeat_kv": lambda x, n: repeat(x, "b h t d -> b (h r) t d", r=n),
+        "repeat_kv_bug": lambda x, n: x.repeat_interleave(n, dim=1),
+        "gqa_attention": additive_mask_attention,
+        "silu": lambda x: x * 0.5 * (1 + torch.tanh(x / 2)),
+        "swiglu": ReorderedSwiGLU, "swiglu_bug": ReorderedSwiGLU,
+        "tie_weights": tie_by_reregistering,
+        "init_weights": init_by_name, "init_bug": init_module_by_module,
+        "next_token_batch": next_token_batch_masked_fill,
+        "lr_schedule": lambda s, *, max_lr, warmup_steps, total_steps, min_lr=0.0: (
+            max_lr * (s + 1) / warmup_steps if s < warmup_steps else min_lr + (max_lr - min_lr)
+            * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup_steps) / (total_steps - warmup_steps))))),
+        "param_groups": no_decay_group_first,
+        "train_step_bug": zero_after_step,
+        "filter_top_k": top_k_by_scatter, "filter_top_p": hf_style_top_p,
+        "kv_generate": generate_without_no_grad,
+        "attention_mask_bug": mask_causal_of_visible,
+    }
+
+
+COURSE_TOPICS = ("rmsnorm", "rope", "gqa_repeat_kv", "swiglu", "tying_and_init", "training_loop",
+                 "kv_cache_generation")
+
+
+def test_every_task_has_a_correct_variant_written_differently():
+    tasks = {t.name for t in TASKS.values() if t.notebook in COURSE_TOPICS}
+    assert tasks <= set(_variants()), tasks - set(_variants())
+
+
+@pytest.mark.parametrize("task", sorted(_variants()))
+def test_other_correct_implementations_score_full_marks(task):
+    result = run_checks(task, _variants()[task])
+    assert result.score == result.total, result.table()
+
+
+def test_the_library_silu_loses_only_the_written_by_hand_check():
+    assert failed("silu", F.silu) == {check_named("silu", "written by hand")}
 
 
 def test_the_mask_reference_is_smols_mask():

@@ -47,6 +47,9 @@ class Task:
     notebook: str  # the topic (solutions/NN_<topic>.ipynb) the task belongs to
     title: str
     checks: list[Check] = field(default_factory=list)
+    # Run once per process before the task's checks are forked: slow lazy imports (AdamW's
+    # first use imports torch._dynamo, seconds) then happen once, not in every child.
+    warm_up: Callable[[], None] | None = None
 
     @property
     def points(self) -> int:
@@ -56,11 +59,14 @@ class Task:
 TASKS: dict[str, Task] = {}
 
 
-def task(name: str, notebook: str, title: str) -> Task:
+def task(name: str, notebook: str, title: str, warm_up: Callable[[], None] | None = None) -> Task:
     if name in TASKS:
         raise ValueError(f"task {name!r} is registered twice")
-    TASKS[name] = Task(name, notebook, title)
+    TASKS[name] = Task(name, notebook, title, warm_up=warm_up)
     return TASKS[name]
+
+
+_WARM: set = set()  # the warm-up functions already run in this process
 
 
 def check(task_names: str | tuple[str, ...], name: str, points: int, hint: str):
@@ -242,6 +248,13 @@ def run_checks(task_name: str, obj: Any = None, timeout: float = DEFAULT_TIMEOUT
             raise ExitRefused(f"your code called os.{name}{args!r}: that would kill the kernel")
         return stand_in
 
+    warm_up = TASKS[task_name].warm_up
+    if isolate and warm_up is not None and warm_up not in _WARM:
+        _WARM.add(warm_up)
+        try:
+            warm_up()
+        except Exception:  # noqa: BLE001 - only a speed-up
+            pass
     saved_exit, saved_abort = os._exit, os.abort
     os._exit, os.abort = refuse("_exit"), refuse("abort")
     try:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 
 def is_tensor(out, what="the result") -> torch.Tensor:
@@ -42,3 +43,26 @@ def grad_of(fn, *inputs, upstream=None):
     for i, x in enumerate(leaves):
         assert x.grad is not None, f"no gradient reached input {i}"
     return out, [x.grad for x in leaves], up
+
+
+class _ForbidFunctions(TorchFunctionMode):
+    def __init__(self, names):
+        super().__init__()
+        self.names, self.called = names, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in self.names:
+            self.called.append(self.names[func])
+            raise AssertionError(f"your code calls {self.names[func]}, which this task asks you not to use")
+        return func(*args, **(kwargs or {}))
+
+
+def without(call, functions: dict):
+    """call() with the torch `functions` ({function: name}) refused: its result, or
+    AssertionError naming what it called (even if the code caught the refusal). Seen are the
+    calls that go through torch's function dispatch (F.silu, nn.SiLU, torch._C._nn.silu, ...),
+    not torch.ops.aten.* ones."""
+    with _ForbidFunctions(functions) as spy:
+        out = call()
+    assert not spy.called, f"your code calls {spy.called[0]}, which this task asks you not to use"
+    return out

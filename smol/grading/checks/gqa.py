@@ -4,7 +4,7 @@ import torch
 import torch.nn.functional as F
 
 from smol.attention import repeat_kv as reference_repeat_kv
-from smol.grading.checks._util import close, grad_of, same_shape
+from smol.grading.checks._util import close, grad_of, same_shape, without
 from smol.grading.core import check, task
 
 task("repeat_kv", "gqa_repeat_kv", "repeat_kv(x, n_rep): share each key/value head with n_rep query heads")
@@ -97,3 +97,11 @@ def _(fn):
     _, ref_grads, _ = grad_of(_reference, q, k, v, upstream=up)
     for name, g, r in zip("qkv", grads, ref_grads):
         close(g, r, f"the gradient of {name}", atol=1e-4)
+
+
+@check("gqa_attention", "written by hand: no F.scaled_dot_product_attention", 1,
+       "the task is the attention itself: scores = q @ k^T / sqrt(D), mask, softmax, @ v")
+def _(fn):
+    q, k, v = _qkv()
+    out = without(lambda: fn(q, k, v), {F.scaled_dot_product_attention: "F.scaled_dot_product_attention"})
+    close(out, _reference(q, k, v), "gqa_attention(q, k, v)", atol=1e-5)

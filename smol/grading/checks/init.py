@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from smol import SmolConfig, SmolLM
+from smol.grading.checks._util import close
 from smol.grading.core import check, task
 from smol.norm import RMSNorm
 
@@ -42,6 +43,22 @@ def _(fn):
     embedding = model.model.embed_tokens.weight.detach().clone()
     fn(model)
     assert torch.equal(model.model.embed_tokens.weight.detach(), embedding), "the embedding's values changed"
+
+
+@check("tie_weights", "the tied model runs and learns: smol's logits, a gradient for the shared matrix", 1,
+       "tie the Parameter (lm_head.weight = embed_tokens.weight); replacing lm_head by the embedding "
+       "module gives the same weight, and a head that cannot project hidden states")
+def _(fn):
+    model = _untied_model()
+    fn(model)
+    ref = SmolLM(CONFIG)
+    ref.load_state_dict(model.state_dict())
+    ids = torch.randint(0, CONFIG.vocab_size, (2, 9))
+    logits, loss = model(ids[:, :-1], targets=ids[:, 1:])
+    close(logits, ref(ids[:, :-1])[0], "the tied model's logits")
+    loss.backward()
+    grad = model.model.embed_tokens.weight.grad
+    assert grad is not None and torch.isfinite(grad).all(), "no finite gradient reached the shared matrix"
 
 
 @check("tie_weights", "an untied config (tie_word_embeddings=False) keeps two matrices", 1,
@@ -153,3 +170,21 @@ def _(fn):
     model = _scrambled(CONFIG.replace(tie_word_embeddings=False))
     fn(model)
     _std_ok("lm_head.weight", model.lm_head.weight, CONFIG.initializer_range)
+
+
+@check(BOTH, "the model still runs and learns after init: a loss near log(vocab), every gradient", 1,
+       "initialise values in place and leave the rest alone (requires_grad, dtypes, modules): "
+       "a fresh model predicts about uniformly, so its loss is close to log(vocab_size)")
+def _(fn):
+    model = _scrambled()
+    fn(model)
+    ids = torch.randint(0, CONFIG.vocab_size, (2, 9))
+    frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
+    assert not frozen, f"{frozen[0]} no longer requires a gradient: training could not change it"
+    _, loss = model(ids[:, :-1], targets=ids[:, 1:])
+    want = math.log(CONFIG.vocab_size)
+    assert torch.isfinite(loss) and abs(loss.item() - want) < 0.5, \
+        f"the loss of the freshly initialised model is {loss.item():.3f}, expected about {want:.3f}"
+    loss.backward()
+    for name, p in model.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), f"no finite gradient reached {name}"

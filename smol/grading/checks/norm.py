@@ -29,11 +29,14 @@ def _(rms):
     close(rms(x, 1e-5), _rms_reference(x, 1e-5), "rms(x)")
 
 
-@check("rms", "eps sits inside the square root (an all-zero row gives sqrt(eps))", 1,
-       "add eps to the mean of squares before the square root, not after it")
+@check("rms", "eps is added inside the square root (not after it, not as a floor)", 1,
+       "sqrt(mean(x^2) + eps): add eps to the mean of squares; clamping the mean at eps "
+       "agrees only where the mean is below eps, adding eps after the root nowhere")
 def _(rms):
     x = torch.zeros(2, 4)
     close(rms(x, 0.25), torch.full((2, 1), 0.5), "rms of zeros with eps=0.25")
+    x = torch.full((2, 4), 0.5)  # mean(x^2) = 0.25 = eps: added gives sqrt(0.5), clamped 0.5
+    close(rms(x, 0.25), torch.full((2, 1), 0.5**0.5), "rms of 0.5s with eps=0.25")
 
 
 def _make(cls, dim, eps=1e-5):
@@ -47,7 +50,8 @@ def _randomised(cls, dim, eps=1e-5):
     student, ref = _make(cls, dim, eps), Reference(dim, eps)
     with torch.no_grad():
         ref.weight.copy_(torch.randn(dim))
-    student.load_state_dict(ref.state_dict())
+    missing = student.load_state_dict(ref.state_dict(), strict=False).missing_keys
+    assert not missing, "the module has no parameter `weight`"
     return student, ref
 
 

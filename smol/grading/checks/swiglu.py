@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from smol import SmolConfig, SmolLM
-from smol.grading.checks._util import close, grad_of
+from smol.grading.checks._util import close, grad_of, without
 from smol.grading.core import check, task
 from smol.mlp import MLP as Reference
 
@@ -33,17 +33,32 @@ def _(fn):
     close(g, ref, "the gradient", atol=1e-5)
 
 
-@check("silu", "finite for large |x| (+-100)", 1, "torch.sigmoid is stable; 1 / (1 + exp(-x)) overflows")
+@check("silu", "finite values and gradients for large |x| (+-100)", 1,
+       "x * torch.sigmoid(x) is stable; in x / (1 + exp(-x)), exp(100) overflows to inf and the "
+       "gradient becomes inf / inf = NaN even where the value looks right")
 def _(fn):
     x = torch.tensor([-100.0, -30.0, 0.0, 30.0, 100.0])
     close(fn(x), F.silu(x), "silu at large |x|")
+    _, (g,), up = grad_of(fn, x, upstream=torch.ones(5))
+    _, (ref,), _ = grad_of(F.silu, x, upstream=up)
+    close(g, ref, "the gradient at large |x|", atol=1e-5)
+
+
+@check("silu", "written by hand: no F.silu (nor nn.SiLU, which calls it)", 1,
+       "the task is the formula itself: x * torch.sigmoid(x)")
+def _(fn):
+    x = torch.randn(3, 7)
+    out = without(lambda: fn(x), {F.silu: "F.silu", torch._C._nn.silu: "torch's silu"})
+    close(out, F.silu(x), "silu(x)")
 
 
 def _pair(cls, config=CONFIG):
+    """The student's module and smol's with the same weights, matched by name (any order)."""
     student = cls(config)
     assert isinstance(student, torch.nn.Module), f"SwiGLU(config) should be an nn.Module, got {type(student).__name__}"
     ref = Reference(config)
-    student.load_state_dict(ref.state_dict())
+    missing = student.load_state_dict(ref.state_dict(), strict=False).missing_keys
+    assert not missing, f"the module has no {', '.join(missing)}"
     return student, ref
 
 
@@ -72,7 +87,10 @@ def _(cls):
     _, (g,), up = grad_of(student, x)
     _, (ref_g,), _ = grad_of(ref, x, upstream=up)
     close(g, ref_g, "the input's gradient", atol=1e-5)
-    for (name, p), r in zip(student.named_parameters(), ref.parameters()):
+    student_params = dict(student.named_parameters())
+    for name, r in ref.named_parameters():  # by name: the layers may be defined in any order
+        p = student_params.get(name)
+        assert p is not None, f"the module has no parameter {name}"
         assert p.grad is not None, f"no gradient reached {name}"
         close(p.grad, r.grad, f"the gradient of {name}", atol=1e-5)
 
@@ -87,8 +105,11 @@ def _(cls):
     model.reset_parameters()
     std = CONFIG.initializer_range
     want = std / math.sqrt(2 * CONFIG.num_hidden_layers)
+    seen = set()
     for name, p in model.named_parameters():
         if name.endswith(("down_proj.weight", "up_proj.weight")):
             expected = want if "down_proj" in name else std
             got = p.std().item()
             assert abs(got / expected - 1) < 0.1, f"{name} has std {got:.4f}, expected {expected:.4f}"
+            seen.add(name.rsplit(".", 2)[-2])
+    assert seen == {"down_proj", "up_proj"}, "the MLP has no down_proj and up_proj to initialise"
