@@ -306,6 +306,10 @@ def main(argv=None) -> int:
     parser.add_argument("--quiet", action="store_true", help="one line per notebook")
     args = parser.parse_args(argv)
     try:
+        import cloudpickle  # noqa: F401 - the kernels hand the graded objects over with it
+    except ImportError:
+        parser.error("grading needs cloudpickle in this environment: pip install cloudpickle")
+    try:
         paths = notebook_paths(args.paths)
     except ValueError as exc:
         parser.error(str(exc))
