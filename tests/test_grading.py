@@ -274,6 +274,17 @@ def init_that_freezes(model):  # "no autograd while initialising", never switche
     init_by_name(model)
 
 
+def init_that_misses_v_proj(model):  # v_proj keeps whatever it held before
+    std, L = model.config.initializer_range, model.config.num_hidden_layers
+    for name, p in model.named_parameters():
+        if p.dim() == 1:
+            nn.init.ones_(p)
+        elif name.endswith(("o_proj.weight", "down_proj.weight")):
+            nn.init.normal_(p, std=std / math.sqrt(2 * L))
+        elif not name.endswith("v_proj.weight"):
+            nn.init.normal_(p, std=std)
+
+
 MUTANTS = {  # bug class: (task, mutant, the check written for it)
     "a gradient that overflows where the value does not": (
         "silu", overflowing_silu, "finite values and gradients for large |x|"),
@@ -282,6 +293,7 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it)
     "eps clamped instead of added": ("rms", clamped_rms, "eps is added inside"),
     "tied by replacing the head module": ("tie_weights", tie_by_replacing_the_head, "the tied model runs"),
     "an init that leaves the model unable to learn": ("init_weights", init_that_freezes, "the model still runs"),
+    "an init that misses a projection": ("init_weights", init_that_misses_v_proj, "embedding and projections"),
     "missing fp32 upcast": ("rmsnorm", NoUpcastRMSNorm, "float16 activations"),
     "wrong RoPE convention": ("rope", interleaved_rope, "rotates feature i with feature i + D/2"),
     "tiling instead of grouping": ("repeat_kv", tiled_repeat_kv, "query head h reads"),

@@ -127,7 +127,8 @@ def _(fn):
     fn(model)
     std = CONFIG.initializer_range
     for name, p in model.named_parameters():
-        if name.endswith(("embed_tokens.weight", "q_proj.weight", "k_proj.weight", "gate_proj.weight", "up_proj.weight")):
+        if name.endswith(("embed_tokens.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight",
+                          "gate_proj.weight", "up_proj.weight")):
             _std_ok(name, p, std)
 
 
