@@ -37,7 +37,9 @@ from smol.grading import MIME, NOTEBOOKS, TASKS
 from smol.grading.core import DEFAULT_TIMEOUT, Result, Row, run_checks, timeout_problem
 
 GRADE_CALL = re.compile(r"""(?<![\w.])grade\(\s*["'](\w+)["']""")
-DEFERRED = "SMOL_GRADE_DEFERRED"  # set in the kernels this command starts (see grading.grade)
+DEFERRED = (
+    "SMOL_GRADE_DEFERRED"  # set in the kernels this command starts (see grading.grade)
+)
 
 
 def grade_calls(source: str) -> list[tuple[str, str | None]]:
@@ -51,17 +53,36 @@ def grade_calls(source: str) -> list[tuple[str, str | None]]:
         return [(name, None) for name in GRADE_CALL.findall(source)]
     calls = []
     for node in ast.walk(tree):
-        if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)  # %time grade(...)
-                and node.func.attr in ("run_line_magic", "run_cell_magic") and node.args
-                and isinstance(node.args[-1], ast.Constant) and isinstance(node.args[-1].value, str)):
-            calls += [(node.lineno, node.col_offset, task, expr) for task, expr in grade_calls(node.args[-1].value)]
-        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "grade"):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)  # %time grade(...)
+            and node.func.attr in ("run_line_magic", "run_cell_magic")
+            and node.args
+            and isinstance(node.args[-1], ast.Constant)
+            and isinstance(node.args[-1].value, str)
+        ):
+            calls += [
+                (node.lineno, node.col_offset, task, expr)
+                for task, expr in grade_calls(node.args[-1].value)
+            ]
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "grade"
+        ):
             continue
-        if not (node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)
-                and re.fullmatch(r"\w+", node.args[0].value)):
+        if not (
+            node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and re.fullmatch(r"\w+", node.args[0].value)
+        ):
             continue
-        obj = node.args[1] if len(node.args) > 1 else next(
-            (k.value for k in node.keywords if k.arg == "obj"), None)
+        obj = (
+            node.args[1]
+            if len(node.args) > 1
+            else next((k.value for k in node.keywords if k.arg == "obj"), None)
+        )
         expr = "None" if obj is None else ast.get_source_segment(python, obj)
         calls.append((node.lineno, node.col_offset, node.args[0].value, expr))
     return [(task, expr) for _, _, task, expr in sorted(calls)]
@@ -92,7 +113,11 @@ def collected_results(nb) -> dict[str, dict]:
     results = {}
     for cell in nb.cells:
         for output in cell.get("outputs", []):
-            payload = output.get("data", {}).get(MIME) if output.get("output_type") in ("display_data", "execute_result") else None
+            payload = (
+                output.get("data", {}).get(MIME)
+                if output.get("output_type") in ("display_data", "execute_result")
+                else None
+            )
             if isinstance(payload, str):
                 payload = json.loads(payload)
             if payload and payload.get("counted", True):
@@ -114,114 +139,183 @@ def read_notebook(path: Path) -> nbformat.NotebookNode:
     except UnicodeDecodeError:
         raise ValueError("is not a notebook (not UTF-8 text)") from None
     except json.JSONDecodeError as exc:
-        raise ValueError(f"is not a notebook (invalid JSON: {exc.msg} at line {exc.lineno})") from None
+        raise ValueError(
+            f"is not a notebook (invalid JSON: {exc.msg} at line {exc.lineno})"
+        ) from None
     if not isinstance(content, dict) or "nbformat" not in content:
         raise ValueError("is JSON but not a Jupyter notebook (no nbformat field)")
     try:
         nb = nbformat.reads(text, as_version=4)
-        if not isinstance(nb.get("cells"), list) or not all(isinstance(c, dict) and "cell_type" in c for c in nb.cells):
+        if not isinstance(nb.get("cells"), list) or not all(
+            isinstance(c, dict) and "cell_type" in c for c in nb.cells
+        ):
             raise ValueError("no list of cells")
         for cell in nb.cells:
             if not isinstance(cell.get("source"), str):
                 raise ValueError("a cell without source text")
     except Exception as exc:  # noqa: BLE001 - nbformat raises many kinds
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        reason = (
+            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        )
         raise ValueError(f"is not a Jupyter notebook ({reason[:120]})") from None
     return nb
 
 
 def _failed(task: str, message: str) -> Result:
     checks = TASKS[task].checks if task in TASKS else []
-    return Result(task, [Row(c.name, c.points, 0, False, c.hint, message) for c in checks],
-                  error="" if checks else message)
+    return Result(
+        task,
+        [Row(c.name, c.points, 0, False, c.hint, message) for c in checks],
+        error="" if checks else message,
+    )
 
 
 def _capture(client, cell_index: int, task: str, expr: str, target: Path) -> str:
     """Pickle the object `expr` names in the kernel into `target`; "" or what went wrong."""
-    code = (f"(lambda b: open({str(target)!r}, 'wb').write(b))"
-            f"(__import__('cloudpickle').dumps(({expr})))")
+    code = (
+        f"(lambda b: open({str(target)!r}, 'wb').write(b))"
+        f"(__import__('cloudpickle').dumps(({expr})))"
+    )
     cell = nbformat.v4.new_code_cell(code)
     client.execute_cell(cell, cell_index, store_history=False)
     error = next((o for o in cell.outputs if o.get("output_type") == "error"), None)
     if error is not None:
-        return f"the grader could not take `{expr}` from the notebook: {error.ename}: {error.evalue}"[:300]
+        return f"the grader could not take `{expr}` from the notebook: {error.ename}: {error.evalue}"[
+            :300
+        ]
     if not target.exists() or not target.stat().st_size:
         return f"the grader could not take `{expr}` from the notebook"
     return ""
 
 
-def run_notebook(path: Path, nb, timeout: float, cell_timeout: float,
-                 check_timeout: float = DEFAULT_TIMEOUT) -> tuple[dict[str, dict], str]:
+def run_notebook(
+    path: Path,
+    nb,
+    timeout: float,
+    cell_timeout: float,
+    check_timeout: float = DEFAULT_TIMEOUT,
+) -> tuple[dict[str, dict], str]:
     """Execute a copy of the notebook in a fresh kernel and grade each task after its check
     cell; return the results (task -> Result.to_json()) and a status line."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
-    nb = copy.deepcopy(nb)  # executed (and its cells replaced by the grader's) as a copy
+    nb = copy.deepcopy(
+        nb
+    )  # executed (and its cells replaced by the grader's) as a copy
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.outputs, cell.execution_count = [], None
-    client = NotebookClient(nb, timeout=int(cell_timeout), kernel_name="python3", allow_errors=True,
-                            record_timing=False, interrupt_on_timeout=False,
-                            resources={"metadata": {"path": str(path.parent.resolve())}})
+    client = NotebookClient(
+        nb,
+        timeout=int(cell_timeout),
+        kernel_name="python3",
+        allow_errors=True,
+        record_timing=False,
+        interrupt_on_timeout=False,
+        resources={"metadata": {"path": str(path.parent.resolve())}},
+    )
     results: dict[str, dict] = {}
     errors, deadline = 0, time.monotonic() + timeout
     env = {**os.environ, DEFERRED: "1"}
     try:
         # The kernel's own stderr holds only its logs (cell output comes over its channels).
-        with tempfile.TemporaryDirectory(prefix="smol-grade-") as tmp, \
-                client.setup_kernel(stderr=subprocess.DEVNULL, env=env):
+        with (
+            tempfile.TemporaryDirectory(prefix="smol-grade-") as tmp,
+            client.setup_kernel(stderr=subprocess.DEVNULL, env=env),
+        ):
             for index, cell in enumerate(nb.cells):
                 if cell.cell_type != "code":
                     continue
                 remaining = deadline - time.monotonic()
                 if remaining < 1:
-                    return results, f"stopped: the notebook ran past its {timeout:g} s limit"
+                    return (
+                        results,
+                        f"stopped: the notebook ran past its {timeout:g} s limit",
+                    )
                 client.timeout = int(max(1, min(cell_timeout, remaining)))
                 try:
                     client.execute_cell(cell, index)
                     errors += any(o.get("output_type") == "error" for o in cell.outputs)
                     for task, expr in grade_calls(cell.source):
                         if expr is None:
-                            results[task] = _failed(task, "its check cell does not parse").to_json()
+                            results[task] = _failed(
+                                task, "its check cell does not parse"
+                            ).to_json()
                             continue
                         target = Path(tmp) / f"{task}-{index}.pickle"
                         problem = _capture(client, index, task, expr, target)
-                        result = _failed(task, problem) if problem else run_checks(
-                            task, payload=target.read_bytes(), timeout=check_timeout, isolate=True)
+                        result = (
+                            _failed(task, problem)
+                            if problem
+                            else run_checks(
+                                task,
+                                payload=target.read_bytes(),
+                                timeout=check_timeout,
+                                isolate=True,
+                            )
+                        )
                         results[task] = result.to_json()
                 except CellTimeoutError:
-                    return results, f"stopped: cell {index} ran past its time limit ({client.timeout} s)"
+                    return (
+                        results,
+                        f"stopped: cell {index} ran past its time limit ({client.timeout} s)",
+                    )
                 except DeadKernelError:
-                    return results, f"stopped: the kernel died in cell {index} (sys.exit, os._exit or a crash?)"
+                    return (
+                        results,
+                        f"stopped: the kernel died in cell {index} (sys.exit, os._exit or a crash?)",
+                    )
     except DeadKernelError:
         return results, "stopped: the kernel died"
     except Exception as exc:  # noqa: BLE001 - a broken notebook must not stop the others
-        return results, f"stopped: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        return (
+            results,
+            f"stopped: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+        )
     status = "ok"
     if errors:
         status = f"ran, {errors} cell{'s' if errors > 1 else ''} raised"
     return results, status
 
 
-def score_notebook(path: Path, nb, status: str, seconds: float, results: dict[str, dict]) -> dict:
+def score_notebook(
+    path: Path, nb, status: str, seconds: float, results: dict[str, dict]
+) -> dict:
     tasks = []
     for name in expected_tasks(nb, path):
         r = results.get(name)
         total = TASKS[name].points if name in TASKS else (r["total"] if r else 0)
-        tasks.append({"task": name, "score": r["score"] if r else 0, "total": total, "graded": r is not None,
-                      "checks": r["checks"] if r else []})
-    return {"notebook": str(path), "score": sum(t["score"] for t in tasks), "total": sum(t["total"] for t in tasks),
-            "status": status, "seconds": round(seconds, 1), "tasks": tasks}
+        tasks.append(
+            {
+                "task": name,
+                "score": r["score"] if r else 0,
+                "total": total,
+                "graded": r is not None,
+                "checks": r["checks"] if r else [],
+            }
+        )
+    return {
+        "notebook": str(path),
+        "score": sum(t["score"] for t in tasks),
+        "total": sum(t["total"] for t in tasks),
+        "status": status,
+        "seconds": round(seconds, 1),
+        "tasks": tasks,
+    }
 
 
-def grade_notebook(path: Path, timeout: float, cell_timeout: float, check_timeout: float) -> dict:
+def grade_notebook(
+    path: Path, timeout: float, cell_timeout: float, check_timeout: float
+) -> dict:
     """The report of one notebook; an unreadable file gives an error row, never an exception."""
     start = time.monotonic()
     try:
         nb = read_notebook(path)
     except ValueError as exc:
-        report = score_notebook(path, nbformat.v4.new_notebook(), f"error: {path.name} {exc}", 0.0, {})
+        report = score_notebook(
+            path, nbformat.v4.new_notebook(), f"error: {path.name} {exc}", 0.0, {}
+        )
         report["error"] = f"{path.name} {exc}"
         return report
     results, status = run_notebook(path, nb, timeout, cell_timeout, check_timeout)
@@ -269,14 +363,24 @@ def _name(path: str) -> str:
 
 
 def table(reports: list[dict], verbose: bool = True) -> str:
-    width = max([len(_name(r["notebook"])) for r in reports] + [len(t["task"]) + 2 for r in reports for t in r["tasks"]] + [8])
+    width = max(
+        [len(_name(r["notebook"])) for r in reports]
+        + [len(t["task"]) + 2 for r in reports for t in r["tasks"]]
+        + [8]
+    )
     lines = [f"{'notebook':<{width}}  {'points':>9}  {'time':>6}  status"]
     for r in reports:
-        lines.append(f"{_name(r['notebook']):<{width}}  {r['score']:>4}/{r['total']:<4}  {r['seconds']:>5.1f}s  {r['status']}")
+        lines.append(
+            f"{_name(r['notebook']):<{width}}  {r['score']:>4}/{r['total']:<4}  {r['seconds']:>5.1f}s  {r['status']}"
+        )
         if verbose:
             for t in r["tasks"]:
-                mark = "" if t["graded"] else "  (no result: its check cell did not run)"
-                lines.append(f"  {t['task']:<{width - 2}}  {t['score']:>4}/{t['total']:<4}{mark}")
+                mark = (
+                    "" if t["graded"] else "  (no result: its check cell did not run)"
+                )
+                lines.append(
+                    f"  {t['task']:<{width - 2}}  {t['score']:>4}/{t['total']:<4}{mark}"
+                )
     score, total = sum(r["score"] for r in reports), sum(r["total"] for r in reports)
     lines.append(f"{'total':<{width}}  {score:>4}/{total:<4}")
     return "\n".join(line.rstrip() for line in lines)
@@ -286,56 +390,105 @@ def _seconds(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"expected a number of seconds, got {text!r}"
+        ) from None
     problem = timeout_problem(value)
     if problem:
-        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected a positive number of seconds, got {text!r}"
+        )
     return value
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m smol.grade", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="python -m smol.grade",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("paths", nargs="+", help="notebooks, or folders of notebooks")
-    parser.add_argument("--timeout", type=_seconds, default=300, help="seconds per notebook (default 300)")
-    parser.add_argument("--cell-timeout", type=_seconds, default=120, help="seconds per cell (default 120)")
-    parser.add_argument("--check-timeout", type=_seconds, default=DEFAULT_TIMEOUT,
-                        help=f"seconds per check (default {DEFAULT_TIMEOUT:g}); the check's process is killed")
-    parser.add_argument("--json", type=Path, default=Path("grade_report.json"), help="where to write the report")
-    parser.add_argument("--strict", action="store_true", help="exit 1 unless every notebook has full marks")
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=300,
+        help="seconds per notebook (default 300)",
+    )
+    parser.add_argument(
+        "--cell-timeout",
+        type=_seconds,
+        default=120,
+        help="seconds per cell (default 120)",
+    )
+    parser.add_argument(
+        "--check-timeout",
+        type=_seconds,
+        default=DEFAULT_TIMEOUT,
+        help=f"seconds per check (default {DEFAULT_TIMEOUT:g}); the check's process is killed",
+    )
+    parser.add_argument(
+        "--json",
+        type=Path,
+        default=Path("grade_report.json"),
+        help="where to write the report",
+    )
+    parser.add_argument(
+        "--strict",
+        action="store_true",
+        help="exit 1 unless every notebook has full marks",
+    )
     parser.add_argument("--quiet", action="store_true", help="one line per notebook")
     args = parser.parse_args(argv)
     try:
         import cloudpickle  # noqa: F401 - the kernels hand the graded objects over with it
     except ImportError:
-        parser.error("grading needs cloudpickle in this environment: pip install cloudpickle")
+        parser.error(
+            "grading needs cloudpickle in this environment: pip install cloudpickle"
+        )
     try:
         paths = notebook_paths(args.paths)
     except ValueError as exc:
         parser.error(str(exc))
     problem = report_problem(args.json)
     if problem:
-        parser.error(f"cannot write the report to {args.json}: {problem} (choose another --json)")
+        parser.error(
+            f"cannot write the report to {args.json}: {problem} (choose another --json)"
+        )
     reports = []
     for path in paths:
-        reports.append(grade_notebook(path, args.timeout, args.cell_timeout, args.check_timeout))
+        reports.append(
+            grade_notebook(path, args.timeout, args.cell_timeout, args.check_timeout)
+        )
         r = reports[-1]
-        print(f"graded {path} in {r['seconds']:.1f}s: {r['score']}/{r['total']}" if "error" not in r
-              else f"could not grade {path}: {r['error']}", file=sys.stderr, flush=True)
+        print(
+            f"graded {path} in {r['seconds']:.1f}s: {r['score']}/{r['total']}"
+            if "error" not in r
+            else f"could not grade {path}: {r['error']}",
+            file=sys.stderr,
+            flush=True,
+        )
     score, total = sum(r["score"] for r in reports), sum(r["total"] for r in reports)
     print(table(reports, verbose=not args.quiet))
     code = 1 if args.strict and score < total else 0
     unreadable = [r for r in reports if "error" in r]
     if unreadable:
-        print(f"{len(unreadable)} file{'s' if len(unreadable) > 1 else ''} could not be graded "
-              "(scored zero): " + "; ".join(r["error"] for r in unreadable))
+        print(
+            f"{len(unreadable)} file{'s' if len(unreadable) > 1 else ''} could not be graded "
+            "(scored zero): " + "; ".join(r["error"] for r in unreadable)
+        )
         code = 1
     try:
-        args.json.write_text(json.dumps({"score": score, "total": total, "notebooks": reports}, indent=1) + "\n")
+        args.json.write_text(
+            json.dumps({"score": score, "total": total, "notebooks": reports}, indent=1)
+            + "\n"
+        )
         print(f"report written to {args.json}")
     except OSError as exc:
-        print(f"smol.grade: could not write the report to {args.json}: {exc.strerror or exc}; "
-              "the scores above are all there is", file=sys.stderr)
+        print(
+            f"smol.grade: could not write the report to {args.json}: {exc.strerror or exc}; "
+            "the scores above are all there is",
+            file=sys.stderr,
+        )
         code = 1
     return code
 

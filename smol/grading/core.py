@@ -29,7 +29,9 @@ from typing import Any, Callable
 
 MIME = "application/vnd.smol.grade+json"  # the machine-readable result that `python -m smol.grade` reads
 DEFAULT_TIMEOUT = 10.0  # seconds per check
-NOT_WRITTEN = "NotImplementedError: not written yet"  # a stub was called; its hint stays hidden
+NOT_WRITTEN = (
+    "NotImplementedError: not written yet"  # a stub was called; its hint stays hidden
+)
 
 
 @dataclass(frozen=True)
@@ -59,7 +61,9 @@ class Task:
 TASKS: dict[str, Task] = {}
 
 
-def task(name: str, notebook: str, title: str, warm_up: Callable[[], None] | None = None) -> Task:
+def task(
+    name: str, notebook: str, title: str, warm_up: Callable[[], None] | None = None
+) -> Task:
     if name in TASKS:
         raise ValueError(f"task {name!r} is registered twice")
     TASKS[name] = Task(name, notebook, title, warm_up=warm_up)
@@ -111,12 +115,28 @@ class Result:
 
     @property
     def total(self) -> int:
-        return sum(r.points for r in self.rows) if self.rows else (TASKS[self.task].points if self.task in TASKS else 0)
+        return (
+            sum(r.points for r in self.rows)
+            if self.rows
+            else (TASKS[self.task].points if self.task in TASKS else 0)
+        )
 
     def to_json(self) -> dict:
-        return {"task": self.task, "score": self.score, "total": self.total,
-                "checks": [{"check": r.check, "points": r.points, "passed": r.passed, "message": r.message}
-                           for r in self.rows], "error": self.error}
+        return {
+            "task": self.task,
+            "score": self.score,
+            "total": self.total,
+            "checks": [
+                {
+                    "check": r.check,
+                    "points": r.points,
+                    "passed": r.passed,
+                    "message": r.message,
+                }
+                for r in self.rows
+            ],
+            "error": self.error,
+        }
 
     def table(self) -> str:
         lines = [f"{self.task}: {self.score}/{self.total} points"]
@@ -142,9 +162,13 @@ class Result:
             f"<tr><td>{'✅' if r.passed else '❌'}</td><td>{r.earned}/{r.points}</td>"
             f"<td style='text-align:left'>{html.escape(r.check)}</td><td style='text-align:left'>"
             f"{'' if r.passed else ('' if r.message == NOT_WRITTEN else html.escape(r.hint) + '<br>') + ('<code>' + html.escape(r.message) + '</code>' if r.message else '')}"
-            "</td></tr>" for r in self.rows)
-        return (f"{head}<table><tr><th></th><th>points</th><th style='text-align:left'>check</th>"
-                f"<th style='text-align:left'>hint</th></tr>{rows}</table>")
+            "</td></tr>"
+            for r in self.rows
+        )
+        return (
+            f"{head}<table><tr><th></th><th>points</th><th style='text-align:left'>check</th>"
+            f"<th style='text-align:left'>hint</th></tr>{rows}</table>"
+        )
 
 
 def _describe(exc: BaseException) -> str:
@@ -157,8 +181,16 @@ def _describe(exc: BaseException) -> str:
     if isinstance(exc, NotImplementedError):
         return NOT_WRITTEN
     # The last frame of the student's code, so the message points at the line that failed.
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "smol/grading" not in f.filename.replace("\\", "/")]
-    where = f" (line {frames[-1].lineno}: {frames[-1].line})" if frames and frames[-1].line else ""
+    frames = [
+        f
+        for f in traceback.extract_tb(exc.__traceback__)
+        if "smol/grading" not in f.filename.replace("\\", "/")
+    ]
+    where = (
+        f" (line {frames[-1].lineno}: {frames[-1].line})"
+        if frames and frames[-1].line
+        else ""
+    )
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}{where}"[:300]
 
@@ -170,6 +202,7 @@ def _run_with_timeout(fn: Callable[[], None], timeout: float) -> None:
     message = f"timed out after {timeout:g} s (an endless loop?)"
     main = threading.current_thread() is threading.main_thread()
     if main and hasattr(signal, "setitimer"):
+
         def on_alarm(signum, frame):
             raise CheckTimeout(message)
 
@@ -198,8 +231,13 @@ def _run_with_timeout(fn: Callable[[], None], timeout: float) -> None:
         raise box[0]
 
 
-ISOLATE = sys.platform.startswith("linux")  # fork a child per check by default (safe there)
-_exit, _write = os._exit, os.write  # the real ones, whatever a check's code patches later
+ISOLATE = sys.platform.startswith(
+    "linux"
+)  # fork a child per check by default (safe there)
+_exit, _write = (
+    os._exit,
+    os.write,
+)  # the real ones, whatever a check's code patches later
 
 
 def timeout_problem(timeout: Any) -> str:
@@ -207,7 +245,9 @@ def timeout_problem(timeout: Any) -> str:
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         return f"the timeout must be a number of seconds, got {type(timeout).__name__}"
     if not timeout > 0 or timeout == float("inf"):
-        return f"the timeout must be a positive, finite number of seconds, got {timeout!r}"
+        return (
+            f"the timeout must be a positive, finite number of seconds, got {timeout!r}"
+        )
     return ""
 
 
@@ -215,11 +255,19 @@ def can_isolate() -> bool:
     """Whether checks can run in forked children here: a POSIX fork, and no CUDA context (a
     forked child cannot use its parent's)."""
     torch = sys.modules.get("torch")
-    return hasattr(os, "fork") and not (torch is not None and torch.cuda.is_initialized())
+    return hasattr(os, "fork") and not (
+        torch is not None and torch.cuda.is_initialized()
+    )
 
 
-def run_checks(task_name: str, obj: Any = None, timeout: float = DEFAULT_TIMEOUT, *,
-               isolate: bool | None = None, payload: bytes | None = None) -> Result:
+def run_checks(
+    task_name: str,
+    obj: Any = None,
+    timeout: float = DEFAULT_TIMEOUT,
+    *,
+    isolate: bool | None = None,
+    payload: bytes | None = None,
+) -> Result:
     """Every check of `task_name` against `obj`; never raises (except KeyboardInterrupt).
 
     isolate: run each check in a forked child that is killed at the time limit (default: on
@@ -227,7 +275,11 @@ def run_checks(task_name: str, obj: Any = None, timeout: float = DEFAULT_TIMEOUT
     `obj`, unpickled inside each child, so that its code never runs in this process.
     """
     if task_name not in TASKS:
-        return Result(task_name, [], error=f"unknown task {task_name!r}; tasks are {', '.join(sorted(TASKS))}")
+        return Result(
+            task_name,
+            [],
+            error=f"unknown task {task_name!r}; tasks are {', '.join(sorted(TASKS))}",
+        )
     problem = timeout_problem(timeout)
     if problem:
         return Result(task_name, [], error=problem)
@@ -240,12 +292,16 @@ def run_checks(task_name: str, obj: Any = None, timeout: float = DEFAULT_TIMEOUT
         def load():
             return cloudpickle.loads(payload)
     else:
+
         def load():
             return obj
 
     def refuse(name):
         def stand_in(*args):
-            raise ExitRefused(f"your code called os.{name}{args!r}: that would kill the kernel")
+            raise ExitRefused(
+                f"your code called os.{name}{args!r}: that would kill the kernel"
+            )
+
         return stand_in
 
     warm_up = TASKS[task_name].warm_up
@@ -259,7 +315,9 @@ def run_checks(task_name: str, obj: Any = None, timeout: float = DEFAULT_TIMEOUT
     os._exit, os.abort = refuse("_exit"), refuse("abort")
     try:
         run = _run_in_child if isolate else _run_here
-        return Result(task_name, [run(c, load, timeout) for c in TASKS[task_name].checks])
+        return Result(
+            task_name, [run(c, load, timeout) for c in TASKS[task_name].checks]
+        )
     finally:
         os._exit, os.abort = saved_exit, saved_abort
 
@@ -274,8 +332,14 @@ def _check(c: Check, load: Callable[[], Any]) -> Row:
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001
-        return Row(c.name, c.points, 0, False, c.hint,
-                   f"the grader could not load your object: {_describe(exc)}")
+        return Row(
+            c.name,
+            c.points,
+            0,
+            False,
+            c.hint,
+            f"the grader could not load your object: {_describe(exc)}",
+        )
     try:
         c.fn(obj)
         return Row(c.name, c.points, c.points, True, c.hint)
@@ -308,7 +372,9 @@ def _run_in_child(c: Check, load: Callable[[], Any], timeout: float) -> Row:
     nonce = secrets.token_hex(16)
     read_fd, write_fd = os.pipe()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # "multi-threaded process" (3.12+)
+        warnings.simplefilter(
+            "ignore", DeprecationWarning
+        )  # "multi-threaded process" (3.12+)
         pid = os.fork()
     if pid == 0:
         _child(c, load, read_fd, write_fd, nonce)
@@ -327,7 +393,10 @@ def _run_in_child(c: Check, load: Callable[[], Any], timeout: float) -> Row:
                 data += chunk
     finally:
         os.close(read_fd)
-        for kill in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        for kill in (
+            lambda: os.killpg(pid, signal.SIGKILL),
+            lambda: os.kill(pid, signal.SIGKILL),
+        ):
             try:
                 kill()
             except OSError:
@@ -336,22 +405,34 @@ def _run_in_child(c: Check, load: Callable[[], Any], timeout: float) -> Row:
     try:
         message = json.loads(data.split(b"\n")[0])
         assert message.pop("nonce") == nonce
-        return Row(c.name, c.points, c.points if message["passed"] else 0, bool(message["passed"]),
-                   c.hint, str(message["message"]))
+        return Row(
+            c.name,
+            c.points,
+            c.points if message["passed"] else 0,
+            bool(message["passed"]),
+            c.hint,
+            str(message["message"]),
+        )
     except Exception:  # noqa: BLE001 - no (valid) report: say how the child ended
         pass
     if timed_out:
         why = f"timed out after {timeout:g} s (an endless loop, or one very long call?)"
     elif os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
-        name = signal.Signals(number).name if number in signal.Signals._value2member_map_ else number
+        name = (
+            signal.Signals(number).name
+            if number in signal.Signals._value2member_map_
+            else number
+        )
         why = f"the check's process was killed by signal {name} (a crash, or out of memory?)"
     else:
         why = f"the check's process ended (exit status {os.WEXITSTATUS(status)}) before it finished"
     return Row(c.name, c.points, 0, False, c.hint, why)
 
 
-def _child(c: Check, load: Callable[[], Any], read_fd: int, write_fd: int, nonce: str) -> None:
+def _child(
+    c: Check, load: Callable[[], Any], read_fd: int, write_fd: int, nonce: str
+) -> None:
     """The forked child: run the check with output discarded, report one line, never return."""
     try:
         os.close(read_fd)
@@ -367,7 +448,9 @@ def _child(c: Check, load: Callable[[], Any], read_fd: int, write_fd: int, nonce
 
         torch.set_num_threads(1)  # an OpenMP pool does not survive a fork
         row = _check(c, load)
-        line = json.dumps({"nonce": nonce, "passed": row.passed, "message": row.message})
+        line = json.dumps(
+            {"nonce": nonce, "passed": row.passed, "message": row.message}
+        )
         _write(write_fd, line.encode() + b"\n")
     finally:
         _exit(0)
@@ -384,12 +467,18 @@ def _in_ipython() -> bool:
 
 def _show(result: Result, counted: bool) -> None:
     payload = {**result.to_json(), "counted": counted}
-    text = result.table() + ("" if counted else "\n  (a preview: not counted in your score)")
+    text = result.table() + (
+        "" if counted else "\n  (a preview: not counted in your score)"
+    )
     if _in_ipython():
         from IPython.display import display
 
-        bundle = {"text/plain": text, "text/html": result.html() if counted else
-                  result.html() + "<br><i>(a preview: not counted in your score)</i>"}
+        bundle = {
+            "text/plain": text,
+            "text/html": result.html()
+            if counted
+            else result.html() + "<br><i>(a preview: not counted in your score)</i>",
+        }
         if counted:
             bundle[MIME] = payload
         display(bundle, raw=True)
@@ -397,7 +486,13 @@ def _show(result: Result, counted: bool) -> None:
         print(text)
 
 
-def grade(task_name: str, obj: Any = None, *, timeout: float = DEFAULT_TIMEOUT, show: bool = True) -> None:
+def grade(
+    task_name: str,
+    obj: Any = None,
+    *,
+    timeout: float = DEFAULT_TIMEOUT,
+    show: bool = True,
+) -> None:
     """Grade `obj` (your function or class) on the checks of `task_name`; show the table.
 
     Never raises: a check that fails, raises, hangs or exits costs its own points only. Returns
@@ -422,7 +517,9 @@ def grade(task_name: str, obj: Any = None, *, timeout: float = DEFAULT_TIMEOUT, 
             print(f"{task_name}: {result.score}/{result.total} points ({exc})")
 
 
-def preview(task_name: str, obj: Any = None, *, timeout: float = DEFAULT_TIMEOUT) -> None:
+def preview(
+    task_name: str, obj: Any = None, *, timeout: float = DEFAULT_TIMEOUT
+) -> None:
     """Run the checks of `task_name` on an object without counting it (to see a buggy version fail)."""
     try:
         result = run_checks(task_name, obj, timeout)
@@ -433,7 +530,11 @@ def preview(task_name: str, obj: Any = None, *, timeout: float = DEFAULT_TIMEOUT
 
 def summary(notebook: str | None = None) -> None:
     """The total of every task graded so far (or of one notebook's tasks, ungraded ones as zero)."""
-    names = [t.name for t in TASKS.values() if t.notebook == notebook] if notebook else list(RESULTS)
+    names = (
+        [t.name for t in TASKS.values() if t.notebook == notebook]
+        if notebook
+        else list(RESULTS)
+    )
     rows = []
     for name in names:
         r = RESULTS.get(name)
@@ -442,6 +543,8 @@ def summary(notebook: str | None = None) -> None:
     score, total = sum(r[1] for r in rows), sum(r[2] for r in rows)
     width = max([len(r[0]) for r in rows] + [5])
     lines = [f"{'task':<{width}}  points"] + [
-        f"{n:<{width}}  {s:>3}/{t:<3}{'' if graded else '  (not graded yet)'}" for n, s, t, graded in rows]
+        f"{n:<{width}}  {s:>3}/{t:<3}{'' if graded else '  (not graded yet)'}"
+        for n, s, t, graded in rows
+    ]
     lines.append(f"{'total':<{width}}  {score:>3}/{total:<3}")
     print("\n".join(line.rstrip() for line in lines))
