@@ -1,15 +1,19 @@
 """Checkpoints that resume training exactly: weights (safetensors), optimizer, schedule, data
 position and RNG, with integrity checks.
 
-A run keeps its checkpoints in root/step_NNNNNNN/{model.safetensors, state.pt}, with a file
-`latest` naming the newest. Each is written to a temporary folder, then renamed into place
+A run keeps its checkpoints in root/step_NNNNNNN/{model.safetensors, state.pt, manifest.json},
+with a file `latest` naming the newest. manifest.json records the run's id and the sha256 of
+every other file: a checkpoint whose files do not match it is damaged, and a resume falls back
+to the newest intact one. Each is written to a temporary folder, then renamed into place
 (atomic), then `latest` is replaced (atomic): a crash mid-save never damages a checkpoint.
+Rotation deletes only older checkpoints of the same run (the same run id), never another run's.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import os
 import random
 import shutil
@@ -64,9 +68,15 @@ def step_dir(root: Path, step: int) -> Path:
     return Path(root) / f"step_{step:07d}"
 
 
-def save(root: str | Path, step: int, model: torch.nn.Module, state: dict, keep: int = 2) -> Path:
-    """Write root/step_NNNNNNN (model.safetensors and state.pt, which records the weights'
-    sha256), point `latest` at it and delete all but the `keep` newest checkpoints."""
+MANIFEST = "manifest.json"
+FILES = ("model.safetensors", "state.pt")
+
+
+def save(root: str | Path, step: int, model: torch.nn.Module, state: dict, keep: int = 2,
+         run_id: str = "") -> Path:
+    """Write root/step_NNNNNNN (model.safetensors, state.pt and manifest.json, which records
+    `run_id` and every file's sha256), point `latest` at it and delete all but the `keep` newest
+    checkpoints of the same run."""
     from safetensors.torch import save_file
 
     root = Path(root)
@@ -76,52 +86,125 @@ def save(root: str | Path, step: int, model: torch.nn.Module, state: dict, keep:
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
     tmp.mkdir(parents=True)
     save_file(weights_to_save(model), tmp / "model.safetensors", metadata={"format": "pt"})
-    torch.save({**state, "weights_sha256": file_sha256(tmp / "model.safetensors")}, tmp / "state.pt")
+    torch.save(state, tmp / "state.pt")
+    manifest = {"run_id": run_id, "step": step, "sha256": {f: file_sha256(tmp / f) for f in FILES}}
+    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
     latest_tmp = root / f".latest.tmp-{os.getpid()}"
     latest_tmp.write_text(final.name + "\n")
     os.replace(latest_tmp, root / "latest")
-    old = sorted(p for p in root.glob("step_*") if p.is_dir() and p != final)
-    for p in old[:max(0, len(old) - (keep - 1))]:
+    ours = [p for p in checkpoints(root) if p != final and _run_id(p) == run_id]
+    for p in ours[:max(0, len(ours) - (keep - 1))]:
         shutil.rmtree(p, ignore_errors=True)
     return final
 
 
-def latest(root: str | Path) -> Path:
-    """The newest checkpoint under root, as `latest` names it."""
-    pointer = Path(root) / "latest"
-    if not pointer.is_file():
-        raise FileNotFoundError(f"no checkpoint to resume from: {pointer} does not exist "
-                                f"(train once without resume, or check the output folder, out_dir)")
-    return Path(root) / pointer.read_text().strip()
+def checkpoints(root: str | Path) -> list[Path]:
+    """The checkpoint folders under root, oldest first."""
+    root = Path(root)
+    return sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []
+
+
+def read_manifest(path: str | Path) -> dict:
+    try:
+        manifest = json.loads((Path(path) / MANIFEST).read_text())
+        if not isinstance(manifest.get("sha256"), dict):
+            raise ValueError("no sha256 table")
+        return manifest
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} is incomplete: it has no {MANIFEST}") from None
+    except (OSError, ValueError, AttributeError) as e:
+        raise CheckpointError(f"checkpoint {path} is corrupted: cannot read {MANIFEST} ({e})") from None
+
+
+def _run_id(path: Path) -> str | None:
+    try:
+        return read_manifest(path).get("run_id")
+    except CheckpointError:
+        return None  # unknown origin: never rotated away
+
+
+def verify(path: str | Path) -> dict:
+    """The manifest of checkpoint `path`, after checking every file against its sha256 in it;
+    a CheckpointError names what is missing or damaged."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    manifest = read_manifest(path)
+    for name in sorted(set(FILES) | set(manifest["sha256"])):
+        if not (path / name).is_file():
+            raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
+        if file_sha256(path / name) != manifest["sha256"].get(name):
+            raise CheckpointError(f"checkpoint {path} is corrupted: {name} does not match the "
+                                  f"sha256 recorded in {MANIFEST}")
+    return manifest
+
+
+def newest_intact(root: str | Path) -> tuple[Path, list[CheckpointError]]:
+    """(the newest checkpoint under root whose files all match their manifest, the errors of the
+    newer damaged ones skipped on the way)."""
+    found = checkpoints(root)
+    if not found:
+        raise FileNotFoundError(f"no checkpoint to resume from in {root} (train once without resume, "
+                                f"or check the output folder, out_dir)")
+    damaged = []
+    for path in reversed(found):
+        try:
+            verify(path)
+            return path, damaged
+        except CheckpointError as e:
+            damaged.append(e)
+    raise CheckpointError(f"no intact checkpoint to resume from in {root}: "
+                          + "; ".join(str(e) for e in damaged))
+
+
+def clear(root: str | Path) -> list[Path]:
+    """Delete every checkpoint under root, `latest` and leftovers of crashed saves; returns the
+    checkpoint folders removed."""
+    root = Path(root)
+    gone = checkpoints(root)
+    for p in gone + list(root.glob(".step_*.tmp-*")):
+        shutil.rmtree(p)
+    (root / "latest").unlink(missing_ok=True)
+    return gone
+
+
+def check_writable(folder: str | Path, what: str) -> None:
+    """Create `folder` if needed and write a file into it; an OSError names `what` and why not."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".write-test-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as e:
+        raise OSError(f"cannot write to {what} {folder}: {e.strerror or e}") from None
 
 
 def load(path: str | Path, device="cpu") -> tuple[dict[str, torch.Tensor], dict]:
-    """(weights on device, training state) of a checkpoint folder, after checking that both files
-    are there, readable and that the weights match the checksum recorded at saving."""
+    """(weights on device, training state) of a checkpoint folder, after checking every file
+    against the sha256 that manifest.json records for it."""
     from safetensors.torch import load_file
 
     path = Path(path)
-    if not (path / "state.pt").is_file() or not (path / "model.safetensors").is_file():
-        raise FileNotFoundError(f"checkpoint {path} is missing (need model.safetensors and state.pt in it)")
+    manifest = verify(path)
     try:
         state = torch.load(path / "state.pt", map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise CheckpointError(f"checkpoint {path} is corrupted: cannot read state.pt ({e})") from e
-    if file_sha256(path / "model.safetensors") != state.get("weights_sha256"):
-        raise CheckpointError(f"checkpoint {path} is corrupted: model.safetensors does not match "
-                              "the checksum recorded in state.pt")
-    try:
         weights = load_file(path / "model.safetensors", device=str(device))
     except Exception as e:
-        raise CheckpointError(f"checkpoint {path} is corrupted: cannot read model.safetensors ({e})") from e
-    return weights, state
+        raise CheckpointError(f"checkpoint {path} is corrupted: {e}") from e
+    return weights, {**state, "run_id": manifest.get("run_id", "")}
 
 
-# Train-config fields that define the data stream: a resume must keep them.
-DATA_FIELDS = ("seq_len", "seed", "tokenizer")
+# Train-config fields a resume may change: what is logged, evaluated, sampled and saved, and
+# where and how fast it runs (another device or torch.compile gives the same training up to
+# floating-point rounding, not bit for bit). Every other field, the model's config and the number
+# of processes change what is trained: a resume refuses them unless allow_changed_settings.
+MAY_CHANGE = ("log_every", "eval_every", "eval_batches", "sample_every", "sample_prompt", "sample_tokens",
+              "ckpt_every", "keep_checkpoints", "out_dir", "device", "compile", "progress", "resume",
+              "overwrite", "allow_changed_settings", "preset", "model_overrides")  # (the model: compared whole)
 SCHEDULE_FIELDS = ("lr", "min_lr", "warmup_steps", "steps", "schedule", "decay_fraction")
 
 
@@ -137,27 +220,41 @@ def save_trainer(trainer, root: str | Path) -> Path:
         "data": trainer.train_batches.state_dict(),
         "rng": rng_state(),
         "model_config": dataclasses.asdict(trainer.model_config),
-        "train_config": dataclasses.asdict(cfg),
+        "train_config": {k: str(v) if isinstance(v, os.PathLike) else v
+                         for k, v in dataclasses.asdict(cfg).items()},
         "history": trainer.history,
         "world_size": trainer.world_size,
     }
-    return save(root, trainer.step, trainer.model, state, cfg.keep_checkpoints)
+    return save(root, trainer.step, trainer.model, state, cfg.keep_checkpoints, trainer.run_id)
 
 
-def restore_trainer(trainer, path: str | Path) -> None:
-    """Put a Trainer back where save_trainer left it; refuses a checkpoint of another model or
-    data stream."""
+def changed_settings(state: dict, trainer) -> list[str]:
+    """'name: checkpoint X, now Y' for every setting that differs from the checkpoint's and would
+    make the resumed run differ from an uninterrupted one."""
+    def differ(saved: dict, now: dict) -> list[str]:
+        return [f"{k}: checkpoint {saved[k]!r}, now {now.get(k)!r}" for k in saved
+                if k not in MAY_CHANGE and saved[k] != now.get(k)]
+
+    return (differ(state["model_config"], dataclasses.asdict(trainer.model_config))
+            + differ(state["train_config"], dataclasses.asdict(trainer.cfg))
+            + differ({"world_size": state["world_size"]}, {"world_size": trainer.world_size}))
+
+
+def restore_trainer(trainer, path: str | Path, allow_changed: bool = False) -> list[str]:
+    """Put a Trainer back where save_trainer left it. Refuses settings that would not continue the
+    same run (changed_settings), unless allow_changed; returns them."""
     weights, state = load(path, trainer.device)
-    saved, now = state["model_config"], dataclasses.asdict(trainer.model_config)
-    diff = [f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in now if saved.get(k) != now.get(k)]
-    diff += [f"{k}: checkpoint {state['train_config'].get(k)!r}, now {getattr(trainer.cfg, k)!r}"
-             for k in DATA_FIELDS if state["train_config"].get(k) != getattr(trainer.cfg, k)]
-    if diff:
-        raise ValueError(f"checkpoint {path} was saved with another configuration:\n    " + "\n    ".join(diff))
+    changed = changed_settings(state, trainer)
+    if changed and not allow_changed:
+        raise ValueError(f"checkpoint {path} was saved with other settings, so resuming would not continue "
+                         f"the same run: {'; '.join(changed)}; resume with the checkpoint's settings, or "
+                         f"pass --allow-changed-settings (allow_changed_settings=True) to continue anyway")
     trainer.model.load_state_dict(weights)
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scaler.load_state_dict(state["scaler"])
     trainer.train_batches.load_state_dict(state["data"])
     trainer.step = state["step"]
     trainer.history = state["history"]
+    trainer.run_id = state["run_id"]
     set_rng_state(state["rng"])
+    return changed

@@ -10,8 +10,12 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import os
+import signal
 import sys
+import threading
 import time
+import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +29,7 @@ with warnings.catch_warnings():  # without ipywidgets, notebooks get text bars: 
     from tqdm.auto import tqdm
 
 from smol import checkpoint, data, flops
-from smol.config import SmolConfig
+from smol.config import PRESETS, SmolConfig
 from smol.distributed import setup_distributed, training_device
 from smol.model import SmolLM
 from smol.optim import adamw, amp_dtype, lr_schedule, param_groups
@@ -33,6 +37,28 @@ from smol.optim import adamw, amp_dtype, lr_schedule, param_groups
 
 class TrainingDiverged(FloatingPointError):
     """The loss became NaN or infinite."""
+
+
+class TrainingInterrupted(Exception):
+    """SIGTERM or SIGINT (Ctrl-C) stopped training at a step boundary, after saving a checkpoint."""
+
+    def __init__(self, signal_name: str, step: int, path: Path):
+        self.signal_name, self.step, self.path = signal_name, step, path
+        super().__init__(f"stopped by {signal_name} after step {step}: saved {path}; "
+                         f"continue with --resume (resume=True)")
+
+
+POSITIVE_INTS = ("steps", "batch_size", "seq_len", "grad_accum", "eval_batches", "log_every", "keep_checkpoints")
+NON_NEGATIVE_INTS = ("warmup_steps", "eval_every", "sample_every", "sample_tokens", "ckpt_every", "seed")
+FLAGS = ("compile", "overwrite", "allow_changed_settings", "progress")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 @dataclass
@@ -66,10 +92,75 @@ class TrainConfig:
     device: str = "auto"
     dtype: str = "auto"  # auto, bf16, fp16, fp32
     compile: bool = False
-    resume: bool = False
+    resume: bool | str = False  # True or "latest": the newest intact checkpoint in out_dir; or a path
+    overwrite: bool = False  # start over in an out_dir that holds a run, deleting its checkpoints
+    allow_changed_settings: bool = False  # resume with settings that differ from the checkpoint's
     progress: bool = True
 
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise a ValueError, one line, for the first setting that cannot work; the command line
+        and the Python API both check here, before any work."""
+        for name in POSITIVE_INTS:
+            if not _is_int(value := getattr(self, name)) or value < 1:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        for name in NON_NEGATIVE_INTS:
+            if not _is_int(value := getattr(self, name)) or value < 0:
+                raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+        for name in FLAGS:
+            if not isinstance(value := getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
+        if not (_is_number(self.lr) and self.lr > 0):
+            raise ValueError(f"lr must be a positive number, got {self.lr!r}")
+        if not (_is_number(self.min_lr) and 0 <= self.min_lr <= self.lr):
+            raise ValueError(f"min_lr ({self.min_lr!r}) must lie in [0, lr ({self.lr})]")
+        if self.warmup_steps > self.steps:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) must lie in [0, steps ({self.steps})]")
+        if self.schedule not in ("cosine", "wsd"):
+            raise ValueError(f"schedule must be 'cosine' or 'wsd', got {self.schedule!r}")
+        if not (_is_number(self.decay_fraction) and 0 <= self.decay_fraction <= 1):
+            raise ValueError(f"decay_fraction must lie in [0, 1], got {self.decay_fraction!r}")
+        for name in ("weight_decay", "grad_clip"):
+            if not (_is_number(value := getattr(self, name)) and value >= 0):
+                raise ValueError(f"{name} must be >= 0, got {value!r}")
+        for name in ("beta1", "beta2"):
+            if not (_is_number(value := getattr(self, name)) and 0 <= value < 1):
+                raise ValueError(f"{name} must lie in [0, 1), got {value!r}")
+        if self.tokenizer not in ("auto", "shakespeare", "smollm2"):
+            raise ValueError(f"tokenizer must be one of 'auto', 'shakespeare', 'smollm2'; got {self.tokenizer!r}")
+        if self.dtype not in ("auto", "bf16", "fp16", "fp32"):
+            raise ValueError(f"dtype must be one of auto, bf16, fp16, fp32; got {self.dtype!r}")
+        try:
+            if self.device != "auto":
+                torch.device(self.device)
+        except (RuntimeError, TypeError):
+            raise ValueError(f"device must be 'auto' or a torch device such as 'cpu' or 'cuda:0', "
+                             f"got {self.device!r}") from None
+        if not isinstance(self.out_dir, (str, os.PathLike)) or not str(self.out_dir):
+            raise ValueError(f"out_dir must be a folder's path, got {self.out_dir!r}")
+        if not (isinstance(self.resume, bool) or isinstance(self.resume, (str, os.PathLike)) and str(self.resume)):
+            raise ValueError(f"resume must be True, False, 'latest' or a checkpoint's path, got {self.resume!r}")
+        if self.resume and self.overwrite:
+            raise ValueError("resume and overwrite exclude each other: continue the run, or start over")
+        if not isinstance(self.sample_prompt, str):
+            raise ValueError(f"sample_prompt must be a str, got {self.sample_prompt!r}")
+        mc = self.model_config()
+        if self.seq_len > mc.max_position_embeddings:
+            raise ValueError(f"seq_len {self.seq_len} is longer than the model's context "
+                             f"(max_position_embeddings={mc.max_position_embeddings})")
+
     def model_config(self) -> SmolConfig:
+        if self.preset not in PRESETS:
+            raise ValueError(f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
+        if not isinstance(self.model_overrides, dict):
+            raise ValueError(f"model_overrides must be a dict of SmolConfig fields, got {self.model_overrides!r}")
+        fields = {f.name for f in dataclasses.fields(SmolConfig)}
+        for key in self.model_overrides:
+            if key not in fields:
+                raise ValueError(f"unknown model setting {key!r} in model_overrides; SmolConfig has "
+                                 f"{', '.join(sorted(fields))}")
         return SmolConfig.preset(self.preset, **self.model_overrides)
 
 
@@ -85,12 +176,7 @@ class Trainer:
         self.rank, self.world_size, local_rank = setup_distributed(cfg.device)
         self.device = training_device(cfg.device, local_rank)
         self.model_config = mc = cfg.model_config()
-        if cfg.seq_len > mc.max_position_embeddings:
-            raise ValueError(f"seq_len {cfg.seq_len} is longer than the model's context "
-                             f"(max_position_embeddings={mc.max_position_embeddings})")
-        self.lr(0)  # a schedule that cannot run fails here, not mid-training
-        if cfg.grad_accum < 1:
-            raise ValueError(f"grad_accum must be >= 1, got {cfg.grad_accum}")
+        self._on_main_rank(self._prepare_out_dir)  # before any work, not when the first save fails
         self._load_data(train_tokens, val_tokens)
 
         torch.manual_seed(cfg.seed)  # every rank builds the same initial weights
@@ -101,13 +187,46 @@ class Trainer:
         self._wrap_model(local_rank)
 
         self.step = 0
+        self.run_id = uuid.uuid4().hex[:12]  # a resume takes the checkpoint's
         self.history = {"step": [], "loss": [], "lr": [], "val_step": [], "val_loss": [], "tokens_per_s": []}
         self.last_checkpoint: Path | None = None
         self.tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * self.world_size
         self.flops_per_token = flops.flops_per_token(mc, cfg.seq_len)
         self.peak = flops.peak_flops(self.device) if self.amp_dtype != torch.float32 else None
         if cfg.resume:
-            self.load_checkpoint()
+            self.load_checkpoint(None if cfg.resume in (True, "latest") else cfg.resume)
+
+    def _on_main_rank(self, check) -> None:
+        """Run `check` on the main rank; under DDP every rank raises its error, if any."""
+        error = None
+        if self.is_main:
+            try:
+                check()
+            except (OSError, ValueError) as e:
+                error = e
+        if self.world_size > 1:
+            box = [error]
+            dist.broadcast_object_list(box, src=0)
+            error = box[0]
+        if error is not None:
+            raise error
+
+    def _prepare_out_dir(self) -> None:
+        """Check that out_dir and its checkpoint folder can be written, and that they hold no
+        other run: continuing one takes resume, starting over in its place takes overwrite."""
+        cfg, root = self.cfg, self.checkpoint_root
+        checkpoint.check_writable(cfg.out_dir, "out_dir")
+        checkpoint.check_writable(root, "the checkpoint folder")
+        found = checkpoint.checkpoints(root)
+        if cfg.resume or not (found or (root / "latest").exists()):
+            return
+        if not cfg.overwrite:
+            newest = f" (newest: {found[-1].name})" if found else ""
+            raise FileExistsError(f"out_dir {cfg.out_dir} already holds a run{newest}: continue it with "
+                                  f"--resume (resume=True), or delete its checkpoints and start over "
+                                  f"with --overwrite (overwrite=True)")
+        gone = checkpoint.clear(root)
+        log(f"overwrite: deleted the {len(gone)} checkpoint(s) of the previous run in {root}")
 
     def _load_data(self, train_tokens, val_tokens) -> None:
         """This rank's training batches and the validation windows; the corpus (tokenized with
@@ -154,7 +273,15 @@ class Trainer:
 
     def fit(self, until: int | None = None) -> dict:
         """Train to cfg.steps from wherever a resume left off, with logs, evals, samples and
-        checkpoints; `until` stops (with a checkpoint) after that step, as a preempted job would."""
+        checkpoints; `until` stops (with a checkpoint) after that step, as a preempted job would.
+
+        SIGTERM (a preempted job) or SIGINT (Ctrl-C) saves a checkpoint after the step under way
+        and raises TrainingInterrupted, which says where it went (a second signal stops at once;
+        the last checkpoint stays intact). Under DDP the ranks agree on it at the next log step."""
+        with self._stop_on_signals() as caught:
+            return self._fit(until, caught)
+
+    def _fit(self, until: int | None, caught: list[str]) -> dict:
         cfg = self.cfg
         end = cfg.steps if until is None else min(until, cfg.steps)
         if self.is_main and cfg.sample_every:
@@ -172,11 +299,14 @@ class Trainer:
             evaluate = cfg.eval_every > 0 and (self.step % cfg.eval_every == 0 or last)
             save = (cfg.ckpt_every > 0 and self.step % cfg.ckpt_every == 0) or self.step == end
             sample = self.is_main and cfg.sample_every > 0 and self.step % cfg.sample_every == 0
-            if not (log or evaluate or save or sample):
+            stop = bool(caught) and self.world_size == 1
+            if not (log or evaluate or save or sample or stop):
                 continue  # losses stay on the device: no sync between logs
             self._record(pending)  # raises TrainingDiverged on a NaN loss, before anything is saved
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
+            if self.world_size > 1 and (log or evaluate or save):  # the same steps on every rank
+                stop = self._any_rank_caught(caught)
             tok_s = tokens / (time.perf_counter() - clock)
             self.history["tokens_per_s"].append(tok_s)
             postfix = {"loss": f"{self.history['loss'][-1]:.3f}", "tok/s": f"{tok_s:,.0f}"}
@@ -195,11 +325,44 @@ class Trainer:
                     bar.write(f"step {self.step}: val loss {val:.4f}")
             if sample:
                 bar.write(f"step {self.step} sample: {self.sample()!r}")
-            if save:
+            if save or stop:
                 self.save_checkpoint()
+            if stop and self.step < end:
+                bar.close()
+                raise TrainingInterrupted(caught[0] if caught else "a signal to another rank", self.step,
+                                          self.last_checkpoint)
             clock, tokens = time.perf_counter(), 0  # evals, samples and saves are not training time
         bar.close()
         return self.history
+
+    @contextlib.contextmanager
+    def _stop_on_signals(self):
+        """While training, SIGTERM and SIGINT only note that they came (in `caught`); the loop
+        stops at the next step boundary. A second one raises KeyboardInterrupt at once."""
+        caught: list[str] = []
+        if threading.current_thread() is not threading.main_thread():  # signals go to the main thread
+            yield caught
+            return
+
+        def note(signum, frame):
+            if caught:
+                raise KeyboardInterrupt(f"a second {signal.Signals(signum).name}: stopped at once")
+            caught.append(signal.Signals(signum).name)
+            if self.is_main:
+                log(f"{caught[0]} received: saving a checkpoint after step {self.step + 1}, then stopping "
+                    f"(send it again to stop at once)")
+
+        previous = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield caught
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    def _any_rank_caught(self, caught: list[str]) -> bool:
+        flag = torch.tensor(float(bool(caught)), device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return flag.item() > 0
 
     def _record(self, pending) -> None:
         if not pending:
@@ -301,10 +464,21 @@ class Trainer:
         return self.last_checkpoint
 
     def load_checkpoint(self, path: str | Path | None = None) -> Path:
-        """Restore everything save_checkpoint wrote; `path` defaults to the latest in out_dir."""
-        if path is None:
-            path = checkpoint.latest(self.checkpoint_root)
-        checkpoint.restore_trainer(self, path)
+        """Restore everything save_checkpoint wrote. `path`: a checkpoint folder, taken as it is
+        (a damaged one is an error); or a folder of checkpoints (None: out_dir's), whose newest
+        intact one is taken, saying which damaged ones it skipped."""
+        path = self.checkpoint_root if path is None else Path(path)
+        if not (path / checkpoint.MANIFEST).exists() and (path / "checkpoints").is_dir():
+            path = path / "checkpoints"  # a run's out_dir
+        if not (path.name.startswith("step_") or (path / checkpoint.MANIFEST).exists()):
+            path, damaged = checkpoint.newest_intact(path)
+            if damaged and self.is_main:
+                log(f"warning: {'; '.join(map(str, damaged))}; resuming from {path.name}, "
+                    f"the newest intact checkpoint")
+        changed = checkpoint.restore_trainer(self, path, self.cfg.allow_changed_settings)
+        if changed and self.is_main:
+            log(f"warning: resuming with changed settings, so the run no longer matches an uninterrupted "
+                f"one: {'; '.join(changed)}")
         self.last_checkpoint = Path(path)
         return self.last_checkpoint
 
@@ -321,6 +495,11 @@ class Trainer:
                 "val_loss": h["val_loss"][-1] if h["val_loss"] else None, "tokens_per_s": tok_s,
                 "mfu": self.mfu(tok_s) if tok_s else None, "device": str(self.device),
                 "world_size": self.world_size, "weights_digests": digests, "losses": h["loss"]}
+
+
+def log(message: str) -> None:
+    """One line on stderr: warnings and notes that must not mix with the progress output."""
+    print(message, file=sys.stderr, flush=True)
 
 
 def plot_history(history: dict, ax=None, title: str | None = None):

@@ -1,7 +1,15 @@
 """The training command line.
 
     python -m smol.train --preset tiny --steps 300 --out-dir runs/tiny
+    python -m smol.train --preset tiny --steps 300 --out-dir runs/tiny --resume
     torchrun --nproc_per_node=2 -m smol.train --preset tiny --steps 300 --out-dir runs/ddp
+
+Every error is one line on stderr, never a traceback. Exit status: 0 when training finished;
+2 for a usage error (a bad flag or setting), found before any work; 1 for a failure while
+running (an unwritable or occupied out-dir, a damaged checkpoint, divergence); 143 (SIGTERM) or
+130 (SIGINT, Ctrl-C) when a signal stopped training after saving a checkpoint, as a process
+stopped by that signal reports it, so that a scheduler knows the run is not finished and can
+start it again with --resume.
 """
 
 from __future__ import annotations
@@ -9,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import signal
 import sys
 from pathlib import Path
 
@@ -16,14 +25,51 @@ import torch.distributed as dist
 
 from smol.checkpoint import CheckpointError
 from smol.config import SmolConfig
-from smol.train import TrainConfig, Trainer, TrainingDiverged, plot_history
+from smol.train import TrainConfig, Trainer, TrainingDiverged, TrainingInterrupted, plot_history
+
+PROG = "python -m smol.train"
+
+
+class UsageError(ValueError):
+    """A bad flag or setting: exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        raise UsageError(message)
+
+
+def _parse_bool(text: str) -> bool:
+    if text.lower() in ("1", "true", "yes"):
+        return True
+    if text.lower() in ("0", "false", "no"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _model_override(item: str) -> tuple[str, object]:
+    """--set FIELD=VALUE -> (FIELD, VALUE parsed as the SmolConfig field's type)."""
+    key, _, text = item.partition("=")
+    kinds = {f.name: f.type for f in dataclasses.fields(SmolConfig)}
+    if key not in kinds:
+        raise UsageError(f"--set {item}: unknown model setting {key!r} (one of {', '.join(sorted(kinds))})")
+    parse = {"int": int, "float": float, "bool": _parse_bool, "str": str}[kinds[key]]
+    try:
+        return key, parse(text)
+    except ValueError:
+        raise UsageError(f"--set {item}: expected {'true or false' if parse is _parse_bool else 'an ' + kinds[key]}")
 
 
 def _parse_args(argv) -> TrainConfig:
-    p = argparse.ArgumentParser(prog="python -m smol.train", description="Train a SmolLM (torchrun for DDP).")
+    p = _Parser(prog=PROG, description="Train a SmolLM (torchrun for DDP).")
     defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
         if f.name == "model_overrides":
+            continue
+        if f.name == "resume":
+            p.add_argument("--resume", nargs="?", const="latest", default=False, metavar="PATH",
+                           help="continue the run in out-dir from its newest intact checkpoint "
+                                "(--resume or --resume latest), or from the checkpoint folder PATH")
             continue
         flag, value = "--" + f.name.replace("_", "-"), getattr(defaults, f.name)
         if isinstance(value, bool):
@@ -33,19 +79,19 @@ def _parse_args(argv) -> TrainConfig:
     p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                    help="override a model config field, e.g. --set num_hidden_layers=2")
     args = vars(p.parse_args(argv))
-    overrides = {}
-    for item in args.pop("set"):
-        key, _, value = item.partition("=")
-        kinds = {f.name: f.type for f in dataclasses.fields(SmolConfig)}
-        if key not in kinds or not value:
-            p.error(f"--set expects FIELD=VALUE with FIELD one of {sorted(kinds)}, got {item!r}")
-        overrides[key] = {"int": int, "float": float, "bool": lambda v: v.lower() in ("1", "true", "yes"),
-                          "str": str}[kinds[key]](value)
-    return TrainConfig(**args, model_overrides=overrides)
+    overrides = dict(_model_override(item) for item in args.pop("set"))
+    try:
+        return TrainConfig(**args, model_overrides=overrides)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def main(argv=None) -> int:
-    cfg = _parse_args(argv)
+    try:
+        cfg = _parse_args(argv)
+    except UsageError as e:
+        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        return 2
     trainer = None
     try:
         trainer = Trainer(cfg)
@@ -72,7 +118,16 @@ def main(argv=None) -> int:
             if cfg.sample_tokens:
                 print("sample:", repr(trainer.sample()), flush=True)
         return 0
-    except (ValueError, FileNotFoundError, CheckpointError, TrainingDiverged) as e:
+    except TrainingInterrupted as e:
+        if trainer.is_main:
+            print(e, file=sys.stderr, flush=True)
+        return 128 + signal.Signals[e.signal_name].value if e.signal_name in signal.Signals.__members__ else 1
+    except KeyboardInterrupt:
+        saved = trainer.last_checkpoint if trainer is not None else None
+        print(f"interrupted; {'the last checkpoint is ' + str(saved) if saved else 'nothing was saved'}",
+              file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
+    except (ValueError, OSError, CheckpointError, TrainingDiverged) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
     finally:

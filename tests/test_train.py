@@ -3,6 +3,14 @@
 import dataclasses
 import json
 import math
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import zipfile
 
 import pytest
 import torch
@@ -270,12 +278,258 @@ def test_cli_trains_the_tiny_preset(tmp_path, capsys):
     assert (out / "loss.png").stat().st_size > 0
     printed = capsys.readouterr().out
     assert "tokens/s" in printed and "sample: 'Romeo." in printed
-    assert main(args + ["--steps", "6", "--resume", "--sample-tokens", "0"]) == 0
+    # Training longer changes the schedule: allowed when asked, with a warning.
+    assert main(args + ["--steps", "6", "--resume", "--sample-tokens", "0"]) == 1
+    assert "steps: checkpoint 4, now 6" in capsys.readouterr().err
+    assert main(args + ["--steps", "6", "--resume", "--sample-tokens", "0", "--allow-changed-settings"]) == 0
+    assert "warning: resuming with changed settings" in capsys.readouterr().err
     assert json.loads((out / "summary.json").read_text())["step"] == 6
 
 
 def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
     assert main(["--out-dir", str(tmp_path / "none"), "--resume", "--no-progress", "--device", "cpu"]) == 1
     assert "error: no checkpoint to resume from" in capsys.readouterr().err
-    assert main(["--seq-len", "1024", "--out-dir", str(tmp_path / "x"), "--device", "cpu"]) == 1
+    assert main(["--seq-len", "1024", "--out-dir", str(tmp_path / "x"), "--device", "cpu"]) == 2  # usage
     assert "longer than the model's context" in capsys.readouterr().err
+
+
+# Output folders, existing runs, damaged checkpoints
+
+def test_an_output_folder_that_cannot_be_written_stops_before_the_first_step(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    with pytest.raises(OSError, match=r"cannot write to out_dir .*a_file/run"):
+        trainer(small_config(tmp_path, out_dir=str(blocker / "run")))
+    (tmp_path / "run" / "checkpoints").parent.mkdir()
+    (tmp_path / "run" / "checkpoints").write_text("a file where the checkpoints go")
+    with pytest.raises(OSError, match=r"cannot write to the checkpoint folder .*run/checkpoints"):
+        trainer(small_config(tmp_path))
+
+
+def test_a_folder_that_holds_a_run_is_not_trained_over_without_asking(tmp_path):
+    trainer(small_config(tmp_path, steps=2, eval_every=0)).fit()
+    root = tmp_path / "run" / "checkpoints"
+    with pytest.raises(FileExistsError, match="already holds a run.*--resume.*--overwrite"):
+        trainer(small_config(tmp_path, steps=2, eval_every=0))
+    assert (root / "step_0000002").is_dir()  # untouched
+    again = trainer(small_config(tmp_path, steps=3, eval_every=0, overwrite=True))
+    assert again.step == 0 and not (root / "step_0000002").exists()
+    again.fit()
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step_")) == ["step_0000003"]
+
+
+def test_rotation_deletes_only_this_runs_checkpoints(tmp_path):
+    from smol import checkpoint
+
+    t = trainer(small_config(tmp_path, steps=6, ckpt_every=1, keep_checkpoints=2, eval_every=0))
+    t.fit(until=1)
+    root = tmp_path / "run" / "checkpoints"
+    foreign = root / "step_0000000"  # another run's work, put there by hand
+    shutil.copytree(root / "step_0000001", foreign)
+    manifest = json.loads((foreign / "manifest.json").read_text())
+    (foreign / "manifest.json").write_text(json.dumps({**manifest, "run_id": "someone-else"}))
+    t.fit()
+    names = sorted(p.name for p in root.iterdir())
+    assert names == ["latest", "step_0000000", "step_0000005", "step_0000006"]
+    assert checkpoint.read_manifest(root / "step_0000006")["run_id"] == t.run_id
+
+
+def flip_a_byte_of_the_largest_record(path):
+    """Flip one byte inside the largest tensor record of a torch.save zip (an optimizer moment)."""
+    with zipfile.ZipFile(path) as zf:
+        info = max((i for i in zf.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+    blob = bytearray(path.read_bytes())
+    at = info.header_offset
+    start = at + 30 + int.from_bytes(blob[at + 26: at + 28], "little") + int.from_bytes(blob[at + 28: at + 30], "little")
+    blob[start + info.file_size // 2] ^= 0x01
+    path.write_bytes(bytes(blob))
+
+
+def test_a_flipped_byte_in_the_optimizer_state_is_detected(tmp_path):
+    trainer(small_config(tmp_path, steps=2, eval_every=0)).fit()
+    path = tmp_path / "run" / "checkpoints" / "step_0000002" / "state.pt"
+    flip_a_byte_of_the_largest_record(path)
+    torch.load(path, weights_only=True)  # still loads: only a checksum can tell
+    with pytest.raises(CheckpointError, match="step_0000002.*state.pt does not match"):
+        trainer(small_config(tmp_path, steps=2, eval_every=0, resume=True))
+
+
+def test_resume_falls_back_to_the_newest_intact_checkpoint_and_says_so(tmp_path, capsys):
+    t = trainer(small_config(tmp_path, steps=6, ckpt_every=2, keep_checkpoints=3, eval_every=0))
+    t.fit(until=4)
+    root = tmp_path / "run" / "checkpoints"
+    flip_a_byte_of_the_largest_record(root / "step_0000004" / "state.pt")
+    capsys.readouterr()
+    again = trainer(small_config(tmp_path, steps=6, ckpt_every=2, keep_checkpoints=3, eval_every=0, resume=True))
+    assert again.step == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "step_0000004 is corrupted: state.pt" in err and "step_0000002" in err
+    # A named checkpoint is taken as named: a damaged one is an error, not a fallback.
+    with pytest.raises(CheckpointError, match="step_0000004"):
+        trainer(small_config(tmp_path, steps=6, eval_every=0, resume=str(root / "step_0000004")))
+    named = trainer(small_config(tmp_path, steps=6, eval_every=0, resume=str(root / "step_0000002")))
+    assert named.step == 2
+
+
+def test_cli_resumes_from_a_named_checkpoint(tmp_path, capsys):
+    args = ["--preset", "tiny", "--set", "num_hidden_layers=1", "--set", "hidden_size=32", "--set",
+            "intermediate_size=64", "--set", "num_attention_heads=2", "--set", "num_key_value_heads=1",
+            "--steps", "4", "--warmup-steps", "1", "--batch-size", "2", "--seq-len", "16", "--eval-every", "0",
+            "--sample-tokens", "0", "--ckpt-every", "2", "--out-dir", str(tmp_path), "--no-progress",
+            "--device", "cpu"]
+    assert main(args) == 0
+    assert main(args + ["--resume", str(tmp_path / "checkpoints" / "step_0000002")]) == 0
+    assert "from step 2" in capsys.readouterr().out
+    assert main(args + ["--resume", "latest"]) == 0
+    assert "from step 4" in capsys.readouterr().out
+
+
+# Settings that change on resume
+
+@pytest.mark.parametrize("change, named", [(dict(lr=2e-2), "lr: checkpoint 0.01, now 0.02"),
+                                           (dict(steps=8), "steps: checkpoint 6, now 8"),
+                                           (dict(batch_size=2), "batch_size: checkpoint 4, now 2"),
+                                           (dict(grad_accum=2), "grad_accum: checkpoint 1, now 2"),
+                                           (dict(schedule="wsd"), "schedule: checkpoint 'cosine', now 'wsd'"),
+                                           (dict(seed=1), "seed: checkpoint 0, now 1"),
+                                           (dict(weight_decay=0.0), "weight_decay: checkpoint 0.1, now 0.0")])
+def test_resume_with_settings_that_break_exactness_is_refused(tmp_path, change, named):
+    trainer(small_config(tmp_path, eval_every=0)).fit(until=2)
+    with pytest.raises(ValueError, match=f"{named}.*--allow-changed-settings"):
+        trainer(small_config(tmp_path, eval_every=0, resume=True, **change))
+
+
+def test_resume_names_every_changed_setting_and_allows_them_when_asked(tmp_path, capsys):
+    trainer(small_config(tmp_path, eval_every=0)).fit(until=2)
+    with pytest.raises(ValueError, match="steps: checkpoint 6, now 8; lr: checkpoint 0.01, now 0.02"):
+        trainer(small_config(tmp_path, eval_every=0, resume=True, lr=2e-2, steps=8))
+    capsys.readouterr()
+    t = trainer(small_config(tmp_path, eval_every=0, resume=True, steps=8, allow_changed_settings=True))
+    assert t.step == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "warning: resuming with changed settings" in err and "steps: checkpoint 6, now 8" in err
+    t.fit()
+    assert t.step == 8
+
+
+def test_resume_may_change_what_is_logged_evaluated_and_saved(tmp_path, capsys):
+    trainer(small_config(tmp_path)).fit(until=2)
+    capsys.readouterr()
+    t = trainer(small_config(tmp_path, resume=True, log_every=2, eval_every=2, eval_batches=1, ckpt_every=1,
+                             keep_checkpoints=3, sample_every=0, progress=False))
+    assert t.step == 2 and capsys.readouterr().err == ""
+
+
+# Settings checked before any work
+
+@pytest.mark.parametrize("bad, says", [
+    (dict(schedule="linear"), "schedule must be 'cosine' or 'wsd', got 'linear'"),
+    (dict(log_every=0), "log_every must be a positive int, got 0"),
+    (dict(preset="huge"), "unknown preset 'huge'"),
+    (dict(model_overrides={"hidden_sise": 8}), "unknown model setting 'hidden_sise'"),
+    (dict(model_overrides={"hidden_size": "abc"}), "hidden_size must be a positive int, got 'abc'"),
+    (dict(seq_len=0), "seq_len must be a positive int, got 0"),
+    (dict(eval_batches=0), "eval_batches must be a positive int, got 0"),
+    (dict(weight_decay=-1.0), "weight_decay must be >= 0, got -1.0"),
+    (dict(lr=-1e-3), "lr must be a positive number, got -0.001"),
+    (dict(lr=float("nan")), "lr must be a positive number, got nan"),
+    (dict(min_lr=1.0), r"min_lr \(1.0\) must lie in \[0, lr"),
+    (dict(warmup_steps=10, steps=5), r"warmup_steps \(10\) must lie in \[0, steps"),
+    (dict(steps=0), "steps must be a positive int, got 0"),
+    (dict(steps=2.5), "steps must be a positive int, got 2.5"),
+    (dict(batch_size=True), "batch_size must be a positive int, got True"),
+    (dict(grad_accum=0), "grad_accum must be a positive int, got 0"),
+    (dict(beta2=1.0), r"beta2 must lie in \[0, 1\), got 1.0"),
+    (dict(grad_clip=-1.0), "grad_clip must be >= 0"),
+    (dict(decay_fraction=1.5), r"decay_fraction must lie in \[0, 1\], got 1.5"),
+    (dict(eval_every=-1), "eval_every must be an int >= 0, got -1"),
+    (dict(keep_checkpoints=0), "keep_checkpoints must be a positive int, got 0"),
+    (dict(dtype="half"), "dtype must be one of"),
+    (dict(device="gpu"), "device must be 'auto' or a torch device"),
+    (dict(tokenizer="gpt2"), "tokenizer must be one of"),
+    (dict(resume=True, overwrite=True), "resume and overwrite exclude each other"),
+    (dict(seq_len=512), "longer than the model's context"),
+])
+def test_settings_are_checked_when_the_config_is_made(tmp_path, bad, says):
+    with pytest.raises(ValueError, match=says):
+        small_config(tmp_path, **bad)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--schedule", "linear"], "schedule must be 'cosine' or 'wsd'"),
+    (["--log-every", "0"], "log_every must be a positive int"),
+    (["--preset", "huge"], "unknown preset 'huge'"),
+    (["--set", "hidden_size=abc"], "--set hidden_size=abc: expected an int"),
+    (["--set", "hidden_sise=8"], "--set hidden_sise=8: unknown model setting 'hidden_sise'"),
+    (["--set", "tie_word_embeddings=maybe"], "expected true or false"),
+    (["--seq-len", "0"], "seq_len must be a positive int, got 0"),
+    (["--eval-batches", "0"], "eval_batches must be a positive int"),
+    (["--weight-decay", "-1"], "weight_decay must be >= 0"),
+    (["--lr", "-1"], "lr must be a positive number"),
+    (["--warmup-steps", "400"], r"warmup_steps \(400\) must lie in \[0, steps"),
+    (["--steps", "ten"], "argument --steps: invalid int value: 'ten'"),
+])
+def test_cli_usage_errors_are_one_line_and_exit_status_2(tmp_path, capsys, args, says):
+    assert main(args + ["--out-dir", str(tmp_path / "x"), "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err, err
+    assert re.search(says, err), err
+    assert not (tmp_path / "x").exists()  # nothing was done
+
+
+# SIGTERM and Ctrl-C
+
+SIGNAL_ARGS = ["--preset", "tiny", "--set", "num_hidden_layers=2", "--steps", "60", "--warmup-steps", "5",
+               "--batch-size", "4", "--seq-len", "32", "--eval-every", "0", "--sample-tokens", "0",
+               "--log-every", "5", "--no-progress", "--device", "cpu"]
+
+
+def run_train(out_dir, *extra, signal_at=None, sig=signal.SIGTERM):
+    """Run `python -m smol.train` in a subprocess; with signal_at, send `sig` once the checkpoint
+    of that step exists (checkpoints every step make the run slow enough to catch mid-way)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "smol.train", *SIGNAL_ARGS, "--out-dir", str(out_dir), *extra]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    if signal_at is not None:
+        mark = out_dir / "checkpoints" / f"step_{signal_at:07d}"
+        deadline = time.monotonic() + 240
+        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(sig)
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, out, err
+
+
+def final_weights(out_dir):
+    from safetensors.torch import load_file
+
+    return load_file(out_dir / "checkpoints" / "step_0000060" / "model.safetensors")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out_dir = tmp_path_factory.mktemp("uninterrupted")
+    code, out, err = run_train(out_dir)
+    assert code == 0, err
+    return final_weights(out_dir)
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_saves_at_the_next_step_and_the_resume_is_bit_exact(tmp_path, uninterrupted, sig, status):
+    out_dir = tmp_path / "run"
+    code, out, err = run_train(out_dir, "--ckpt-every", "1", "--keep-checkpoints", "1", signal_at=3, sig=sig)
+    assert code == status, err
+    name = signal.Signals(sig).name
+    assert "Traceback" not in err and err.strip().count("\n") == 1, err
+    assert err.startswith(f"{name} received: saving a checkpoint after step"), err
+    saved = re.search(rf"stopped by {name} after step (\d+): saved (\S+); continue with --resume", err)
+    assert saved, err
+    step = int(saved.group(1))
+    assert 3 <= step < 60 and saved.group(2) == str(out_dir / "checkpoints" / f"step_{step:07d}")
+    code, out, err = run_train(out_dir, "--resume")
+    assert code == 0, err
+    assert f"from step {step}" in out
+    resumed = final_weights(out_dir)
+    assert resumed.keys() == uninterrupted.keys()
+    for k, v in uninterrupted.items():
+        assert torch.equal(resumed[k], v), k
