@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,8 +38,13 @@ class SmolConfig:
                              f"num_key_value_heads ({self.num_key_value_heads})")
         if self.head_dim % 2:
             raise ValueError(f"head_dim ({self.head_dim}) must be even: RoPE rotates pairs of features")
-        if self.rope_theta <= 0 or self.rms_norm_eps <= 0 or self.initializer_range <= 0:
-            raise ValueError("rope_theta, rms_norm_eps and initializer_range must be positive")
+        for name in ("rope_theta", "rms_norm_eps", "initializer_range"):
+            value = getattr(self, name)
+            if not (isinstance(value, numbers.Real) and not isinstance(value, bool)
+                    and math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+        if not isinstance(self.tie_word_embeddings, bool):
+            raise ValueError(f"tie_word_embeddings must be True or False, got {self.tie_word_embeddings!r}")
         if self.attn_implementation not in ("sdpa", "eager"):
             raise ValueError(f"attn_implementation must be 'sdpa' or 'eager', got {self.attn_implementation!r}")
 

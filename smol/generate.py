@@ -35,8 +35,12 @@ def filter_top_p(logits: torch.Tensor, p: float | None) -> torch.Tensor:
 def sample_next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
                       top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
     """Pick one token per row of logits (B, V) -> (B,). temperature 0 is greedy (argmax)."""
-    if temperature < 0:
-        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if not (isinstance(temperature, (int, float)) and 0 <= temperature < float("inf")):  # not NaN
+        raise ValueError(f"temperature must be a finite number >= 0, got {temperature!r}")
+    if top_k is not None and (not isinstance(top_k, int) or isinstance(top_k, bool) or top_k < 1):
+        raise ValueError(f"top_k must be a positive int or None, got {top_k!r}")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 <= top_p <= 1):
+        raise ValueError(f"top_p must lie in [0, 1] or be None, got {top_p!r}")
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = filter_top_p(filter_top_k(logits.float() / temperature, top_k), top_p)
@@ -64,12 +68,20 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     B, T = input_ids.shape
     device = input_ids.device
-    was_training = model.training
-    model.eval()
+    vocab_size = model.config.vocab_size
+    if eos_token_id is not None:
+        ids = torch.as_tensor(eos_token_id).flatten().tolist()
+        if not ids or not all(isinstance(i, int) and 0 <= i < vocab_size for i in ids):
+            raise ValueError(f"eos_token_id must be token ids in [0, {vocab_size}), got {eos_token_id!r}")
     mask = torch.ones(B, T, dtype=torch.long, device=device) if attention_mask is None \
         else attention_mask.to(device=device, dtype=torch.long)
     if mask.shape != (B, T):
         raise ValueError(f"attention_mask must have the shape of input_ids {(B, T)}, got {tuple(mask.shape)}")
+    if attention_mask is not None and not bool(mask.any(-1).all()):  # one sync, before the loop
+        row = int((~mask.any(-1)).nonzero()[0])
+        raise ValueError(f"attention_mask row {row} has no tokens: every prompt needs at least one")
+    was_training = model.training
+    model.eval()
     padded = not bool(mask.all())  # without padding the model's plain causal path does
     eos = None if eos_token_id is None else torch.as_tensor(eos_token_id, device=device).flatten()
     finished = torch.zeros(B, dtype=torch.bool, device=device)

@@ -84,10 +84,19 @@ class SmolLM(nn.Module):
         """input_ids (B, T) -> logits (B, T, V), and the mean cross-entropy against targets (B, T)
         (already shifted: targets[:, t] is the token after input_ids[:, t]; -100 is ignored) or None.
 
-        attention_mask (B, Tk) holds 1 for real tokens and 0 for padding, as transformers takes it;
-        Tk = T, plus the cached length when a kv_cache is given.
+        attention_mask (B, Tk) holds 1 for real tokens and 0 for padding, as transformers takes it
+        (bool, or integers or floats that are all 0 or 1; values are checked on CPU tensors only);
+        Tk = T, plus the cached length when a kv_cache is given. A row of zeros is all padding: its
+        logits are finite but meaningless, and targets of -100 leave it out of the loss.
+        position_ids (B, T), if given, are each token's position (default: offset + 0..T-1).
         """
         B, T = self._check_input_ids(input_ids)
+        if position_ids is not None:
+            if position_ids.shape != (B, T):
+                raise ValueError(f"position_ids must have shape (batch, seq_len) = {(B, T)}, "
+                                 f"got {tuple(position_ids.shape)}")
+            if position_ids.is_floating_point() or position_ids.is_complex():
+                raise TypeError(f"position_ids must hold integer positions, got {position_ids.dtype}")
         offset = kv_cache.length if kv_cache is not None else 0
         mask, is_causal = self._attention_mask(attention_mask, B, T, offset, input_ids.device)
         cos, sin = self.model.rotary_emb(offset + T, input_ids.device, position_ids)
@@ -142,6 +151,13 @@ class SmolLM(nn.Module):
         elif attention_mask.shape != (B, Tk):
             raise ValueError(f"attention_mask must have shape (batch, {'cached + ' if offset else ''}seq_len) "
                              f"= {(B, Tk)}, got {tuple(attention_mask.shape)}")
+        elif attention_mask.is_complex():
+            raise TypeError(f"attention_mask must be a bool, integer or float tensor of 0 and 1, got {attention_mask.dtype}")
+        elif attention_mask.dtype != torch.bool and attention_mask.device.type == "cpu" \
+                and not torch.compiler.is_compiling():  # on a GPU reading values back is a sync
+            odd = attention_mask[(attention_mask != 0) & (attention_mask != 1)]
+            if odd.numel():
+                raise ValueError(f"attention_mask must hold 0 (padding) and 1 (token), got {odd[0].item()}")
         q_pos = torch.arange(offset, Tk, device=device)[:, None]  # (T, 1)
         k_pos = torch.arange(Tk, device=device)[None, :]  # (1, Tk)
         mask = (k_pos <= q_pos)[None, None]  # (1, 1, T, Tk): causal
@@ -166,12 +182,18 @@ class SmolLM(nn.Module):
 
 
 def check_state_dict(model: nn.Module, state_dict) -> None:
-    """Raise a ValueError listing how `state_dict` differs from the model's keys and shapes."""
+    """Raise a ValueError listing how `state_dict` differs from the model's keys and shapes, or
+    naming its tensors that hold NaN or inf."""
     own = model.state_dict()
     missing = sorted(set(own) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(own))
     shapes = [f"{k}: checkpoint {tuple(state_dict[k].shape)}, model {tuple(own[k].shape)}"
               for k in own if k in state_dict and tuple(state_dict[k].shape) != tuple(own[k].shape)]
+    nonfinite = [k for k, v in state_dict.items() if torch.is_tensor(v) and v.is_floating_point()
+                 and not torch.isfinite(v).all()]  # once per load: a host sync is fine here
+    if nonfinite:
+        raise ValueError(f"state dict values are not finite (NaN or inf) in {len(nonfinite)} tensors: "
+                         f"{', '.join(nonfinite[:8])}{' ...' if len(nonfinite) > 8 else ''}")
     if not (missing or unexpected or shapes):
         return
 

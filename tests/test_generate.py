@@ -83,7 +83,8 @@ def test_eos_stops_rows_and_pads_them(model):
             assert torch.equal(out[row, :6 + first[row]], free[row, :6 + first[row]])
     if all(f is not None for f in first):
         assert out.shape[1] == 6 + max(first) + 1  # stopped once every row was done
-    assert generate(model, ids, 20, temperature=0, eos_token_id=[eos, 12345]).shape == out.shape
+    unused = next(i for i in range(CONFIG.vocab_size) if not (free == i).any())
+    assert generate(model, ids, 20, temperature=0, eos_token_id=[eos, unused]).shape == out.shape
 
 
 def test_stream_and_training_mode(model):
@@ -146,3 +147,26 @@ def test_kv_cache_is_preallocated_and_bounded():
         cache.update(0, torch.randn(2, 2, 7, 8), torch.randn(2, 2, 7, 8))
     with pytest.raises(ValueError, match="longer than the context"):
         KVCache(CONFIG, 1, 129)
+
+
+@pytest.mark.parametrize("kw, says", [
+    (dict(temperature=float("inf")), "temperature must be a finite number >= 0, got inf"),
+    (dict(temperature=float("nan")), "temperature must be a finite number >= 0, got nan"),
+    (dict(temperature=-1.0), "temperature must be a finite number >= 0, got -1.0"),
+    (dict(temperature=0, top_k=-5), "top_k must be a positive int or None, got -5"),
+    (dict(temperature=0, top_k=0), "top_k must be a positive int or None, got 0"),
+    (dict(temperature=1.0, top_k=2.5), "top_k must be a positive int or None, got 2.5"),
+    (dict(temperature=0, top_p=1.5), r"top_p must lie in \[0, 1\] or be None, got 1.5"),
+])
+def test_sampling_settings_are_checked_even_when_greedy(kw, says):
+    with pytest.raises(ValueError, match=says):
+        sample_next_token(torch.zeros(2, 7), **kw)
+
+
+def test_generate_checks_eos_ids_and_empty_rows(model):
+    ids = torch.randint(0, CONFIG.vocab_size, (2, 4))
+    for eos in (-1, CONFIG.vocab_size, [2, -1]):
+        with pytest.raises(ValueError, match=rf"eos_token_id must be token ids in \[0, {CONFIG.vocab_size}\)"):
+            generate(model, ids, 2, temperature=0, eos_token_id=eos)
+    with pytest.raises(ValueError, match="attention_mask row 1 has no tokens"):
+        generate(model, ids, 2, temperature=0, attention_mask=torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0]]))

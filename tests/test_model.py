@@ -273,3 +273,66 @@ def test_torch_compile_in_train_and_eval():
         compiled(ids, kv_cache=cache)
         step, _ = compiled(ids[:, :1], kv_cache=cache)
     assert step.shape == (2, 1, 4096) and cache.length == 17
+
+
+# What the API refuses, and what it means by the rest
+
+@pytest.mark.parametrize("bad, says", [
+    (dict(tie_word_embeddings="no"), "tie_word_embeddings must be True or False, got 'no'"),
+    (dict(initializer_range=float("nan")), "initializer_range must be a positive finite number, got nan"),
+    (dict(initializer_range=-0.02), "initializer_range must be a positive finite number, got -0.02"),
+    (dict(rope_theta=float("inf")), "rope_theta must be a positive finite number, got inf"),
+    (dict(rms_norm_eps="1e-5"), "rms_norm_eps must be a positive finite number, got '1e-5'"),
+    (dict(hidden_size=32.0), "hidden_size must be a positive int, got 32.0"),
+    (dict(attn_implementation="flash"), "attn_implementation must be 'sdpa' or 'eager'"),
+])
+def test_config_rejects_values_of_the_wrong_kind(bad, says):
+    with pytest.raises(ValueError, match=says):
+        SmolConfig.preset("tiny", **bad)
+
+
+SMALL = SmolConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                   num_key_value_heads=2, max_position_embeddings=64)
+
+
+def test_attention_mask_must_hold_zeros_and_ones():
+    model = SmolLM(SMALL).eval()
+    ids = torch.randint(0, 97, (2, 5))
+    with pytest.raises(ValueError, match="attention_mask must hold 0 .padding. and 1 .token., got 0.5"):
+        model(ids, attention_mask=torch.full((2, 5), 0.5))
+    with pytest.raises(TypeError, match="attention_mask must be a bool, integer or float tensor"):
+        model(ids, attention_mask=torch.full((2, 5), 1j))
+    ones = model(ids)[0]
+    for mask in (torch.ones(2, 5), torch.ones(2, 5, dtype=torch.bool), torch.ones(2, 5, dtype=torch.long)):
+        torch.testing.assert_close(model(ids, attention_mask=mask)[0], ones)
+
+
+def test_an_all_padding_row_gives_finite_outputs_that_the_loss_can_ignore():
+    """Documented meaning: a row of zeros is all padding; its logits are finite but meaningless."""
+    model = SmolLM(SMALL).eval()
+    ids = torch.randint(0, 97, (2, 5))
+    mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 0, 0, 0]])
+    logits, _ = model(ids, attention_mask=mask)
+    assert torch.isfinite(logits).all()
+    torch.testing.assert_close(logits[0], model(ids[:1])[0][0])
+
+
+def test_position_ids_must_have_the_shape_of_input_ids():
+    # 2 tokens and 2 key/value heads (and 2 query heads): positions of shape (T,) would broadcast
+    # along the head axis without an error, giving every head one position.
+    model = SmolLM(SMALL).eval()
+    ids = torch.randint(0, 97, (1, 2))
+    with pytest.raises(ValueError, match=r"position_ids must have shape \(batch, seq_len\) = \(1, 2\), got \(2,\)"):
+        model(ids, position_ids=torch.arange(2))
+    with pytest.raises(TypeError, match="position_ids must hold integer positions"):
+        model(ids, position_ids=torch.zeros(1, 2))
+    torch.testing.assert_close(model(ids, position_ids=torch.arange(2)[None])[0], model(ids)[0])
+
+
+def test_state_dicts_holding_nan_or_inf_are_refused():
+    model = SmolLM(SMALL)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["model.layers.1.mlp.up_proj.weight"][3, 4] = float("nan")
+    state["model.norm.weight"][0] = float("inf")
+    with pytest.raises(ValueError, match="not finite.*model.layers.1.mlp.up_proj.weight.*model.norm.weight"):
+        model.load_state_dict(state)
