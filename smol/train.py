@@ -63,6 +63,11 @@ def _is_number(value) -> bool:
 
 @dataclass
 class TrainConfig:
+    """Every setting of a run, checked when made (validate). A resume must keep those that decide
+    what is trained; it may change log_every, eval_every, eval_batches, sample_*, ckpt_every,
+    keep_checkpoints, out_dir, device, compile and progress (smol.checkpoint.MAY_CHANGE); another
+    device or compile gives the same run up to floating-point rounding, not bit for bit."""
+
     preset: str = "tiny"
     model_overrides: dict = field(default_factory=dict)  # SmolConfig fields, e.g. {"num_hidden_layers": 2}
     tokenizer: str = "auto"  # "shakespeare" (vocab 4096), "smollm2" (49152), or auto from the vocab size
@@ -172,6 +177,7 @@ class Trainer:
         if config.tokenizer == "auto":
             vocab = config.model_config().vocab_size
             config = dataclasses.replace(config, tokenizer="shakespeare" if vocab <= 4096 else "smollm2")
+        config.validate()  # again: fields may have been set after it was made
         self.cfg = cfg = config
         self.rank, self.world_size, local_rank = setup_distributed(cfg.device)
         self.device = training_device(cfg.device, local_rank)
