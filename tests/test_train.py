@@ -533,3 +533,20 @@ def test_a_signal_saves_at_the_next_step_and_the_resume_is_bit_exact(tmp_path, u
     assert resumed.keys() == uninterrupted.keys()
     for k, v in uninterrupted.items():
         assert torch.equal(resumed[k], v), k
+
+
+def test_a_checkpoint_whose_weights_hold_nan_is_refused(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    from smol import checkpoint
+
+    trainer(small_config(tmp_path, steps=2, eval_every=0)).fit()
+    path = tmp_path / "run" / "checkpoints" / "step_0000002"
+    weights = load_file(path / "model.safetensors")
+    weights["model.norm.weight"][0] = float("nan")
+    save_file(weights, path / "model.safetensors")
+    manifest = checkpoint.read_manifest(path)  # re-signed: the file is intact, its values are not
+    manifest["sha256"]["model.safetensors"] = checkpoint.file_sha256(path / "model.safetensors")
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="not finite.*model.norm.weight"):
+        trainer(small_config(tmp_path, steps=2, eval_every=0, resume=True))
