@@ -30,8 +30,11 @@ def weights_to_save(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The model's state dict as contiguous CPU tensors, without a tied head: it is the embedding
     matrix itself, saved once (as transformers does; SmolLM.load_state_dict re-ties it)."""
     tied = getattr(model.config, "tie_word_embeddings", False)
-    return {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()
-            if not (tied and k == "lm_head.weight")}
+    return {
+        k: v.detach().contiguous().cpu()
+        for k, v in model.state_dict().items()
+        if not (tied and k == "lm_head.weight")
+    }
 
 
 def weights_digest(model: torch.nn.Module) -> str:
@@ -53,8 +56,11 @@ def file_sha256(path: Path) -> str:
 
 def rng_state() -> dict:
     """Every random generator a training step draws from: torch's, Python's and CUDA's."""
-    return {"torch": torch.get_rng_state(), "python": random.getstate(),
-            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else []}
+    return {
+        "torch": torch.get_rng_state(),
+        "python": random.getstate(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
+    }
 
 
 def set_rng_state(state: dict) -> None:
@@ -72,8 +78,14 @@ MANIFEST = "manifest.json"
 FILES = ("model.safetensors", "state.pt")
 
 
-def save(root: str | Path, step: int, model: torch.nn.Module, state: dict, keep: int = 2,
-         run_id: str = "") -> Path:
+def save(
+    root: str | Path,
+    step: int,
+    model: torch.nn.Module,
+    state: dict,
+    keep: int = 2,
+    run_id: str = "",
+) -> Path:
     """Write root/step_NNNNNNN (model.safetensors, state.pt and manifest.json, which records
     `run_id` and every file's sha256), point `latest` at it and delete all but the `keep` newest
     checkpoints of the same run."""
@@ -85,9 +97,15 @@ def save(root: str | Path, step: int, model: torch.nn.Module, state: dict, keep:
         shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
     tmp.mkdir(parents=True)
-    save_file(weights_to_save(model), tmp / "model.safetensors", metadata={"format": "pt"})
+    save_file(
+        weights_to_save(model), tmp / "model.safetensors", metadata={"format": "pt"}
+    )
     torch.save(state, tmp / "state.pt")
-    manifest = {"run_id": run_id, "step": step, "sha256": {f: file_sha256(tmp / f) for f in FILES}}
+    manifest = {
+        "run_id": run_id,
+        "step": step,
+        "sha256": {f: file_sha256(tmp / f) for f in FILES},
+    }
     (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     if final.exists():
         shutil.rmtree(final)
@@ -96,7 +114,7 @@ def save(root: str | Path, step: int, model: torch.nn.Module, state: dict, keep:
     latest_tmp.write_text(final.name + "\n")
     os.replace(latest_tmp, root / "latest")
     ours = [p for p in checkpoints(root) if p != final and _run_id(p) == run_id]
-    for p in ours[:max(0, len(ours) - (keep - 1))]:
+    for p in ours[: max(0, len(ours) - (keep - 1))]:
         shutil.rmtree(p, ignore_errors=True)
     return final
 
@@ -114,9 +132,13 @@ def read_manifest(path: str | Path) -> dict:
             raise ValueError("no sha256 table")
         return manifest
     except FileNotFoundError:
-        raise CheckpointError(f"checkpoint {path} is incomplete: it has no {MANIFEST}") from None
+        raise CheckpointError(
+            f"checkpoint {path} is incomplete: it has no {MANIFEST}"
+        ) from None
     except (OSError, ValueError, AttributeError) as e:
-        raise CheckpointError(f"checkpoint {path} is corrupted: cannot read {MANIFEST} ({e})") from None
+        raise CheckpointError(
+            f"checkpoint {path} is corrupted: cannot read {MANIFEST} ({e})"
+        ) from None
 
 
 def _run_id(path: Path) -> str | None:
@@ -137,8 +159,10 @@ def verify(path: str | Path) -> dict:
         if not (path / name).is_file():
             raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
         if file_sha256(path / name) != manifest["sha256"].get(name):
-            raise CheckpointError(f"checkpoint {path} is corrupted: {name} does not match the "
-                                  f"sha256 recorded in {MANIFEST}")
+            raise CheckpointError(
+                f"checkpoint {path} is corrupted: {name} does not match the "
+                f"sha256 recorded in {MANIFEST}"
+            )
     return manifest
 
 
@@ -147,8 +171,10 @@ def newest_intact(root: str | Path) -> tuple[Path, list[CheckpointError]]:
     newer damaged ones skipped on the way)."""
     found = checkpoints(root)
     if not found:
-        raise FileNotFoundError(f"no checkpoint to resume from in {root} (train once without resume, "
-                                f"or check the output folder, out_dir)")
+        raise FileNotFoundError(
+            f"no checkpoint to resume from in {root} (train once without resume, "
+            f"or check the output folder, out_dir)"
+        )
     damaged = []
     for path in reversed(found):
         try:
@@ -156,8 +182,10 @@ def newest_intact(root: str | Path) -> tuple[Path, list[CheckpointError]]:
             return path, damaged
         except CheckpointError as e:
             damaged.append(e)
-    raise CheckpointError(f"no intact checkpoint to resume from in {root}: "
-                          + "; ".join(str(e) for e in damaged))
+    raise CheckpointError(
+        f"no intact checkpoint to resume from in {root}: "
+        + "; ".join(str(e) for e in damaged)
+    )
 
 
 def clear(root: str | Path) -> list[Path]:
@@ -202,10 +230,33 @@ def load(path: str | Path, device="cpu") -> tuple[dict[str, torch.Tensor], dict]
 # where and how fast it runs (another device or torch.compile gives the same training up to
 # floating-point rounding, not bit for bit). Every other field, the model's config and the number
 # of processes change what is trained: a resume refuses them unless allow_changed_settings.
-MAY_CHANGE = ("log_every", "eval_every", "eval_batches", "sample_every", "sample_prompt", "sample_tokens",
-              "ckpt_every", "keep_checkpoints", "out_dir", "device", "compile", "progress", "resume",
-              "overwrite", "allow_changed_settings", "preset", "model_overrides")  # (the model: compared whole)
-SCHEDULE_FIELDS = ("lr", "min_lr", "warmup_steps", "steps", "schedule", "decay_fraction")
+MAY_CHANGE = (
+    "log_every",
+    "eval_every",
+    "eval_batches",
+    "sample_every",
+    "sample_prompt",
+    "sample_tokens",
+    "ckpt_every",
+    "keep_checkpoints",
+    "out_dir",
+    "device",
+    "compile",
+    "progress",
+    "resume",
+    "overwrite",
+    "allow_changed_settings",
+    "preset",
+    "model_overrides",
+)  # (the model: compared whole)
+SCHEDULE_FIELDS = (
+    "lr",
+    "min_lr",
+    "warmup_steps",
+    "steps",
+    "schedule",
+    "decay_fraction",
+)
 
 
 def save_trainer(trainer, root: str | Path) -> Path:
@@ -220,35 +271,51 @@ def save_trainer(trainer, root: str | Path) -> Path:
         "data": trainer.train_batches.state_dict(),
         "rng": rng_state(),
         "model_config": dataclasses.asdict(trainer.model_config),
-        "train_config": {k: str(v) if isinstance(v, os.PathLike) else v
-                         for k, v in dataclasses.asdict(cfg).items()},
+        "train_config": {
+            k: str(v) if isinstance(v, os.PathLike) else v
+            for k, v in dataclasses.asdict(cfg).items()
+        },
         "history": trainer.history,
         "world_size": trainer.world_size,
     }
-    return save(root, trainer.step, trainer.model, state, cfg.keep_checkpoints, trainer.run_id)
+    return save(
+        root, trainer.step, trainer.model, state, cfg.keep_checkpoints, trainer.run_id
+    )
 
 
 def changed_settings(state: dict, trainer) -> list[str]:
     """'name: checkpoint X, now Y' for every setting that differs from the checkpoint's and would
     make the resumed run differ from an uninterrupted one."""
+
     def differ(saved: dict, now: dict) -> list[str]:
-        return [f"{k}: checkpoint {saved[k]!r}, now {now.get(k)!r}" for k in saved
-                if k not in MAY_CHANGE and saved[k] != now.get(k)]
+        return [
+            f"{k}: checkpoint {saved[k]!r}, now {now.get(k)!r}"
+            for k in saved
+            if k not in MAY_CHANGE and saved[k] != now.get(k)
+        ]
 
-    return (differ(state["model_config"], dataclasses.asdict(trainer.model_config))
-            + differ(state["train_config"], dataclasses.asdict(trainer.cfg))
-            + differ({"world_size": state["world_size"]}, {"world_size": trainer.world_size}))
+    return (
+        differ(state["model_config"], dataclasses.asdict(trainer.model_config))
+        + differ(state["train_config"], dataclasses.asdict(trainer.cfg))
+        + differ(
+            {"world_size": state["world_size"]}, {"world_size": trainer.world_size}
+        )
+    )
 
 
-def restore_trainer(trainer, path: str | Path, allow_changed: bool = False) -> list[str]:
+def restore_trainer(
+    trainer, path: str | Path, allow_changed: bool = False
+) -> list[str]:
     """Put a Trainer back where save_trainer left it. Refuses settings that would not continue the
     same run (changed_settings), unless allow_changed; returns them."""
     weights, state = load(path, trainer.device)
     changed = changed_settings(state, trainer)
     if changed and not allow_changed:
-        raise ValueError(f"checkpoint {path} was saved with other settings, so resuming would not continue "
-                         f"the same run: {'; '.join(changed)}; resume with the checkpoint's settings, or "
-                         f"pass --allow-changed-settings (allow_changed_settings=True) to continue anyway")
+        raise ValueError(
+            f"checkpoint {path} was saved with other settings, so resuming would not continue "
+            f"the same run: {'; '.join(changed)}; resume with the checkpoint's settings, or "
+            f"pass --allow-changed-settings (allow_changed_settings=True) to continue anyway"
+        )
     trainer.model.load_state_dict(weights)
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scaler.load_state_dict(state["scaler"])

@@ -25,7 +25,13 @@ import torch.distributed as dist
 
 from smol.checkpoint import CheckpointError
 from smol.config import SmolConfig
-from smol.train import TrainConfig, Trainer, TrainingDiverged, TrainingInterrupted, plot_history
+from smol.train import (
+    TrainConfig,
+    Trainer,
+    TrainingDiverged,
+    TrainingInterrupted,
+    plot_history,
+)
 
 PROG = "python -m smol.train"
 
@@ -52,12 +58,16 @@ def _model_override(item: str) -> tuple[str, object]:
     key, _, text = item.partition("=")
     kinds = {f.name: f.type for f in dataclasses.fields(SmolConfig)}
     if key not in kinds:
-        raise UsageError(f"--set {item}: unknown model setting {key!r} (one of {', '.join(sorted(kinds))})")
+        raise UsageError(
+            f"--set {item}: unknown model setting {key!r} (one of {', '.join(sorted(kinds))})"
+        )
     parse = {"int": int, "float": float, "bool": _parse_bool, "str": str}[kinds[key]]
     try:
         return key, parse(text)
     except ValueError:
-        raise UsageError(f"--set {item}: expected {'true or false' if parse is _parse_bool else 'an ' + kinds[key]}")
+        raise UsageError(
+            f"--set {item}: expected {'true or false' if parse is _parse_bool else 'an ' + kinds[key]}"
+        )
 
 
 def _parse_args(argv) -> TrainConfig:
@@ -67,17 +77,28 @@ def _parse_args(argv) -> TrainConfig:
         if f.name == "model_overrides":
             continue
         if f.name == "resume":
-            p.add_argument("--resume", nargs="?", const="latest", default=False, metavar="PATH",
-                           help="continue the run in out-dir from its newest intact checkpoint "
-                                "(--resume or --resume latest), or from the checkpoint folder PATH")
+            p.add_argument(
+                "--resume",
+                nargs="?",
+                const="latest",
+                default=False,
+                metavar="PATH",
+                help="continue the run in out-dir from its newest intact checkpoint "
+                "(--resume or --resume latest), or from the checkpoint folder PATH",
+            )
             continue
         flag, value = "--" + f.name.replace("_", "-"), getattr(defaults, f.name)
         if isinstance(value, bool):
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
         else:
             p.add_argument(flag, type=type(value), default=value)
-    p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
-                   help="override a model config field, e.g. --set num_hidden_layers=2")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        help="override a model config field, e.g. --set num_hidden_layers=2",
+    )
     args = vars(p.parse_args(argv))
     overrides = dict(_model_override(item) for item in args.pop("set"))
     try:
@@ -96,9 +117,12 @@ def main(argv=None) -> int:
     try:
         trainer = Trainer(cfg)
         if trainer.is_main:
-            print(f"{trainer.model.count_params():,} parameters, {trainer.device}, {trainer.amp_dtype}, "
-                  f"world size {trainer.world_size}, {trainer.tokens_per_step:,} tokens/step, "
-                  f"from step {trainer.step}", flush=True)
+            print(
+                f"{trainer.model.count_params():,} parameters, {trainer.device}, {trainer.amp_dtype}, "
+                f"world size {trainer.world_size}, {trainer.tokens_per_step:,} tokens/step, "
+                f"from step {trainer.step}",
+                flush=True,
+            )
         history = trainer.fit()
         summary = trainer.summary()
         if trainer.is_main:
@@ -109,23 +133,39 @@ def main(argv=None) -> int:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
 
-            plot_history(history, title=f"{cfg.preset}: {cfg.steps} steps").figure.savefig(out / "loss.png", dpi=120)
+            plot_history(
+                history, title=f"{cfg.preset}: {cfg.steps} steps"
+            ).figure.savefig(out / "loss.png", dpi=120)
             plt.close("all")
             mfu = f", MFU {summary['mfu']:.1%}" if summary["mfu"] else ""
-            val = f", val loss {summary['val_loss']:.4f}" if summary["val_loss"] is not None else ""
-            print(f"done: step {summary['step']}, loss {summary['loss']:.4f}{val}, "
-                  f"{summary['tokens_per_s']:,.0f} tokens/s{mfu}; {out / 'summary.json'}", flush=True)
+            val = (
+                f", val loss {summary['val_loss']:.4f}"
+                if summary["val_loss"] is not None
+                else ""
+            )
+            print(
+                f"done: step {summary['step']}, loss {summary['loss']:.4f}{val}, "
+                f"{summary['tokens_per_s']:,.0f} tokens/s{mfu}; {out / 'summary.json'}",
+                flush=True,
+            )
             if cfg.sample_tokens:
                 print("sample:", repr(trainer.sample()), flush=True)
         return 0
     except TrainingInterrupted as e:
         if trainer.is_main:
             print(e, file=sys.stderr, flush=True)
-        return 128 + signal.Signals[e.signal_name].value if e.signal_name in signal.Signals.__members__ else 1
+        return (
+            128 + signal.Signals[e.signal_name].value
+            if e.signal_name in signal.Signals.__members__
+            else 1
+        )
     except KeyboardInterrupt:
         saved = trainer.last_checkpoint if trainer is not None else None
-        print(f"interrupted; {'the last checkpoint is ' + str(saved) if saved else 'nothing was saved'}",
-              file=sys.stderr, flush=True)
+        print(
+            f"interrupted; {'the last checkpoint is ' + str(saved) if saved else 'nothing was saved'}",
+            file=sys.stderr,
+            flush=True,
+        )
         return 128 + signal.SIGINT
     except (ValueError, OSError, CheckpointError, TrainingDiverged) as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
