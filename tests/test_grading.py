@@ -23,7 +23,7 @@ from torch import nn
 
 from smol import SmolConfig
 from smol.grade import collected_results, expected_tasks
-from smol.grading import NOTEBOOKS, TASKS, core, run_checks
+from smol.grading import NOTEBOOKS, TASKS, core, grade, preview, run_checks
 from smol.grading.make_exercises import BEGIN, END, exercise_notebook, stale, strip_solutions
 from smol.norm import RMSNorm
 from tests.nbtools import ROOT
@@ -740,3 +740,20 @@ def test_the_mask_reference_is_smols_mask():
         B = 2 if am is not None else 1
         mask, _ = SmolLM._attention_mask(None, am, B, T, offset, torch.device("cpu"))  # uses no state
         assert torch.equal(mask.expand(B, 1, T, offset + T), _reference_mask(am, T, offset).expand(B, 1, T, offset + T))
+
+
+def test_preview_hides_hints_and_tables_need_no_emoji(capsys):
+    """A "find the bug" preview shows which checks fail and how, not the hint that names the
+    fix; a graded attempt shows the hints. The HTML table marks rows with words, which every
+    font has, not emoji, which show as empty boxes where no emoji font is installed."""
+    wrong = lambda x, eps=1e-5: x.abs().mean(-1, keepdim=True)  # noqa: E731
+    preview("rms", wrong)
+    shown = capsys.readouterr().out
+    assert "FAIL" in shown and "hint:" not in shown and "got:" in shown
+    assert not any(c.hint in shown for c in TASKS["rms"].checks)
+    grade("rms", wrong)
+    assert "hint:" in capsys.readouterr().out
+    result = run_checks("rms", wrong)
+    for table in (result.html(), result.html(hints=False)):
+        assert "pass" in table and "FAIL" in table
+        assert all(ord(ch) < 0x2000 for ch in table), "a symbol that needs a special font"

@@ -138,7 +138,7 @@ class Result:
             "error": self.error,
         }
 
-    def table(self) -> str:
+    def table(self, hints: bool = True) -> str:
         lines = [f"{self.task}: {self.score}/{self.total} points"]
         if self.error:
             return lines[0] + "\n  " + self.error
@@ -147,27 +147,38 @@ class Result:
             mark = "pass" if r.passed else "FAIL"
             line = f"  {mark}  {r.earned}/{r.points}  {r.check:<{width}}"
             if not r.passed:
-                if r.message != NOT_WRITTEN:
+                if hints and r.message != NOT_WRITTEN:
                     line += f"\n              hint: {r.hint}"
                 if r.message:
                     line += f"\n              got:  {r.message}"
             lines.append(line)
         return "\n".join(line.rstrip() for line in "\n".join(lines).split("\n"))
 
-    def html(self) -> str:
+    def html(self, hints: bool = True) -> str:
         head = f"<b>{html.escape(self.task)}: {self.score}/{self.total} points</b>"
         if self.error:
             return head + f"<br><code>{html.escape(self.error)}</code>"
-        rows = "".join(
-            f"<tr><td>{'✅' if r.passed else '❌'}</td><td>{r.earned}/{r.points}</td>"
-            f"<td style='text-align:left'>{html.escape(r.check)}</td><td style='text-align:left'>"
-            f"{'' if r.passed else ('' if r.message == NOT_WRITTEN else html.escape(r.hint) + '<br>') + ('<code>' + html.escape(r.message) + '</code>' if r.message else '')}"
-            "</td></tr>"
-            for r in self.rows
-        )
+        rows = []
+        for r in self.rows:  # plain words, not emoji: they need no emoji font to show
+            mark = (
+                "<span style='color:#1a7f37'>pass</span>"
+                if r.passed
+                else "<span style='color:#cf222e;font-weight:bold'>FAIL</span>"
+            )
+            notes = []
+            if not r.passed and hints and r.message != NOT_WRITTEN:
+                notes.append(html.escape(r.hint))
+            if not r.passed and r.message:
+                notes.append(f"<code>{html.escape(r.message)}</code>")
+            rows.append(
+                f"<tr><td>{mark}</td><td>{r.earned}/{r.points}</td>"
+                f"<td style='text-align:left'>{html.escape(r.check)}</td>"
+                f"<td style='text-align:left'>{'<br>'.join(notes)}</td></tr>"
+            )
+        last = "hint" if hints else "what went wrong"
         return (
             f"{head}<table><tr><th></th><th>points</th><th style='text-align:left'>check</th>"
-            f"<th style='text-align:left'>hint</th></tr>{rows}</table>"
+            f"<th style='text-align:left'>{last}</th></tr>{''.join(rows)}</table>"
         )
 
 
@@ -466,18 +477,19 @@ def _in_ipython() -> bool:
 
 
 def _show(result: Result, counted: bool) -> None:
+    """The table of a graded result, or of a preview: a preview shows which checks fail and how,
+    but not their hints, which would give away the bug the student is asked to find."""
     payload = {**result.to_json(), "counted": counted}
-    text = result.table() + (
-        "" if counted else "\n  (a preview: not counted in your score)"
-    )
+    note = "(a preview: not counted in your score; hints are shown when you grade)"
+    text = result.table(hints=counted) + ("" if counted else f"\n  {note}")
     if _in_ipython():
         from IPython.display import display
 
         bundle = {
             "text/plain": text,
-            "text/html": result.html()
+            "text/html": result.html(hints=counted)
             if counted
-            else result.html() + "<br><i>(a preview: not counted in your score)</i>",
+            else result.html(hints=False) + f"<br><i>{note}</i>",
         }
         if counted:
             bundle[MIME] = payload

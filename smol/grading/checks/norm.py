@@ -99,7 +99,7 @@ def _(cls):
     assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
 
 
-@check(BOTH, "float16 activations of size ~1000 do not overflow (normalise in float32)", 2,
+@check(BOTH, "float16 activations of size ~1000 give the right output", 2,
        "x.pow(2) of a float16 of 300 is already inf: upcast with x.float() before squaring")
 def _(cls):
     student, ref = _randomised(cls, 16)
