@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 NPROC ?= 2
 
-.PHONY: setup book test bench clean chromium exercises
+.PHONY: setup book test bench clean chromium exercises lab
 
 setup: $(STAMP)
 
@@ -26,6 +26,10 @@ book: setup
 
 test: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -n $(NPROC) --dist loadfile
+
+# JupyterLab on the repository, opening chapter 0, with the project's environment as the kernel.
+lab: setup
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. chapters/00_the_model_at_a_glance.ipynb
 
 # Regenerate exercises/ from solutions/ (solution regions become stubs) and run them.
 exercises: setup
