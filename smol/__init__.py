@@ -1,5 +1,15 @@
 """smol: SmolLM2-135M built from scratch in PyTorch."""
 
+import warnings
+
+with warnings.catch_warnings():
+    # In a Jupyter kernel without ipywidgets, importing tqdm.auto warns "IProgress not found" (once:
+    # the module is cached) and falls back to text progress bars, which is all a notebook of this
+    # course needs. Importing it here, quietly, keeps that notice out of every notebook that
+    # imports smol before transformers or huggingface_hub, which import tqdm.auto themselves.
+    warnings.filterwarnings("ignore", message="IProgress not found")
+    import tqdm.auto  # noqa: F401
+
 from smol.config import SmolConfig
 from smol.model import SmolLM
 

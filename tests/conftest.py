@@ -2,9 +2,6 @@ import os
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-# Notebook kernels inherit this: tqdm's "IProgress not found" warning (no ipywidgets outside
-# Colab) would otherwise land in stored outputs, with this machine's paths in it.
-os.environ.setdefault("PYTHONWARNINGS", "ignore:IProgress not found:Warning")
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

