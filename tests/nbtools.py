@@ -193,6 +193,30 @@ def settle_streams(nb) -> bool:
     return changed
 
 
+FOLD_LINES = 40  # a closing source cell longer than this is folded in the book (hide-input)
+
+
+def sync_source_cells(nb) -> bool:
+    """Rewrite each closing `# smol/...` cell from smol's source (after `ruff format` of smol/,
+    whose formatting of a dedented method can differ from the notebook's), and fold it in the
+    book when it is long: the chapter has shown it piece by piece. True if it changed."""
+    changed = False
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.source.startswith("# smol/"):
+            header = cell.source.partition("\n")[0]
+            source = header + "\n" + smol_source(header).rstrip("\n")
+            if source != cell.source:
+                cell.source, changed = source, True
+            tags = cell.metadata.get("tags", [])
+            long = source.count("\n") + 1 > FOLD_LINES
+            if long != ("hide-input" in tags):
+                tags = [t for t in tags if t != "hide-input"] + (["hide-input"] if long else [])
+                cell.metadata["tags"], changed = tags, True
+                if not tags:
+                    del cell.metadata["tags"]
+    return changed
+
+
 def execute(path: Path, timeout: int = 600) -> None:
     """Run a notebook top to bottom in this environment (the shared setup cell first) and store
     its outputs, as nbval expects: with the runner that ships in smol.grading."""
@@ -208,10 +232,10 @@ def execute(path: Path, timeout: int = 600) -> None:
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:2] == ["--refresh"]:  # setup cells and stored progress bars, without executing
-        for path in notebooks():
+    if sys.argv[1:2] == ["--refresh"]:  # setup cells, closing source cells and stored progress
+        for path in notebooks():  # bars, without executing anything
             nb = read(path)
-            if sync_setup_cell(nb) | settle_streams(nb):
+            if sync_setup_cell(nb) | sync_source_cells(nb) | settle_streams(nb):
                 nbformat.write(nb, path)
                 print("refreshed", path.relative_to(ROOT))
     else:

@@ -229,3 +229,14 @@ def test_reference_titles_keep_their_capitals():
         for word in re.findall(r"[A-Za-z]\w*", unbraced)[1:]:  # the first word keeps its capital
             assert not re.search(r".[A-Z]|[0-9]", word), f"brace {word!r} in {title!r}"
         assert "$" not in title, f"TeX math in a title shows raw: {title!r}"
+
+
+@pytest.mark.parametrize("path", nbtools.notebooks(), ids=lambda p: f"{p.parent.name}/{p.name}")
+def test_long_closing_source_cells_are_folded(path):
+    """A closing `# smol/...` cell of more than FOLD_LINES lines repeats what the chapter showed in
+    pieces: the book folds it (hide-input) rather than repeating it in full."""
+    for cell in nbtools.read(path).cells:
+        if cell.cell_type == "code" and cell.source.startswith("# smol/"):
+            long = cell.source.count("\n") + 1 > nbtools.FOLD_LINES
+            assert long == ("hide-input" in cell.metadata.get("tags", [])), (
+                f"{path.name}: {cell.source.partition(chr(10))[0]} (`python -m tests.nbtools --refresh`)")
