@@ -188,6 +188,90 @@ RENDER_MATH = """async () => {
 }"""
 
 
+# What a reader trips over, checked on every page. Each check returns the problems it finds, and
+# test_reader_checks_catch_broken_pages proves each one on a deliberately broken page.
+PHONE = {"width": 390, "height": 844}
+
+WIDER_THAN_BOX = """() => {
+    const found = [];
+    document.querySelectorAll("article details").forEach(d => { d.open = true; });  // unfold cells
+    for (const pre of document.querySelectorAll("article pre")) {
+        if (pre.clientWidth === 0) continue;  // not shown: a folded cell
+        if (pre.scrollWidth > pre.clientWidth + 1) {
+            const kind = pre.closest("div.cell_output, div.output") ? "output" : "code";
+            const longest = pre.innerText.split("\\n").reduce((a, b) => b.length > a.length ? b : a, "");
+            found.push(`${kind} line wider than its box (${pre.scrollWidth} > ${pre.clientWidth} px): `
+                       + longest.trim().slice(0, 90));
+        }
+    }
+    return found;
+}"""
+
+SHRUNK_IMAGES = """() => [...document.querySelectorAll("article img")]
+    .filter(img => img.naturalWidth > 0 && img.clientWidth > 0)
+    .filter(img => !/\\.svg([?#]|$)|^data:image\\/svg/i.test(img.currentSrc || img.src))
+    .filter(img => img.clientWidth < img.naturalWidth / 2)
+    .map(img => `${img.getAttribute("src").slice(0, 80)}: drawn ${img.naturalWidth} px wide, `
+                + `shown at ${img.clientWidth} px (a raster picture shrunk below half: illegible)`)"""
+
+CUT_OFF_ON_A_PHONE = """() => {
+    const found = [];
+    const article = document.querySelector("article");
+    if (!article) return ["no article"];
+    const right = article.getBoundingClientRect().right;
+    for (const el of article.querySelectorAll("table, div.math, mjx-container[display='true']")) {
+        if (el.getClientRects().length === 0) continue;
+        let scrolls = false;
+        for (let e = el; e && e !== article; e = e.parentElement) {
+            const overflow = getComputedStyle(e).overflowX;
+            if (overflow === "auto" || overflow === "scroll") { scrolls = true; break; }
+        }
+        const wide = el.scrollWidth > el.clientWidth + 1 || el.getBoundingClientRect().right > right + 1;
+        if (wide && !scrolls) found.push(`a ${el.tagName.toLowerCase()} is cut off at the right edge: `
+                                         + el.textContent.trim().slice(0, 60));
+    }
+    return found;
+}"""
+
+PAGE_TEXT = "() => document.body.textContent"
+LINKS_IN_TEXT = "() => [...document.querySelectorAll('article a[href]')].map(a => a.href)"
+
+# BibTeX styles lowercase titles; these must keep their capitals on the references page.
+ACRONYMS = ["GQA", "SmolLM2", "PyTorch", "PaLM", "FlashAttention", "FlashAttention-2", "RoFormer",
+            "GLU", "SGDR", "LLaMA", "MiniCPM", "BFLOAT16", "GPT-2", "LoRA", "BPE", "GGUF"]
+
+
+def lowercased_acronyms(text: str) -> list[str]:
+    found = set()
+    for acronym in ACRONYMS:
+        for match in re.finditer(rf"(?<![\w-]){re.escape(acronym)}(?![\w])", text, re.IGNORECASE):
+            if match.group() != acronym:
+                found.add(f"{match.group()!r} should read {acronym!r}")
+    return sorted(found)
+
+
+def links_to(hrefs: list[str], page: str) -> bool:
+    """True if one of the links leads to the book's page `page` (e.g. "exercises/01_rmsnorm")."""
+    return any(urlsplit(h).path.endswith(f"/{page}.html") for h in hrefs)
+
+
+def mentions_iprogress(text: str) -> bool:
+    return "IProgress" in text
+
+
+def exercise_links(doc: str) -> tuple[str | None, str | None]:
+    """(the page `doc` must link to, why), from the declared chapter -> exercise map."""
+    from tests.nbtools import CHAPTER_EXERCISES
+
+    folder, _, stem = doc.partition("/")
+    if folder == "chapters" and CHAPTER_EXERCISES.get(stem):
+        return f"exercises/{CHAPTER_EXERCISES[stem]}", "its exercise"
+    if folder == "exercises":
+        back = [c for c, e in CHAPTER_EXERCISES.items() if e == stem]
+        return (f"chapters/{back[0]}", "its chapter") if back else (None, None)
+    return None, None
+
+
 def test_pages_in_chromium(book, served, tmp_path):
     """Open the landing page, then follow the "next" link through every page of _toc.yml."""
     _require_browser()
@@ -231,6 +315,9 @@ def test_pages_in_chromium(book, served, tmp_path):
             page.on("response", lambda res: errors.append(f"{current['page']}: HTTP {res.status} for {res.url}")
                     if res.status >= 400 and local(res.url) and not _favicon(res.url) else None)
 
+            phone = context.new_page()  # the same pages at a phone's width
+            phone.set_viewport_size(PHONE)
+            page.bring_to_front()
             page.goto(served + "/", wait_until="load")
             for i, doc in enumerate(pages):
                 current["page"] = doc
@@ -279,6 +366,29 @@ def test_pages_in_chromium(book, served, tmp_path):
                     except PlaywrightTimeout:
                         check(False, f"{doc}: {n_math} formulas, and MathJax never started (is _static/mathjax there?)")
 
+                # what a reader trips over: cut-off lines, shrunken pictures, tqdm's notice,
+                # missing chapter <-> exercise links, lowercased acronyms in the references
+                for problem in page.evaluate(WIDER_THAN_BOX) + page.evaluate(SHRUNK_IMAGES):
+                    check(False, f"{doc}: {problem}")
+                text = page.evaluate(PAGE_TEXT)
+                check(not mentions_iprogress(text), f"{doc}: the page shows tqdm's IProgress notice")
+                target, what = exercise_links(doc)
+                if target:
+                    check(links_to(page.evaluate(LINKS_IN_TEXT), target), f"{doc}: no link to {what}, {target}")
+                if doc == "book/references":
+                    for problem in lowercased_acronyms(page.locator("article").inner_text()):
+                        check(False, f"{doc}: {problem}")
+                phone.goto(page.url, wait_until="load")
+                if n_math:
+                    try:
+                        phone.wait_for_function("() => window.MathJax && MathJax.startup && MathJax.startup.promise",
+                                                timeout=15000)
+                        phone.evaluate(RENDER_MATH)
+                    except PlaywrightTimeout:
+                        pass  # reported above, at desktop width
+                for problem in phone.evaluate(CUT_OFF_ON_A_PHONE):
+                    check(False, f"{doc} at {PHONE['width']} px: {problem}")
+
                 if i == 0:
                     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
                     page.screenshot(path=str(SCREENSHOT), full_page=True)
@@ -293,3 +403,66 @@ def test_pages_in_chromium(book, served, tmp_path):
 
 def _favicon(u: str) -> bool:
     return urlsplit(u).path == "/favicon.ico"  # browsers ask for it; the book has none
+
+
+BROKEN_PAGE = """<!doctype html><html><head><style>
+  pre { font: 14px monospace; margin: 0; }
+  .box { width: 240px; }
+  table { border-collapse: collapse; }
+</style></head><body><article class="bd-article" style="width: 300px">
+  <div class="cell_input box"><pre style="overflow-x: auto">model = SmolLM(SmolConfig.preset("smollm2-135m")).to(device).eval()  # far too long</pre></div>
+  <div class="cell_output box"><pre style="overflow-x: auto">SmolConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536)</pre></div>
+  <div class="cell_output box"><pre style="white-space: pre-wrap; overflow-wrap: anywhere">SmolConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536)</pre></div>
+  <img id="raster" src="RASTER" style="width: 100px">
+  <img id="vector" src="data:image/svg+xml;utf8,&lt;svg xmlns='http://www.w3.org/2000/svg' width='400' height='40'/&gt;" style="width: 100px">
+  <p>TqdmWarning: IProgress not found. Please update jupyter and ipywidgets.</p>
+  <table><tr><td>a_cell_far_too_wide_for_a_phone_screen_of_three_hundred_and_ninety_pixels_at_all</td></tr></table>
+  <div class="scrolls" style="overflow-x: auto"><table><tr><td>a_cell_far_too_wide_for_a_phone_screen_of_three_hundred_and_ninety_pixels</td></tr></table></div>
+  <p>Ainslie et al. Gqa: training generalized multi-query transformer models. Pytorch 2. SmolLM2.</p>
+  <p><a href="../chapters/01_rmsnorm.html">chapter 1</a></p>
+</article></body></html>"""
+
+
+def test_reader_checks_catch_broken_pages(tmp_path):
+    """Each check of test_pages_in_chromium fails on a page made to break it, and passes the same
+    page's good parts: a code line and an unwrapped output line wider than their box (a wrapped
+    one passes), a raster picture shown at a quarter of its width (a vector one passes), tqdm's
+    notice, a wide table that cannot scroll (one inside a scrolling box passes), lowercased
+    acronyms, and a chapter without a link to its exercise."""
+    _require_browser()
+    import base64
+    import io
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from playwright.sync_api import sync_playwright
+
+    png = io.BytesIO()
+    plt.imsave(png, [[0.0] * 400] * 20, format="png")  # a 400 x 20 raster picture
+    html = BROKEN_PAGE.replace("RASTER", "data:image/png;base64," + base64.b64encode(png.getvalue()).decode())
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport=PHONE)
+            page.set_content(html)
+            page.wait_for_function("() => [...document.images].every(i => i.complete)")
+            wide = page.evaluate(WIDER_THAN_BOX)
+            assert len(wide) == 2, wide
+            assert wide[0].startswith("code line") and wide[1].startswith("output line"), wide
+            shrunk = page.evaluate(SHRUNK_IMAGES)
+            assert len(shrunk) == 1 and "drawn 400 px" in shrunk[0], shrunk
+            cut = page.evaluate(CUT_OFF_ON_A_PHONE)
+            assert len(cut) == 1 and "table" in cut[0], cut
+            text = page.evaluate(PAGE_TEXT)
+            assert mentions_iprogress(text)
+            references = page.locator("p").nth(1).inner_text()
+            assert lowercased_acronyms(references) == ["'Gqa' should read 'GQA'", "'Pytorch' should read 'PyTorch'"]
+            hrefs = page.evaluate(LINKS_IN_TEXT)
+            assert not links_to(hrefs, "exercises/01_rmsnorm") and links_to(hrefs, "chapters/01_rmsnorm")
+        finally:
+            browser.close()
+    assert exercise_links("chapters/01_rmsnorm") == ("exercises/01_rmsnorm", "its exercise")
+    assert exercise_links("exercises/01_rmsnorm") == ("chapters/01_rmsnorm", "its chapter")
+    assert exercise_links("chapters/00_the_model_at_a_glance") == (None, None)
