@@ -8,7 +8,8 @@ from smol.kv_cache import KVCache
 
 
 def filter_top_k(logits: torch.Tensor, k: int | None) -> torch.Tensor:
-    """Keep the k largest logits of each row (B, V); set the rest to -inf. None or k >= V keeps all."""
+    """Keep the k largest logits of each row (B, V); set the rest to -inf. None or k >=
+    V keeps all."""
     if k is None or k >= logits.shape[-1]:
         return logits
     if k < 1:
@@ -18,8 +19,10 @@ def filter_top_k(logits: torch.Tensor, k: int | None) -> torch.Tensor:
 
 
 def filter_top_p(logits: torch.Tensor, p: float | None) -> torch.Tensor:
-    """Nucleus filtering (Holtzman et al., 2020): keep the smallest set of most likely tokens whose
-    probabilities sum to at least p (always the most likely one); set the rest to -inf."""
+    """Nucleus filtering (Holtzman et al., 2020): keep the smallest set of most likely
+    tokens whose
+    probabilities sum to at least p (always the most likely one); set the rest to
+    -inf."""
     if p is None or p >= 1.0:
         return logits
     if p < 0:
@@ -32,9 +35,15 @@ def filter_top_p(logits: torch.Tensor, p: float | None) -> torch.Tensor:
     return logits.masked_fill(remove.scatter(-1, order, remove), float("-inf"))
 
 
-def sample_next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int | None = None,
-                      top_p: float | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
-    """Pick one token per row of logits (B, V) -> (B,). temperature 0 is greedy (argmax)."""
+def sample_next_token(
+    logits: torch.Tensor,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Pick one token per row of logits (B, V) -> (B,). temperature 0 is greedy
+    (argmax)."""
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if temperature == 0:
@@ -45,33 +54,61 @@ def sample_next_token(logits: torch.Tensor, temperature: float = 1.0, top_k: int
 
 
 @torch.no_grad()
-def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, eos_token_id=None,
-             attention_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
-             use_cache: bool = True, stream=None) -> torch.Tensor:
-    """Continue input_ids (B, T) by up to max_new_tokens tokens -> (B, T + new) token ids.
+def generate(
+    model,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id=None,
+    attention_mask: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+    stream=None,
+) -> torch.Tensor:
+    """Continue input_ids (B, T) by up to max_new_tokens tokens -> (B, T + new) token
+    ids.
 
-    With `use_cache` the prompt runs once (prefill) into a preallocated KVCache, then each step feeds
-    only the newest token; without it every step reruns the whole sequence (same tokens, slower).
-    Batched prompts of different lengths are left-padded: attention_mask (B, T) holds 0 on the
-    padding, and positions count real tokens only. A row that emits eos_token_id (an int or a list)
-    is finished and padded with eos; generation stops early once every row is. `stream(tokens)` is
+    With `use_cache` the prompt runs once (prefill) into a preallocated KVCache, then
+    each step feeds
+    only the newest token; without it every step reruns the whole sequence (same
+    tokens, slower).
+    Batched prompts of different lengths are left-padded: attention_mask (B, T) holds
+    0 on the
+    padding, and positions count real tokens only. A row that emits eos_token_id (an
+    int or a list)
+    is finished and padded with eos; generation stops early once every row is.
+    `stream(tokens)` is
     called with each step's new tokens (B,).
     """
     if input_ids.dim() != 2:
-        raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
+        raise ValueError(
+            f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}"
+        )
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     B, T = input_ids.shape
     device = input_ids.device
     was_training = model.training
     model.eval()
-    mask = torch.ones(B, T, dtype=torch.long, device=device) if attention_mask is None \
+    mask = (
+        torch.ones(B, T, dtype=torch.long, device=device)
+        if attention_mask is None
         else attention_mask.to(device=device, dtype=torch.long)
+    )
     if mask.shape != (B, T):
-        raise ValueError(f"attention_mask must have the shape of input_ids {(B, T)}, got {tuple(mask.shape)}")
+        raise ValueError(
+            f"attention_mask must have the shape of input_ids {(B, T)}, got "
+            f"{tuple(mask.shape)}"
+        )
     padded = not bool(mask.all())  # without padding the model's plain causal path does
-    eos = None if eos_token_id is None else torch.as_tensor(eos_token_id, device=device).flatten()
+    eos = (
+        None
+        if eos_token_id is None
+        else torch.as_tensor(eos_token_id, device=device).flatten()
+    )
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     cache = None
     if use_cache:
@@ -82,12 +119,19 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
         for _ in range(max_new_tokens):
             position_ids = None
             if padded:
-                position_ids = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T'): padding does not count
+                # (B, T'): padding does not count
+                position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
                 if use_cache:
-                    position_ids = position_ids[:, cache.length:]
-            logits, _ = model(step_ids, attention_mask=mask if padded else None,
-                              position_ids=position_ids, kv_cache=cache)
-            next_token = sample_next_token(logits[:, -1], temperature, top_k, top_p, generator)  # (B,)
+                    position_ids = position_ids[:, cache.length :]
+            logits, _ = model(
+                step_ids,
+                attention_mask=mask if padded else None,
+                position_ids=position_ids,
+                kv_cache=cache,
+            )
+            next_token = sample_next_token(
+                logits[:, -1], temperature, top_k, top_p, generator
+            )  # (B,)
             if eos is not None:
                 next_token = torch.where(finished, eos[0], next_token)
                 finished |= torch.isin(next_token, eos)

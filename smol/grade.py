@@ -1,4 +1,5 @@
-"""Grade exercise notebooks from the shell: each runs in a fresh kernel, then the scores are added up.
+"""Grade exercise notebooks from the shell: each runs in a fresh kernel, then the scores
+are added up.
 
     python -m smol.grade exercises/                      # every notebook in the folder
     python -m smol.grade exercises/02_rope.ipynb --strict  # exit 1 below full marks

@@ -1,4 +1,4 @@
-"""SmolLM: the decoder layer and the model, with weight tying, scaled init and the loss."""
+"""SmolLM: the decoder layer and the model; weight tying, scaled init and the loss."""
 
 from __future__ import annotations
 
@@ -28,20 +28,28 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, mask=None, is_causal=True, kv_cache=None):  # (B, T, C) -> (B, T, C)
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, is_causal, kv_cache)
+    # (B, T, C) -> (B, T, C)
+    def forward(self, x, cos, sin, mask=None, is_causal=True, kv_cache=None):
+        x = x + self.self_attn(
+            self.input_layernorm(x), cos, sin, mask, is_causal, kv_cache
+        )
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
 class SmolModel(nn.Module):
-    """The decoder stack; named `model` inside SmolLM, as in Hugging Face's LlamaForCausalLM."""
+    """The decoder stack; named `model` inside SmolLM, as in Hugging Face's
+    LlamaForCausalLM."""
 
     def __init__(self, config: SmolConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings)
+        self.rotary_emb = RotaryEmbedding(
+            config.head_dim, config.rope_theta, config.max_position_embeddings
+        )
 
 
 class SmolLM(nn.Module):
@@ -55,20 +63,27 @@ class SmolLM(nn.Module):
         self.reset_parameters()
 
     def tie_weights(self) -> None:
-        """Share one matrix between the token embedding and the output head (Press & Wolf, 2017)."""
+        """Share one matrix between the token embedding and the output head (Press &
+        Wolf, 2017)."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def reset_parameters(self) -> None:
-        """N(0, std) everywhere; projections into the residual stream get std / sqrt(2 * n_layers)
-        (GPT-2), since each layer adds two of them; norms start at one. A tied head is the embedding
+        """N(0, std) everywhere; projections into the residual stream get std / sqrt(2 *
+        n_layers)
+        (GPT-2), since each layer adds two of them; norms start at one. A tied head
+        is the embedding
         matrix itself, so it is initialised once, as the embedding."""
         std = self.config.initializer_range
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 if module.weight is self.model.embed_tokens.weight:
                     continue  # the tied head: already initialised as the embedding
-                scale = math.sqrt(2 * self.config.num_hidden_layers) if getattr(module, "scaled_init", False) else 1.0
+                scale = (
+                    math.sqrt(2 * self.config.num_hidden_layers)
+                    if getattr(module, "scaled_init", False)
+                    else 1.0
+                )
                 nn.init.normal_(module.weight, mean=0.0, std=std / scale)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
@@ -76,20 +91,33 @@ class SmolLM(nn.Module):
                 nn.init.ones_(module.weight)
 
     def count_params(self, non_embedding: bool = False) -> int:
-        """Parameters, each shared tensor counted once; non_embedding leaves out the token embedding."""
+        """Parameters, each shared tensor counted once; non_embedding leaves out the
+        token embedding."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.model.embed_tokens.weight.numel() if non_embedding else n
 
-    def forward(self, input_ids, targets=None, attention_mask=None, position_ids=None, kv_cache=None):
-        """input_ids (B, T) -> logits (B, T, V), and the mean cross-entropy against targets (B, T)
-        (already shifted: targets[:, t] is the token after input_ids[:, t]; -100 is ignored) or None.
+    def forward(
+        self,
+        input_ids,
+        targets=None,
+        attention_mask=None,
+        position_ids=None,
+        kv_cache=None,
+    ):
+        """input_ids (B, T) -> logits (B, T, V), and the mean cross-entropy against
+        targets (B, T)
+        (already shifted: targets[:, t] is the token after input_ids[:, t]; -100 is
+        ignored) or None.
 
-        attention_mask (B, Tk) holds 1 for real tokens and 0 for padding, as transformers takes it;
+        attention_mask (B, Tk) holds 1 for real tokens and 0 for padding, as
+        transformers takes it;
         Tk = T, plus the cached length when a kv_cache is given.
         """
         B, T = self._check_input_ids(input_ids)
         offset = kv_cache.length if kv_cache is not None else 0
-        mask, is_causal = self._attention_mask(attention_mask, B, T, offset, input_ids.device)
+        mask, is_causal = self._attention_mask(
+            attention_mask, B, T, offset, input_ids.device
+        )
         cos, sin = self.model.rotary_emb(offset + T, input_ids.device, position_ids)
         if position_ids is None:
             cos, sin = cos[offset:], sin[offset:]
@@ -105,33 +133,58 @@ class SmolLM(nn.Module):
         if targets is None:
             return logits, None
         if targets.shape != input_ids.shape:
-            raise ValueError(f"targets must have the shape of input_ids {tuple(input_ids.shape)}, "
-                             f"got {tuple(targets.shape)}")
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+            raise ValueError(
+                f"targets must have the shape of input_ids {tuple(input_ids.shape)}, "
+                f"got {tuple(targets.shape)}"
+            )
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX
+        )
         return logits, loss
 
     def _check_input_ids(self, input_ids) -> tuple[int, int]:
         if not isinstance(input_ids, torch.Tensor):
-            raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}")
-        if input_ids.dtype not in (torch.long, torch.int32, torch.int16, torch.uint8, torch.int8):
-            raise TypeError(f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}")
+            raise TypeError(
+                "input_ids must be a torch.Tensor of token ids, got "
+                f"{type(input_ids).__name__}"
+            )
+        if input_ids.dtype not in (
+            torch.long,
+            torch.int32,
+            torch.int16,
+            torch.uint8,
+            torch.int8,
+        ):
+            raise TypeError(
+                "input_ids must hold integer token ids (torch.long), got "
+                f"{input_ids.dtype}"
+            )
         if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
+            raise ValueError(
+                "input_ids must have shape (batch, seq_len), got "
+                f"{tuple(input_ids.shape)}"
+            )
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids is empty: need at least one token per sequence")
-        # Reading min and max back is free on a CPU, but on a GPU it is a host sync per forward,
-        # which would stall the trainer's queue of kernels: check CPU tensors only. On a GPU an
-        # out-of-range id still stops the embedding lookup (a device-side assert, less clear).
+        # Reading min and max back is free on a CPU, but on a GPU it is a host sync per
+        # forward,
+        # which would stall the trainer's queue of kernels: check CPU tensors only. On a
+        # GPU an
+        # out-of-range id still stops the embedding lookup (a device-side assert, less
+        # clear).
         # Compiled graphs skip this data-dependent check too.
         if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
             lo, hi = input_ids.min().item(), input_ids.max().item()
             if lo < 0 or hi >= self.config.vocab_size:
-                raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), "
-                                 f"got values from {lo} to {hi}")
+                raise ValueError(
+                    f"token ids must lie in [0, {self.config.vocab_size}), "
+                    f"got values from {lo} to {hi}"
+                )
         return input_ids.shape
 
     def _attention_mask(self, attention_mask, B, T, offset, device):
-        """(mask, is_causal) for SDPA: no mask and is_causal when plain causal attention will do,
+        """(mask, is_causal) for SDPA: no mask and is_causal when plain causal attention
+        will do,
         else a bool mask (B, 1, T, offset + T) that is causal and hides padded keys."""
         Tk = offset + T
         if attention_mask is None:
@@ -140,23 +193,33 @@ class SmolLM(nn.Module):
             if T == 1:
                 return None, False  # one new token sees every cached one
         elif attention_mask.shape != (B, Tk):
-            raise ValueError(f"attention_mask must have shape (batch, {'cached + ' if offset else ''}seq_len) "
-                             f"= {(B, Tk)}, got {tuple(attention_mask.shape)}")
+            raise ValueError(
+                "attention_mask must have shape (batch, "
+                f"{'cached + ' if offset else ''}seq_len) "
+                f"= {(B, Tk)}, got {tuple(attention_mask.shape)}"
+            )
         q_pos = torch.arange(offset, Tk, device=device)[:, None]  # (T, 1)
         k_pos = torch.arange(Tk, device=device)[None, :]  # (1, Tk)
         mask = (k_pos <= q_pos)[None, None]  # (1, 1, T, Tk): causal
         if attention_mask is not None:
-            # Hide padded keys, but let every query see itself, so that a padding query's row is
-            # never all -inf (which makes softmax return NaN). Real tokens are unaffected.
+            # Hide padded keys, but let every query see itself, so that a padding
+            # query's row is
+            # never all -inf (which makes softmax return NaN). Real tokens are
+            # unaffected.
             mask = mask & attention_mask.bool()[:, None, None, :] | (k_pos == q_pos)
         return mask, False
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """PyTorch's load, with an error that names every missing, unexpected and mis-shaped key.
-        A tied model accepts a state dict without `lm_head.weight` (as tied checkpoints are saved)."""
+        """PyTorch's load, with an error that names every missing, unexpected and
+        mis-shaped key.
+        A tied model accepts a state dict without `lm_head.weight` (as tied
+        checkpoints are saved)."""
         state_dict = dict(state_dict)
-        if self.config.tie_word_embeddings and "lm_head.weight" not in state_dict and \
-                "model.embed_tokens.weight" in state_dict:
+        if (
+            self.config.tie_word_embeddings
+            and "lm_head.weight" not in state_dict
+            and "model.embed_tokens.weight" in state_dict
+        ):
             state_dict["lm_head.weight"] = state_dict["model.embed_tokens.weight"]
         if strict:
             check_state_dict(self, state_dict)
@@ -166,20 +229,32 @@ class SmolLM(nn.Module):
 
 
 def check_state_dict(model: nn.Module, state_dict) -> None:
-    """Raise a ValueError listing how `state_dict` differs from the model's keys and shapes."""
+    """Raise a ValueError listing how `state_dict` differs from the model's keys and
+    shapes."""
     own = model.state_dict()
     missing = sorted(set(own) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(own))
-    shapes = [f"{k}: checkpoint {tuple(state_dict[k].shape)}, model {tuple(own[k].shape)}"
-              for k in own if k in state_dict and tuple(state_dict[k].shape) != tuple(own[k].shape)]
+    shapes = [
+        f"{k}: checkpoint {tuple(state_dict[k].shape)}, model {tuple(own[k].shape)}"
+        for k in own
+        if k in state_dict and tuple(state_dict[k].shape) != tuple(own[k].shape)
+    ]
     if not (missing or unexpected or shapes):
         return
 
     def show(items):
-        return "\n    " + "\n    ".join(items[:8]) + (f"\n    ... and {len(items) - 8} more" if len(items) > 8 else "")
+        return (
+            "\n    "
+            + "\n    ".join(items[:8])
+            + (f"\n    ... and {len(items) - 8} more" if len(items) > 8 else "")
+        )
 
     parts = [f"{len(missing)} missing keys:{show(missing)}"] if missing else []
-    parts += [f"{len(unexpected)} unexpected keys:{show(unexpected)}"] if unexpected else []
+    parts += (
+        [f"{len(unexpected)} unexpected keys:{show(unexpected)}"] if unexpected else []
+    )
     parts += [f"{len(shapes)} shape mismatches:{show(shapes)}"] if shapes else []
-    raise ValueError("state dict does not fit this model's config (was it saved from another config?)\n"
-                     + "\n".join(parts))
+    raise ValueError(
+        "state dict does not fit this model's config (was it saved from another "
+        "config?)\n" + "\n".join(parts)
+    )

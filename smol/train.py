@@ -1,5 +1,7 @@
-"""Training: the loop around the optimisation recipe (smol.optim), with evaluation, samples,
-checkpoints that resume exactly (smol.checkpoint), throughput and MFU (smol.flops), and DDP.
+"""Training: the loop around the optimisation recipe (smol.optim), with evaluation,
+samples,
+checkpoints that resume exactly (smol.checkpoint), throughput and MFU (smol.flops),
+and DDP.
 
     python -m smol.train --preset tiny --steps 300 --out runs/tiny
     torchrun --nproc_per_node=2 -m smol.train --preset tiny --steps 300 --out runs/ddp
@@ -12,17 +14,14 @@ import dataclasses
 import math
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tqdm import TqdmWarning
 
-with warnings.catch_warnings():  # without ipywidgets, notebooks get text bars: no need to warn
-    warnings.simplefilter("ignore", TqdmWarning)
-    from tqdm.auto import tqdm
+# smol/__init__.py has imported it without its IProgress notice
+from tqdm.auto import tqdm
 
 from smol import checkpoint, data, flops
 from smol.config import SmolConfig
@@ -38,8 +37,10 @@ class TrainingDiverged(FloatingPointError):
 @dataclass
 class TrainConfig:
     preset: str = "tiny"
-    model_overrides: dict = field(default_factory=dict)  # SmolConfig fields, e.g. {"num_hidden_layers": 2}
-    tokenizer: str = "auto"  # "shakespeare" (vocab 4096), "smollm2" (49152), or auto from the vocab size
+    # SmolConfig fields, e.g. {"num_hidden_layers": 2}
+    model_overrides: dict = field(default_factory=dict)
+    # "shakespeare" (vocab 4096), "smollm2" (49152), or auto from the vocab size
+    tokenizer: str = "auto"
     steps: int = 300
     batch_size: int = 16  # sequences per micro-batch per rank
     seq_len: int = 128
@@ -74,20 +75,29 @@ class TrainConfig:
 
 
 class Trainer:
-    """Trains a SmolLM on packed windows of a token stream (the Shakespeare plays by default)."""
+    """Trains a SmolLM on packed windows of a token stream (the Shakespeare plays by
+    default)."""
 
-    def __init__(self, config: TrainConfig, train_tokens: torch.Tensor | None = None,
-                 val_tokens: torch.Tensor | None = None):
+    def __init__(
+        self,
+        config: TrainConfig,
+        train_tokens: torch.Tensor | None = None,
+        val_tokens: torch.Tensor | None = None,
+    ):
         if config.tokenizer == "auto":
             vocab = config.model_config().vocab_size
-            config = dataclasses.replace(config, tokenizer="shakespeare" if vocab <= 4096 else "smollm2")
+            config = dataclasses.replace(
+                config, tokenizer="shakespeare" if vocab <= 4096 else "smollm2"
+            )
         self.cfg = cfg = config
         self.rank, self.world_size, local_rank = setup_distributed(cfg.device)
         self.device = training_device(cfg.device, local_rank)
         self.model_config = mc = cfg.model_config()
         if cfg.seq_len > mc.max_position_embeddings:
-            raise ValueError(f"seq_len {cfg.seq_len} is longer than the model's context "
-                             f"(max_position_embeddings={mc.max_position_embeddings})")
+            raise ValueError(
+                f"seq_len {cfg.seq_len} is longer than the model's context "
+                f"(max_position_embeddings={mc.max_position_embeddings})"
+            )
         self.lr(0)  # a schedule that cannot run fails here, not mid-training
         if cfg.grad_accum < 1:
             raise ValueError(f"grad_accum must be >= 1, got {cfg.grad_accum}")
@@ -96,44 +106,79 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # every rank builds the same initial weights
         self.model = SmolLM(mc).to(self.device)
         self.amp_dtype = amp_dtype(self.device, cfg.dtype)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
-        self.optimizer = adamw(param_groups(self.model, cfg.weight_decay), cfg.lr, (cfg.beta1, cfg.beta2))
+        self.scaler = torch.amp.GradScaler(
+            self.device.type, enabled=self.amp_dtype == torch.float16
+        )
+        self.optimizer = adamw(
+            param_groups(self.model, cfg.weight_decay), cfg.lr, (cfg.beta1, cfg.beta2)
+        )
         self._wrap_model(local_rank)
 
         self.step = 0
-        self.history = {"step": [], "loss": [], "lr": [], "val_step": [], "val_loss": [], "tokens_per_s": []}
+        self.history = {
+            "step": [],
+            "loss": [],
+            "lr": [],
+            "val_step": [],
+            "val_loss": [],
+            "tokens_per_s": [],
+        }
         self.last_checkpoint: Path | None = None
-        self.tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * self.world_size
+        self.tokens_per_step = (
+            cfg.batch_size * cfg.seq_len * cfg.grad_accum * self.world_size
+        )
         self.flops_per_token = flops.flops_per_token(mc, cfg.seq_len)
-        self.peak = flops.peak_flops(self.device) if self.amp_dtype != torch.float32 else None
+        self.peak = (
+            flops.peak_flops(self.device) if self.amp_dtype != torch.float32 else None
+        )
         if cfg.resume:
             self.load_checkpoint()
 
     def _load_data(self, train_tokens, val_tokens) -> None:
-        """This rank's training batches and the validation windows; the corpus (tokenized with
+        """This rank's training batches and the validation windows; the corpus
+        (tokenized with
         cfg.tokenizer) stands in for a stream not given."""
         cfg, vocab_size = self.cfg, self.model_config.vocab_size
         self.tokenizer = None
         if train_tokens is None or val_tokens is None:
             self.tokenizer = data.load_tokenizer(cfg.tokenizer)
             if self.tokenizer.vocab_size > vocab_size:
-                raise ValueError(f"the {cfg.tokenizer!r} tokenizer has {self.tokenizer.vocab_size} tokens; "
-                                 f"the model's vocab_size is {vocab_size}")
-            train_tokens = data.corpus_tokens("train", self.tokenizer) if train_tokens is None else train_tokens
-            val_tokens = data.corpus_tokens("val", self.tokenizer) if val_tokens is None else val_tokens
-        self.train_batches = data.Batches(data.PackedWindows(train_tokens, cfg.seq_len, seed=cfg.seed),
-                                          cfg.batch_size, self.rank, self.world_size)
+                raise ValueError(
+                    f"the {cfg.tokenizer!r} tokenizer has {self.tokenizer.vocab_size} "
+                    "tokens; "
+                    f"the model's vocab_size is {vocab_size}"
+                )
+            train_tokens = (
+                data.corpus_tokens("train", self.tokenizer)
+                if train_tokens is None
+                else train_tokens
+            )
+            val_tokens = (
+                data.corpus_tokens("val", self.tokenizer)
+                if val_tokens is None
+                else val_tokens
+            )
+        self.train_batches = data.Batches(
+            data.PackedWindows(train_tokens, cfg.seq_len, seed=cfg.seed),
+            cfg.batch_size,
+            self.rank,
+            self.world_size,
+        )
         self.val_windows = data.PackedWindows(val_tokens, cfg.seq_len, shuffle=False)
 
     def _wrap_model(self, local_rank: int) -> None:
-        """Training runs through DDP (and compile) when used; eval through the compiled model;
-        generation through the plain model, whose KV-cache steps would only recompile."""
+        """Training runs through DDP (and compile) when used; eval through the compiled
+        model;
+        generation through the plain model, whose KV-cache steps would only
+        recompile."""
         self.ddp = None
         if self.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
 
-            self.ddp = DistributedDataParallel(self.model, device_ids=[local_rank] if self.device.type == "cuda"
-                                               else None)
+            self.ddp = DistributedDataParallel(
+                self.model,
+                device_ids=[local_rank] if self.device.type == "cuda" else None,
+            )
         self.eval_model = torch.compile(self.model) if self.cfg.compile else self.model
         if self.ddp is None:
             self.train_model = self.eval_model
@@ -146,22 +191,41 @@ class Trainer:
 
     def lr(self, step: int) -> float:
         c = self.cfg
-        return lr_schedule(step, max_lr=c.lr, warmup_steps=c.warmup_steps, total_steps=c.steps,
-                           min_lr=c.min_lr, kind=c.schedule, decay_fraction=c.decay_fraction)
+        return lr_schedule(
+            step,
+            max_lr=c.lr,
+            warmup_steps=c.warmup_steps,
+            total_steps=c.steps,
+            min_lr=c.min_lr,
+            kind=c.schedule,
+            decay_fraction=c.decay_fraction,
+        )
 
     def autocast(self):
-        return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype != torch.float32)
+        return torch.autocast(
+            self.device.type,
+            dtype=self.amp_dtype,
+            enabled=self.amp_dtype != torch.float32,
+        )
 
     def fit(self, until: int | None = None) -> dict:
-        """Train to cfg.steps from wherever a resume left off, with logs, evals, samples and
-        checkpoints; `until` stops (with a checkpoint) after that step, as a preempted job would."""
+        """Train to cfg.steps from wherever a resume left off, with logs, evals, samples
+        and
+        checkpoints; `until` stops (with a checkpoint) after that step, as a
+        preempted job would."""
         cfg = self.cfg
         end = cfg.steps if until is None else min(until, cfg.steps)
         if self.is_main and cfg.sample_every:
             tqdm.write(f"step {self.step} sample: {self.sample()!r}")
-        bar = tqdm(total=cfg.steps, initial=self.step, desc="train", disable=not (self.is_main and cfg.progress),
-                   dynamic_ncols=True)
-        pending: list[tuple[int, float, torch.Tensor]] = []  # (step, lr, loss) not yet read back
+        bar = tqdm(
+            total=cfg.steps,
+            initial=self.step,
+            desc="train",
+            disable=not (self.is_main and cfg.progress),
+            dynamic_ncols=True,
+        )
+        # (step, lr, loss) not yet read back
+        pending: list[tuple[int, float, torch.Tensor]] = []
         clock, tokens = time.perf_counter(), 0
         while self.step < end:
             lr = self.lr(self.step)
@@ -170,16 +234,26 @@ class Trainer:
             last = self.step == cfg.steps
             log = self.step % cfg.log_every == 0 or self.step == end
             evaluate = cfg.eval_every > 0 and (self.step % cfg.eval_every == 0 or last)
-            save = (cfg.ckpt_every > 0 and self.step % cfg.ckpt_every == 0) or self.step == end
-            sample = self.is_main and cfg.sample_every > 0 and self.step % cfg.sample_every == 0
+            save = (
+                cfg.ckpt_every > 0 and self.step % cfg.ckpt_every == 0
+            ) or self.step == end
+            sample = (
+                self.is_main
+                and cfg.sample_every > 0
+                and self.step % cfg.sample_every == 0
+            )
             if not (log or evaluate or save or sample):
                 continue  # losses stay on the device: no sync between logs
-            self._record(pending)  # raises TrainingDiverged on a NaN loss, before anything is saved
+            # raises TrainingDiverged on a NaN loss, before anything is saved
+            self._record(pending)
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
             tok_s = tokens / (time.perf_counter() - clock)
             self.history["tokens_per_s"].append(tok_s)
-            postfix = {"loss": f"{self.history['loss'][-1]:.3f}", "tok/s": f"{tok_s:,.0f}"}
+            postfix = {
+                "loss": f"{self.history['loss'][-1]:.3f}",
+                "tok/s": f"{tok_s:,.0f}",
+            }
             if self.peak:
                 postfix["MFU"] = f"{self.mfu(tok_s):.1%}"
             bar.set_postfix(postfix, refresh=False)
@@ -188,7 +262,9 @@ class Trainer:
             if evaluate:
                 val = self.evaluate()
                 if not math.isfinite(val):
-                    raise TrainingDiverged(self._diverged_message("the validation loss", val))
+                    raise TrainingDiverged(
+                        self._diverged_message("the validation loss", val)
+                    )
                 self.history["val_step"].append(self.step)
                 self.history["val_loss"].append(val)
                 if self.is_main and cfg.progress:
@@ -197,7 +273,8 @@ class Trainer:
                 bar.write(f"step {self.step} sample: {self.sample()!r}")
             if save:
                 self.save_checkpoint()
-            clock, tokens = time.perf_counter(), 0  # evals, samples and saves are not training time
+            # evals, samples and saves are not training time
+            clock, tokens = time.perf_counter(), 0
         bar.close()
         return self.history
 
@@ -212,75 +289,125 @@ class Trainer:
             self.history["lr"].append(lr)
             self.history["loss"].append(loss)
 
-    def _diverged_message(self, what: str, value: float, step: int | None = None) -> str:
-        kept = f"the last good checkpoint is kept: {self.last_checkpoint}" if self.last_checkpoint \
+    def _diverged_message(
+        self, what: str, value: float, step: int | None = None
+    ) -> str:
+        kept = (
+            f"the last good checkpoint is kept: {self.last_checkpoint}"
+            if self.last_checkpoint
             else "no checkpoint was saved before it"
-        return (f"training diverged: {what} is {value} at step {step or self.step}; stopping ({kept}). "
-                f"Try a lower learning rate (lr={self.cfg.lr}) or gradient clipping (grad_clip={self.cfg.grad_clip}).")
+        )
+        return (
+            f"training diverged: {what} is {value} at step {step or self.step}; "
+            f"stopping ({kept}). "
+            f"Try a lower learning rate (lr={self.cfg.lr}) or gradient clipping "
+            f"(grad_clip={self.cfg.grad_clip})."
+        )
 
     def train_step(self) -> torch.Tensor:
-        """One optimizer step over grad_accum micro-batches; returns the mean loss (a 0-d tensor)."""
+        """One optimizer step over grad_accum micro-batches; returns the mean loss (a
+        0-d tensor)."""
         lr = self.lr(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.model.train()
         total = torch.zeros((), device=self.device)
         for micro in range(self.cfg.grad_accum):
-            x, y = (t.to(self.device, non_blocking=True) for t in next(self.train_batches))  # (B, T) each
+            x, y = (
+                t.to(self.device, non_blocking=True) for t in next(self.train_batches)
+            )  # (B, T) each
             last = micro == self.cfg.grad_accum - 1
-            # DDP averages gradients across ranks during backward; skip it until the last micro-batch.
-            sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
+            # DDP averages gradients across ranks during backward; skip it until the
+            # last micro-batch.
+            sync = (
+                self.ddp.no_sync()
+                if self.ddp is not None and not last
+                else contextlib.nullcontext()
+            )
             with sync:
                 with self.autocast():
                     _, loss = self.train_model(x, y)
-                loss = loss / self.cfg.grad_accum  # the sum over micro-batches is the mean over the batch
+                # the sum over micro-batches is the mean over the batch
+                loss = loss / self.cfg.grad_accum
                 self.scaler.scale(loss).backward()
             total += loss.detach()
-        self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the fp16-scaled ones
+        # clip the true gradients, not the fp16-scaled ones
+        self.scaler.unscale_(self.optimizer)
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        if self.world_size > 1:  # report the mean over all ranks, as one process would see it
+        # report the mean over all ranks, as one process would see it
+        if self.world_size > 1:
             dist.all_reduce(total)
             total /= self.world_size
         return total
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean loss over the first eval_batches global batches of the validation windows, in order
+        """Mean loss over the first eval_batches global batches of the validation
+        windows, in order
         (the same windows for any number of ranks, which share the micro-batches)."""
         self.model.eval()
         B = self.cfg.batch_size
         n = min(self.cfg.eval_batches * B * self.world_size, len(self.val_windows))
-        sums = torch.zeros(2, device=self.device, dtype=torch.float64)  # loss * tokens, tokens
+        # loss * tokens, tokens
+        sums = torch.zeros(2, device=self.device, dtype=torch.float64)
         for i, start in enumerate(range(0, n, B)):
             if i % self.world_size != self.rank:
                 continue
-            x, y = (t.to(self.device) for t in data.next_token_targets(self.val_windows.windows(start, min(B, n - start))))
+            x, y = (
+                t.to(self.device)
+                for t in data.next_token_targets(
+                    self.val_windows.windows(start, min(B, n - start))
+                )
+            )
             with self.autocast():
                 _, loss = self.eval_model(x, y)
-            sums += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=self.device, dtype=torch.float64)])
+            sums += torch.stack(
+                [
+                    loss.double() * y.numel(),
+                    torch.tensor(y.numel(), device=self.device, dtype=torch.float64),
+                ]
+            )
         if self.world_size > 1:
             dist.all_reduce(sums)
         self.model.train()
         return (sums[0] / sums[1]).item()
 
     @torch.no_grad()
-    def sample(self, prompt: str | None = None, max_new_tokens: int | None = None, *, temperature: float = 0.8,
-               top_k: int | None = 50, seed: int = 0) -> str:
-        """A generation from the current weights, with its own random generator (training's RNG is untouched)."""
+    def sample(
+        self,
+        prompt: str | None = None,
+        max_new_tokens: int | None = None,
+        *,
+        temperature: float = 0.8,
+        top_k: int | None = 50,
+        seed: int = 0,
+    ) -> str:
+        """A generation from the current weights, with its own random generator
+        (training's RNG is untouched)."""
         from smol.generate import generate
 
         if self.tokenizer is None:
-            raise RuntimeError("sampling needs a tokenizer: this trainer was given token tensors")
+            raise RuntimeError(
+                "sampling needs a tokenizer: this trainer was given token tensors"
+            )
         prompt = self.cfg.sample_prompt if prompt is None else prompt
-        ids = torch.tensor([self.tokenizer.encode(prompt)], device=self.device)  # (1, T)
+        # (1, T)
+        ids = torch.tensor([self.tokenizer.encode(prompt)], device=self.device)
         generator = torch.Generator(self.device).manual_seed(seed)
-        out = generate(self.model, ids, max_new_tokens or self.cfg.sample_tokens, temperature=temperature,
-                       top_k=top_k, generator=generator)  # in float32: a few tokens, no need for speed
+        out = generate(
+            self.model,
+            ids,
+            max_new_tokens or self.cfg.sample_tokens,
+            temperature=temperature,
+            # in float32: a few tokens, no need for speed
+            top_k=top_k,
+            generator=generator,
+        )
         return self.tokenizer.decode(out[0])
 
     def mfu(self, tokens_per_s: float) -> float | None:
@@ -292,7 +419,8 @@ class Trainer:
         return Path(self.cfg.out_dir) / "checkpoints"
 
     def save_checkpoint(self) -> Path | None:
-        """Write the model (safetensors), optimizer, scaler, schedule, RNG and data position (rank 0)."""
+        """Write the model (safetensors), optimizer, scaler, schedule, RNG and data
+        position (rank 0)."""
         if self.is_main:
             checkpoint.save_trainer(self, self.checkpoint_root)
         if self.world_size > 1:
@@ -301,7 +429,8 @@ class Trainer:
         return self.last_checkpoint
 
     def load_checkpoint(self, path: str | Path | None = None) -> Path:
-        """Restore everything save_checkpoint wrote; `path` defaults to the latest in out_dir."""
+        """Restore everything save_checkpoint wrote; `path` defaults to the latest in
+        out_dir."""
         if path is None:
             path = checkpoint.latest(self.checkpoint_root)
         checkpoint.restore_trainer(self, path)
@@ -309,7 +438,8 @@ class Trainer:
         return self.last_checkpoint
 
     def summary(self) -> dict:
-        """Final numbers; under DDP also every rank's weights digest (all equal when replicas agree)."""
+        """Final numbers; under DDP also every rank's weights digest (all equal when
+        replicas agree)."""
         digest = checkpoint.weights_digest(self.model)
         digests = [digest]
         if self.world_size > 1:
@@ -317,10 +447,17 @@ class Trainer:
             dist.all_gather_object(digests, digest)
         h = self.history
         tok_s = h["tokens_per_s"][-1] if h["tokens_per_s"] else None
-        return {"step": self.step, "loss": h["loss"][-1] if h["loss"] else None,
-                "val_loss": h["val_loss"][-1] if h["val_loss"] else None, "tokens_per_s": tok_s,
-                "mfu": self.mfu(tok_s) if tok_s else None, "device": str(self.device),
-                "world_size": self.world_size, "weights_digests": digests, "losses": h["loss"]}
+        return {
+            "step": self.step,
+            "loss": h["loss"][-1] if h["loss"] else None,
+            "val_loss": h["val_loss"][-1] if h["val_loss"] else None,
+            "tokens_per_s": tok_s,
+            "mfu": self.mfu(tok_s) if tok_s else None,
+            "device": str(self.device),
+            "world_size": self.world_size,
+            "weights_digests": digests,
+            "losses": h["loss"],
+        }
 
 
 def plot_history(history: dict, ax=None, title: str | None = None):

@@ -1,5 +1,7 @@
-"""The grader, proven: solutions score full marks, untouched exercises zero, each known bug class
-loses exactly the points of the check written for it, and hostile student code (raising, hanging,
+"""The grader, proven: solutions score full marks, untouched exercises zero, each known
+bug class
+loses exactly the points of the check written for it, and hostile student code
+(raising, hanging,
 exiting, killing its kernel) costs only its own points."""
 
 from __future__ import annotations
@@ -24,7 +26,13 @@ from torch import nn
 from smol import SmolConfig
 from smol.grade import collected_results, expected_tasks
 from smol.grading import NOTEBOOKS, TASKS, core, grade, preview, run_checks
-from smol.grading.make_exercises import BEGIN, END, exercise_notebook, stale, strip_solutions
+from smol.grading.make_exercises import (
+    BEGIN,
+    END,
+    exercise_notebook,
+    stale,
+    strip_solutions,
+)
 from smol.norm import RMSNorm
 from tests.nbtools import ROOT
 
@@ -33,7 +41,8 @@ EXERCISES = [ROOT / "exercises" / f"{stem}.ipynb" for stem in NOTEBOOKS.values()
 
 
 def run_in_process(path):
-    """Execute a notebook's code cells (after the setup cell) in one namespace, here; return the
+    """Execute a notebook's code cells (after the setup cell) in one namespace, here;
+    return the
     namespace and the counted grade results."""
     nb = nbformat.read(path, as_version=4)
     core.RESULTS.clear()
@@ -55,7 +64,9 @@ def check_named(task, start):
     return names[0]
 
 
-# --- the notebooks ------------------------------------------------------------------------------
+# --- the notebooks
+# ------------------------------------------------------------------------------
+
 
 def test_seven_notebooks_each_with_tasks_and_one_bug_hunt():
     assert len(NOTEBOOKS) >= 7
@@ -63,18 +74,29 @@ def test_seven_notebooks_each_with_tasks_and_one_bug_hunt():
         nb = nbformat.read(ROOT / "solutions" / f"{stem}.ipynb", as_version=4)
         tasks = expected_tasks(nb)
         assert tasks == [t.name for t in TASKS.values() if t.notebook == topic], stem
-        assert 2 <= sum(not t.endswith("_bug") for t in tasks) <= 5 and sum(t.endswith("_bug") for t in tasks) == 1, stem
-        assert nb.cells[-1].source == f'summary("{topic}")', f"{stem} must end with its total"
+        assert (
+            2 <= sum(not t.endswith("_bug") for t in tasks) <= 5
+            and sum(t.endswith("_bug") for t in tasks) == 1
+        ), stem
+        assert nb.cells[-1].source == f'summary("{topic}")', (
+            f"{stem} must end with its total"
+        )
         regions = sum(c.source.count(BEGIN) for c in nb.cells if c.cell_type == "code")
         assert regions >= len(tasks), f"{stem}: every task needs a solution region"
-        for cell in nb.cells:  # a check cell follows each task; previews are not counted
+        # a check cell follows each task; previews are not counted
+        for cell in nb.cells:
             if "grade(" in cell.source:
-                assert cell.source.startswith("grade(") and "\n" not in cell.source.strip()
+                assert (
+                    cell.source.startswith("grade(") and "\n" not in cell.source.strip()
+                )
 
 
 def test_strip_solutions_makes_an_indented_stub():
     source = f"def f(x):\n    {BEGIN}\n    return x\n    {END}\n\ny = 1"
-    assert strip_solutions(source) == "def f(x):\n    # YOUR CODE HERE\n    raise NotImplementedError\n\ny = 1"
+    assert (
+        strip_solutions(source)
+        == "def f(x):\n    # YOUR CODE HERE\n    raise NotImplementedError\n\ny = 1"
+    )
     for broken in (f"{BEGIN}\nx", f"x\n{END}", f"{BEGIN}\n{BEGIN}\n{END}"):
         with pytest.raises(ValueError):
             strip_solutions(broken)
@@ -85,7 +107,9 @@ def test_exercises_are_generated_from_the_current_solutions():
     assert not problems, f"exercises/ is stale, run `make exercises`: {problems}"
     for path in EXERCISES:
         nb = nbformat.read(path, as_version=4)
-        assert not any(BEGIN in c.source or END in c.source for c in nb.cells), path.name
+        assert not any(BEGIN in c.source or END in c.source for c in nb.cells), (
+            path.name
+        )
         assert sum("# YOUR CODE HERE" in c.source for c in nb.cells) >= 3, path.name
 
 
@@ -115,10 +139,14 @@ def test_untouched_exercises_score_zero_and_run(path):
     assert set(results) == set(expected_tasks(nb))
     for result in results.values():
         assert result.score == 0 and result.total > 0, result.table()
-        assert all("NotImplementedError" in row.message for row in result.rows), result.table()
+        assert all("NotImplementedError" in row.message for row in result.rows), (
+            result.table()
+        )
 
 
-@pytest.mark.parametrize("path", SOLUTIONS + EXERCISES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize(
+    "path", SOLUTIONS + EXERCISES, ids=lambda p: f"{p.parent.name}/{p.stem}"
+)
 def test_stored_outputs_show_the_scores(path):
     nb = nbformat.read(path, as_version=4)
     results = collected_results(nb)
@@ -130,13 +158,21 @@ def test_stored_outputs_show_the_scores(path):
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
 def test_each_bug_hunt_shows_a_bug_that_fails_one_check(path):
     nb, namespace, _ = run_in_process(path)
-    previews = [c.source for c in nb.cells if c.cell_type == "code" and c.source.startswith("preview(")]
+    previews = [
+        c.source
+        for c in nb.cells
+        if c.cell_type == "code" and c.source.startswith("preview(")
+    ]
     assert len(previews) == 1
-    task, name = previews[0].removeprefix("preview(").rstrip(")").replace('"', "").split(", ")
+    task, name = (
+        previews[0].removeprefix("preview(").rstrip(")").replace('"', "").split(", ")
+    )
     assert len(failed(task, namespace[name])) == 1
 
 
-# --- smol's own code passes the checks of the pieces it has --------------------------------------
+# --- smol's own code passes the checks of the pieces it has
+# --------------------------------------
+
 
 def test_smols_reference_implementations_score_full_marks():
     from smol.attention import repeat_kv
@@ -164,22 +200,31 @@ def test_smols_bpe_passes_the_bpe_checks():
 def test_smol_train_passes_the_training_checks():
     train = pytest.importorskip("smol.train")
     if hasattr(train, "lr_schedule"):
-        assert not failed("lr_schedule", lambda step, **kw: train.lr_schedule(step, kind="cosine", **kw))
+        assert not failed(
+            "lr_schedule",
+            lambda step, **kw: train.lr_schedule(step, kind="cosine", **kw),
+        )
     if hasattr(train, "param_groups"):
         assert not failed("param_groups", train.param_groups)
 
 
-# --- mutants: each bug class loses exactly the points of its own check ---------------------------
+# --- mutants: each bug class loses exactly the points of its own check
+# ---------------------------
+
 
 class NoUpcastRMSNorm(RMSNorm):
     def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+        return self.weight * (
+            x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        )
 
 
 def interleaved_rope(x, cos, sin):
     x1, x2 = x[..., 0::2], x[..., 1::2]
     c, s = cos[..., : x.shape[-1] // 2], sin[..., : x.shape[-1] // 2]
-    return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2).to(x.dtype)
+    return (
+        torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2).to(x.dtype)
+    )
 
 
 def tiled_repeat_kv(x, n_rep):
@@ -199,7 +244,11 @@ def init_without_skip(model):
     std = model.config.initializer_range
     for module in model.modules():
         if isinstance(module, nn.Linear):
-            scale = math.sqrt(2 * model.config.num_hidden_layers) if getattr(module, "scaled_init", False) else 1.0
+            scale = (
+                math.sqrt(2 * model.config.num_hidden_layers)
+                if getattr(module, "scaled_init", False)
+                else 1.0
+            )
             nn.init.normal_(module.weight, std=std / scale)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=std)
@@ -295,7 +344,11 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it)
     "an init that leaves the model unable to learn": ("init_weights", init_that_freezes, "the model still runs"),
     "an init that misses a projection": ("init_weights", init_that_misses_v_proj, "embedding and projections"),
     "missing fp32 upcast": ("rmsnorm", NoUpcastRMSNorm, "float16 activations"),
-    "wrong RoPE convention": ("rope", interleaved_rope, "rotates feature i with feature i + D/2"),
+    "wrong RoPE convention": (
+        "rope",
+        interleaved_rope,
+        "rotates feature i with feature i + D/2",
+    ),
     "tiling instead of grouping": ("repeat_kv", tiled_repeat_kv, "query head h reads"),
     "scaled-init flag misspelt": ("swiglu", misspelt_flag_mlp, "down_proj is flagged"),
     "tied weights re-initialised": ("init_weights", init_without_skip, "the tied matrix is initialised once"),
@@ -312,10 +365,14 @@ def test_a_mutant_loses_exactly_the_points_of_its_check(bug):
     result = run_checks(task, mutant)
     lost = {row.check for row in result.rows if not row.passed}
     assert lost == {check_named(task, check)}, result.table()
-    assert result.score == TASKS[task].points - next(c.points for c in TASKS[task].checks if c.name in lost)
+    assert result.score == TASKS[task].points - next(
+        c.points for c in TASKS[task].checks if c.name in lost
+    )
 
 
-# --- hostile student code ------------------------------------------------------------------------
+# --- hostile student code
+# ------------------------------------------------------------------------
+
 
 def good_rotate_half(x):
     x1, x2 = x.chunk(2, dim=-1)
@@ -327,7 +384,8 @@ def test_raising_hanging_exiting_and_misshaped_code_costs_only_its_checks():
 
     from smol.rope import apply_rope
 
-    def sometimes(x, cos, sin):  # the first check's call raises, the second's hangs, then all is well
+    # the first check's call raises, the second's hangs, then all is well
+    def sometimes(x, cos, sin):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("boom")
@@ -400,11 +458,14 @@ def test_a_timeout_must_be_a_positive_number(capsys):
 def test_timeout_works_off_the_main_thread_too():
     box, stop = [], threading.Event()
 
-    def hang(x):  # abandoned by the grader's watchdog thread; released at the end of the test
+    # abandoned by the grader's watchdog thread; released at the end of the test
+    def hang(x):
         while not stop.wait(0.05):
             pass
 
-    thread = threading.Thread(target=lambda: box.append(run_checks("rotate_half", hang, 0.3)))
+    thread = threading.Thread(
+        target=lambda: box.append(run_checks("rotate_half", hang, 0.3))
+    )
     thread.start()
     thread.join(10)
     stop.set()
@@ -420,11 +481,17 @@ def test_grade_prints_a_table_and_never_raises(capsys):
     grade("rms", None)
     summary("rope")
     out = capsys.readouterr().out
-    assert "unknown task" in out and "rotate_half: 3/3 points" in out and "rms: 0/4 points" in out
+    assert (
+        "unknown task" in out
+        and "rotate_half: 3/3 points" in out
+        and "rms: 0/4 points" in out
+    )
     assert "hint:" in out and "(not graded yet)" in out
 
 
-# --- the command line: fresh kernels, a hang and a dead kernel cost only their notebook -------------
+# --- the command line: fresh kernels, a hang and a dead kernel cost only their notebook
+# -------------
+
 
 def _notebook(tmp_path, name, sources):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
@@ -485,7 +552,12 @@ def test_command_line_grades_fresh_kernels_and_survives_hostile_notebooks(comman
     solution, exercise = notebooks["solutions/01_rmsnorm.ipynb"], notebooks["exercises/01_rmsnorm.ipynb"]
     died, hung = (r for name, r in notebooks.items() if name.endswith(("/dies.ipynb", "/hangs.ipynb")))
     full = sum(TASKS[t].points for t in ("rms", "rmsnorm", "rmsnorm_bug"))
-    assert (solution["score"], solution["total"], exercise["score"], exercise["total"]) == (full, full, 0, full)
+    assert (
+        solution["score"],
+        solution["total"],
+        exercise["score"],
+        exercise["total"],
+    ) == (full, full, 0, full)
     assert solution["status"] == "ok" and exercise["status"] == "ok"
     assert (died["score"], died["total"]) == (3, 7) and "died" in died["status"]
     assert (hung["score"], hung["total"]) == (3, 11) and "time limit" in hung["status"]
@@ -559,7 +631,9 @@ def test_grade_calls_name_the_object_graded():
     assert grade_calls('grade("rms", rms') == [("rms", None)]  # does not parse: never ran
 
 
-# --- other correct ways to write a piece pass too (no false alarms) --------------------------------
+# --- other correct ways to write a piece pass too (no false alarms)
+# --------------------------------
+
 
 class DividingRMSNorm(nn.Module):
     def __init__(self, dim, eps=1e-5):
@@ -568,7 +642,9 @@ class DividingRMSNorm(nn.Module):
 
     def forward(self, x):
         h = x.float()
-        return (self.weight * (h / torch.sqrt(h.square().mean(-1, keepdim=True) + self.eps))).to(x.dtype)
+        return (
+            self.weight * (h / torch.sqrt(h.square().mean(-1, keepdim=True) + self.eps))
+        ).to(x.dtype)
 
 
 def additive_mask_attention(q, k, v):
@@ -584,7 +660,12 @@ def init_by_name(model):
         if p.dim() == 1:
             nn.init.ones_(p)
         else:
-            nn.init.normal_(p, std=std / math.sqrt(2 * L) if name.endswith(("o_proj.weight", "down_proj.weight")) else std)
+            nn.init.normal_(
+                p,
+                std=std / math.sqrt(2 * L)
+                if name.endswith(("o_proj.weight", "down_proj.weight"))
+                else std,
+            )
 
 
 def hf_style_top_p(logits, p):
@@ -595,7 +676,9 @@ def hf_style_top_p(logits, p):
 
 
 def zero_after_step(model, optimizer, tokens):
-    loss = F.cross_entropy(model(tokens[:, :-1])[0].flatten(0, 1), tokens[:, 1:].flatten())
+    loss = F.cross_entropy(
+        model(tokens[:, :-1])[0].flatten(0, 1), tokens[:, 1:].flatten()
+    )
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -738,13 +821,19 @@ def test_the_mask_reference_is_smols_mask():
 
     for am, T, offset in ((PADDED, 6, 0), (PADDED, 2, 4), (None, 3, 4)):
         B = 2 if am is not None else 1
-        mask, _ = SmolLM._attention_mask(None, am, B, T, offset, torch.device("cpu"))  # uses no state
-        assert torch.equal(mask.expand(B, 1, T, offset + T), _reference_mask(am, T, offset).expand(B, 1, T, offset + T))
+        # uses no state
+        mask, _ = SmolLM._attention_mask(None, am, B, T, offset, torch.device("cpu"))
+        assert torch.equal(
+            mask.expand(B, 1, T, offset + T),
+            _reference_mask(am, T, offset).expand(B, 1, T, offset + T),
+        )
 
 
 def test_preview_hides_hints_and_tables_need_no_emoji(capsys):
-    """A "find the bug" preview shows which checks fail and how, not the hint that names the
-    fix; a graded attempt shows the hints. The HTML table marks rows with words, which every
+    """A "find the bug" preview shows which checks fail and how, not the hint that names
+    the
+    fix; a graded attempt shows the hints. The HTML table marks rows with words,
+    which every
     font has, not emoji, which show as empty boxes where no emoji font is installed."""
     wrong = lambda x, eps=1e-5: x.abs().mean(-1, keepdim=True)  # noqa: E731
     preview("rms", wrong)
@@ -756,4 +845,6 @@ def test_preview_hides_hints_and_tables_need_no_emoji(capsys):
     result = run_checks("rms", wrong)
     for table in (result.html(), result.html(hints=False)):
         assert "pass" in table and "FAIL" in table
-        assert all(ord(ch) < 0x2000 for ch in table), "a symbol that needs a special font"
+        assert all(ord(ch) < 0x2000 for ch in table), (
+            "a symbol that needs a special font"
+        )

@@ -1,4 +1,5 @@
-"""The trainer: schedules, parameter groups, accumulation, exact resume, checkpoint errors, NaN, CLI."""
+"""The trainer: schedules, parameter groups, accumulation, exact resume, checkpoint
+errors, NaN, CLI."""
 
 import dataclasses
 import json
@@ -14,21 +15,43 @@ from smol.optim import amp_dtype, lr_schedule, param_groups
 from smol.train import TrainConfig, Trainer, TrainingDiverged
 from smol.train_cli import main
 
-SMALL = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+SMALL = {
+    "vocab_size": 97,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
 
 
 def small_config(tmp_path, **changes) -> TrainConfig:
-    base = dict(model_overrides=SMALL, steps=6, batch_size=4, seq_len=16, lr=1e-2, min_lr=1e-3, warmup_steps=2,
-                eval_every=3, eval_batches=2, log_every=1, out_dir=str(tmp_path / "run"), progress=False,
-                sample_tokens=0, device="cpu")
+    base = dict(
+        model_overrides=SMALL,
+        steps=6,
+        batch_size=4,
+        seq_len=16,
+        lr=1e-2,
+        min_lr=1e-3,
+        warmup_steps=2,
+        eval_every=3,
+        eval_batches=2,
+        log_every=1,
+        out_dir=str(tmp_path / "run"),
+        progress=False,
+        sample_tokens=0,
+        device="cpu",
+    )
     return TrainConfig(**{**base, **changes})
 
 
 def tokens(n, seed):
     """A learnable stream: one random 40-token phrase, repeated."""
-    phrase = torch.randint(0, SMALL["vocab_size"], (40,), generator=torch.Generator().manual_seed(0))
-    return phrase.repeat(n // 40 + 1)[seed: seed + n]
+    phrase = torch.randint(
+        0, SMALL["vocab_size"], (40,), generator=torch.Generator().manual_seed(0)
+    )
+    return phrase.repeat(n // 40 + 1)[seed : seed + n]
 
 
 def trainer(cfg) -> Trainer:
@@ -41,6 +64,7 @@ def weights(t: Trainer) -> dict:
 
 # Schedules
 
+
 def test_cosine_schedule_warms_up_then_decays_to_min_lr():
     kw = dict(max_lr=1.0, warmup_steps=10, total_steps=110, min_lr=0.1)
     lrs = [lr_schedule(s, **kw) for s in range(111)]
@@ -52,7 +76,14 @@ def test_cosine_schedule_warms_up_then_decays_to_min_lr():
 
 
 def test_wsd_schedule_is_flat_then_decays_linearly():
-    kw = dict(max_lr=2.0, warmup_steps=5, total_steps=100, min_lr=0.0, kind="wsd", decay_fraction=0.2)
+    kw = dict(
+        max_lr=2.0,
+        warmup_steps=5,
+        total_steps=100,
+        min_lr=0.0,
+        kind="wsd",
+        decay_fraction=0.2,
+    )
     lrs = [lr_schedule(s, **kw) for s in range(101)]
     assert lrs[4] == pytest.approx(2.0) and lrs[5:80] == [2.0] * 75
     assert lrs[90] == pytest.approx(1.0)
@@ -60,8 +91,15 @@ def test_wsd_schedule_is_flat_then_decays_linearly():
     assert all(a > b for a, b in zip(lrs[80:100], lrs[81:101]))
 
 
-@pytest.mark.parametrize("bad", [dict(warmup_steps=20, total_steps=10), dict(min_lr=2.0), dict(kind="linear"),
-                                 dict(kind="wsd", decay_fraction=1.5)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(warmup_steps=20, total_steps=10),
+        dict(min_lr=2.0),
+        dict(kind="linear"),
+        dict(kind="wsd", decay_fraction=1.5),
+    ],
+)
 def test_schedule_rejects_bad_arguments(bad):
     kw = {**dict(max_lr=1.0, warmup_steps=1, total_steps=10), **bad}
     with pytest.raises(ValueError):
@@ -70,18 +108,25 @@ def test_schedule_rejects_bad_arguments(bad):
 
 # Parameter groups, FLOPs, peaks
 
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_param_groups_decay_matrices_only_and_count_the_tied_matrix_once(tied):
     model = SmolLM(SmolConfig(**SMALL, tie_word_embeddings=tied))
     decay, no_decay = param_groups(model, 0.1)
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(
+        p.dim() == 1 for p in no_decay["params"]
+    )
     ids = [id(p) for p in decay["params"] + no_decay["params"]]
     assert len(ids) == len(set(ids))
-    assert sum(p.numel() for p in decay["params"] + no_decay["params"]) == model.count_params()
+    assert (
+        sum(p.numel() for p in decay["params"] + no_decay["params"])
+        == model.count_params()
+    )
     assert any(p is model.model.embed_tokens.weight for p in decay["params"])
     assert any(p is model.lm_head.weight for p in decay["params"])
-    assert len(no_decay["params"]) == 2 * SMALL["num_hidden_layers"] + 1  # the RMSNorm gains
+    # the RMSNorm gains
+    assert len(no_decay["params"]) == 2 * SMALL["num_hidden_layers"] + 1
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -96,10 +141,20 @@ def test_flops_per_token_of_smollm2_135m():
     assert flops_per_token(config, 2048) == 6 * 134_515_008 + 12 * 30 * 9 * 64 * 2048
 
 
-@pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
-                                        ("NVIDIA H200", 989e12), ("NVIDIA A100-SXM4-40GB", 312e12),
-                                        ("Tesla T4", 65e12), ("NVIDIA L4", 121e12), ("NVIDIA L40S", 362e12),
-                                        ("NVIDIA L40", None), ("NVIDIA GeForce RTX 3060", None)])
+@pytest.mark.parametrize(
+    "name, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA A100-SXM4-40GB", 312e12),
+        ("Tesla T4", 65e12),
+        ("NVIDIA L4", 121e12),
+        ("NVIDIA L40S", 362e12),
+        ("NVIDIA L40", None),
+        ("NVIDIA GeForce RTX 3060", None),
+    ],
+)
 def test_peak_flops_table(monkeypatch, name, peak):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     assert peak_flops("cuda") == peak
@@ -113,12 +168,18 @@ def test_amp_dtype_bf16_where_native_else_fp16_on_cuda_fp32_on_cpu(monkeypatch):
         amp_dtype(torch.device("cpu"), "fp16")
     with pytest.raises(ValueError, match="dtype must be one of"):
         amp_dtype(torch.device("cpu"), "half")
-    for native, expected in ((True, torch.bfloat16), (False, torch.float16)):  # an A100, a T4
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True, n=native: n)
+    # an A100, a T4
+    for native, expected in ((True, torch.bfloat16), (False, torch.float16)):
+        monkeypatch.setattr(
+            torch.cuda,
+            "is_bf16_supported",
+            lambda including_emulation=True, n=native: n,
+        )
         assert amp_dtype(torch.device("cuda")) == expected
 
 
 # Training
+
 
 def test_loss_falls_and_history_is_recorded(tmp_path):
     t = trainer(small_config(tmp_path, steps=12, eval_every=6))
@@ -126,12 +187,18 @@ def test_loss_falls_and_history_is_recorded(tmp_path):
     assert h["step"] == list(range(1, 13)) and len(h["lr"]) == 12
     assert h["val_step"] == [6, 12]
     assert h["loss"][-1] < h["loss"][0] - 0.2
-    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step_0000012"
+    assert (
+        tmp_path / "run" / "checkpoints" / "latest"
+    ).read_text().strip() == "step_0000012"
 
 
 def test_accumulation_equals_one_big_batch(tmp_path):
-    big = trainer(small_config(tmp_path / "a", batch_size=4, grad_accum=1, eval_every=0))
-    acc = trainer(small_config(tmp_path / "b", batch_size=2, grad_accum=2, eval_every=0))
+    big = trainer(
+        small_config(tmp_path / "a", batch_size=4, grad_accum=1, eval_every=0)
+    )
+    acc = trainer(
+        small_config(tmp_path / "b", batch_size=2, grad_accum=2, eval_every=0)
+    )
     big.fit(), acc.fit()
     assert acc.history["loss"] == pytest.approx(big.history["loss"], rel=1e-5)
     for k, v in weights(big).items():
@@ -146,7 +213,10 @@ def test_resume_is_bit_exact(tmp_path):
     first.fit(until=4)  # stop after step 4, as a preempted job would, with a checkpoint
     assert first.step == 4
     second = trainer(dataclasses.replace(cfg, resume=True))
-    assert second.step == 4 and second.train_batches.position == first.train_batches.position
+    assert (
+        second.step == 4
+        and second.train_batches.position == first.train_batches.position
+    )
     second.fit()
     assert second.history["loss"] == full.history["loss"]
     assert second.history["val_loss"] == full.history["val_loss"]
@@ -157,10 +227,16 @@ def test_resume_is_bit_exact(tmp_path):
 
 
 def test_checkpoints_keep_the_newest_and_load_tied_weights(tmp_path):
-    t = trainer(small_config(tmp_path, steps=6, ckpt_every=2, keep_checkpoints=2, eval_every=0))
+    t = trainer(
+        small_config(tmp_path, steps=6, ckpt_every=2, keep_checkpoints=2, eval_every=0)
+    )
     t.fit()
     root = tmp_path / "run" / "checkpoints"
-    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_0000004", "step_0000006"]
+    assert sorted(p.name for p in root.iterdir()) == [
+        "latest",
+        "step_0000004",
+        "step_0000006",
+    ]
     again = trainer(dataclasses.replace(t.cfg, resume=True))
     assert again.model.lm_head.weight is again.model.model.embed_tokens.weight
     assert torch.equal(again.model.lm_head.weight, t.model.lm_head.weight)
@@ -173,7 +249,9 @@ def test_resume_without_a_checkpoint_says_so(tmp_path):
 
 def test_resume_from_another_config_is_refused(tmp_path):
     trainer(small_config(tmp_path, steps=2)).fit()
-    other = small_config(tmp_path, steps=2, resume=True, model_overrides={**SMALL, "hidden_size": 48})
+    other = small_config(
+        tmp_path, steps=2, resume=True, model_overrides={**SMALL, "hidden_size": 48}
+    )
     with pytest.raises(ValueError, match="hidden_size: checkpoint 32, now 48"):
         trainer(other)
     with pytest.raises(ValueError, match="seq_len: checkpoint 16, now 8"):
@@ -186,7 +264,9 @@ def test_corrupted_checkpoint_is_detected(tmp_path, victim):
     path = tmp_path / "run" / "checkpoints" / "step_0000002" / victim
     blob = bytearray(path.read_bytes())
     blob[len(blob) // 2] ^= 0xFF  # flip one byte in the middle
-    path.write_bytes(bytes(blob[: len(blob) - 7]) if victim == "state.pt" else bytes(blob))
+    path.write_bytes(
+        bytes(blob[: len(blob) - 7]) if victim == "state.pt" else bytes(blob)
+    )
     with pytest.raises(CheckpointError, match="corrupted"):
         trainer(small_config(tmp_path, steps=2, resume=True))
 
@@ -201,15 +281,24 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     root = tmp_path / "run" / "checkpoints"
     assert (root / "latest").read_text().strip() == "step_0000002"
     again = trainer(dataclasses.replace(t.cfg, resume=True))
-    assert again.step == 2 and all(torch.isfinite(p).all() for p in again.model.parameters())
+    assert again.step == 2 and all(
+        torch.isfinite(p).all() for p in again.model.parameters()
+    )
 
 
 def test_batches_that_do_not_fit_the_data_are_refused(tmp_path):
     with pytest.raises(ValueError, match="lower batch_size or seq_len"):
-        Trainer(small_config(tmp_path, batch_size=64, seq_len=60), train_tokens=tokens(1000, 0),
-                val_tokens=tokens(1000, 1))
+        Trainer(
+            small_config(tmp_path, batch_size=64, seq_len=60),
+            train_tokens=tokens(1000, 0),
+            val_tokens=tokens(1000, 1),
+        )
     with pytest.raises(ValueError, match="does not fit"):
-        Trainer(small_config(tmp_path, seq_len=32), train_tokens=tokens(3000, 0), val_tokens=tokens(20, 1))
+        Trainer(
+            small_config(tmp_path, seq_len=32),
+            train_tokens=tokens(3000, 0),
+            val_tokens=tokens(20, 1),
+        )
     with pytest.raises(ValueError, match="longer than the model's context"):
         trainer(small_config(tmp_path, seq_len=128))
 
@@ -217,7 +306,9 @@ def test_batches_that_do_not_fit_the_data_are_refused(tmp_path):
 def test_bf16_autocast_trains_float32_weights(tmp_path):
     t = trainer(small_config(tmp_path, steps=3, dtype="bf16"))
     t.fit()
-    assert t.amp_dtype == torch.bfloat16 and all(math.isfinite(x) for x in t.history["loss"])
+    assert t.amp_dtype == torch.bfloat16 and all(
+        math.isfinite(x) for x in t.history["loss"]
+    )
     assert all(p.dtype == torch.float32 for p in t.model.parameters())
     assert t.mfu(1000.0) is None  # a CPU has no peak in the table
     t.peak = 100e12
@@ -241,12 +332,18 @@ def test_a_crash_while_saving_leaves_the_last_checkpoint_intact(tmp_path, monkey
     again = trainer(dataclasses.replace(t.cfg, resume=True))
     assert again.step == 2
     again.fit()
-    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_0000002", "step_0000004"]  # no leftovers
+    assert sorted(p.name for p in root.iterdir()) == [
+        "latest",
+        "step_0000002",
+        "step_0000004",
+    ]  # no leftovers
 
 
 def test_compile_keeps_eval_and_generation_working(tmp_path, monkeypatch):
     compile_ = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda m, **kw: compile_(m, backend="eager", **kw))
+    monkeypatch.setattr(
+        torch, "compile", lambda m, **kw: compile_(m, backend="eager", **kw)
+    )
     t = trainer(small_config(tmp_path, steps=2, compile=True))
     t.fit()
     assert t.train_model is t.eval_model and t.eval_model is not t.model
@@ -259,14 +356,43 @@ def test_compile_keeps_eval_and_generation_working(tmp_path, monkeypatch):
 
 # The command line, on the real corpus
 
+
 def test_cli_trains_the_tiny_preset(tmp_path, capsys):
     out = tmp_path / "cli"
-    args = ["--preset", "tiny", "--set", "num_hidden_layers=1", "--set", "hidden_size=64", "--steps", "4",
-            "--warmup-steps", "1", "--batch-size", "4", "--seq-len", "32", "--eval-every", "2", "--eval-batches", "2",
-            "--sample-tokens", "8", "--out-dir", str(out), "--no-progress", "--device", "cpu"]
+    args = [
+        "--preset",
+        "tiny",
+        "--set",
+        "num_hidden_layers=1",
+        "--set",
+        "hidden_size=64",
+        "--steps",
+        "4",
+        "--warmup-steps",
+        "1",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--eval-every",
+        "2",
+        "--eval-batches",
+        "2",
+        "--sample-tokens",
+        "8",
+        "--out-dir",
+        str(out),
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     assert main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["step"] == 4 and summary["mfu"] is None and math.isfinite(summary["val_loss"])
+    assert (
+        summary["step"] == 4
+        and summary["mfu"] is None
+        and math.isfinite(summary["val_loss"])
+    )
     assert (out / "loss.png").stat().st_size > 0
     printed = capsys.readouterr().out
     assert "tokens/s" in printed and "sample: 'Romeo." in printed
@@ -275,7 +401,22 @@ def test_cli_trains_the_tiny_preset(tmp_path, capsys):
 
 
 def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
-    assert main(["--out-dir", str(tmp_path / "none"), "--resume", "--no-progress", "--device", "cpu"]) == 1
+    assert (
+        main(
+            [
+                "--out-dir",
+                str(tmp_path / "none"),
+                "--resume",
+                "--no-progress",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 1
+    )
     assert "error: no checkpoint to resume from" in capsys.readouterr().err
-    assert main(["--seq-len", "1024", "--out-dir", str(tmp_path / "x"), "--device", "cpu"]) == 1
+    assert (
+        main(["--seq-len", "1024", "--out-dir", str(tmp_path / "x"), "--device", "cpu"])
+        == 1
+    )
     assert "longer than the model's context" in capsys.readouterr().err

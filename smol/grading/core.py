@@ -1,8 +1,12 @@
-"""The grader's machinery: a registry of checks per task, and `grade`, which runs them safely.
+"""The grader's machinery: a registry of checks per task, and `grade`, which runs them
+safely.
 
-A check is a function of the student's object that returns normally when the object passes and
-raises (usually `AssertionError` with a message for the student) when it does not. `grade` runs
-every check of a task with a per-check time limit, catches everything the student's code can throw
+A check is a function of the student's object that returns normally when the object
+passes and
+raises (usually `AssertionError` with a message for the student) when it does not.
+`grade` runs
+every check of a task with a per-check time limit, catches everything the student's
+code can throw
 (including `SystemExit`), prints a table and never raises.
 
 Where the platform can fork (Linux; see `ISOLATE`), every check runs in a forked child process:
@@ -27,7 +31,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-MIME = "application/vnd.smol.grade+json"  # the machine-readable result that `python -m smol.grade` reads
+# the machine-readable result that `python -m smol.grade` reads
+MIME = "application/vnd.smol.grade+json"
 DEFAULT_TIMEOUT = 10.0  # seconds per check
 NOT_WRITTEN = (
     "NotImplementedError: not written yet"  # a stub was called; its hint stays hidden
@@ -74,7 +79,8 @@ _WARM: set = set()  # the warm-up functions already run in this process
 
 
 def check(task_names: str | tuple[str, ...], name: str, points: int, hint: str):
-    """Decorator: register `fn(obj)` as a check of one task (or the same check for several)."""
+    """Decorator: register `fn(obj)` as a check of one task (or the same check for
+    several)."""
     names = (task_names,) if isinstance(task_names, str) else task_names
 
     def register(fn):
@@ -90,7 +96,8 @@ class CheckTimeout(Exception):
 
 
 class ExitRefused(Exception):
-    """Raised in place of os._exit / os.abort while a check runs, so the kernel survives."""
+    """Raised in place of os._exit / os.abort while a check runs, so the kernel
+    survives."""
 
 
 @dataclass
@@ -207,8 +214,10 @@ def _describe(exc: BaseException) -> str:
 
 
 def _run_with_timeout(fn: Callable[[], None], timeout: float) -> None:
-    """Run fn; raise CheckTimeout after `timeout` seconds. On the main thread of a POSIX process (a
-    Jupyter kernel, a script) a SIGALRM timer interrupts the check; elsewhere the check runs in a
+    """Run fn; raise CheckTimeout after `timeout` seconds. On the main thread of a POSIX
+    process (a
+    Jupyter kernel, a script) a SIGALRM timer interrupts the check; elsewhere the
+    check runs in a
     daemon thread that is abandoned when it overruns."""
     message = f"timed out after {timeout:g} s (an endless loop?)"
     main = threading.current_thread() is threading.main_thread()
@@ -477,7 +486,8 @@ def _in_ipython() -> bool:
 
 
 def _show(result: Result, counted: bool) -> None:
-    """The table of a graded result, or of a preview: a preview shows which checks fail and how,
+    """The table of a graded result, or of a preview: a preview shows which checks fail
+    and how,
     but not their hints, which would give away the bug the student is asked to find."""
     payload = {**result.to_json(), "counted": counted}
     note = "(a preview: not counted in your score; hints are shown when you grade)"
@@ -519,7 +529,8 @@ def grade(
         result = run_checks(task_name, obj, timeout)
     except KeyboardInterrupt:
         raise
-    except BaseException as exc:  # noqa: BLE001 - the grader itself must never break a notebook
+    # noqa: BLE001 - the grader itself must never break a notebook
+    except BaseException as exc:
         result = Result(task_name, [], error=f"the grader failed: {_describe(exc)}")
     RESULTS[task_name] = result
     if show:

@@ -12,10 +12,21 @@ from smol.mlp import MLP as Reference
 
 task("silu", "swiglu", "silu(x): the sigmoid linear unit")
 task("swiglu", "swiglu", "SwiGLU(config): the gated feed-forward block")
-task("swiglu_bug", "swiglu", "Find the bug: an MLP that SmolLM initialises like any other layer")
+task(
+    "swiglu_bug",
+    "swiglu",
+    "Find the bug: an MLP that SmolLM initialises like any other layer",
+)
 
-CONFIG = SmolConfig(vocab_size=64, hidden_size=64, intermediate_size=256, num_hidden_layers=8,
-                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)
+CONFIG = SmolConfig(
+    vocab_size=64,
+    hidden_size=64,
+    intermediate_size=256,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=32,
+)
 BOTH = ("swiglu", "swiglu_bug")  # the checks that the buggy MLP must pass as well
 
 
@@ -55,15 +66,21 @@ def _(fn):
 def _pair(cls, config=CONFIG):
     """The student's module and smol's with the same weights, matched by name (any order)."""
     student = cls(config)
-    assert isinstance(student, torch.nn.Module), f"SwiGLU(config) should be an nn.Module, got {type(student).__name__}"
+    assert isinstance(student, torch.nn.Module), (
+        f"SwiGLU(config) should be an nn.Module, got {type(student).__name__}"
+    )
     ref = Reference(config)
     missing = student.load_state_dict(ref.state_dict(), strict=False).missing_keys
     assert not missing, f"the module has no {', '.join(missing)}"
     return student, ref
 
 
-@check(BOTH, "gate_proj, up_proj (C -> F) and down_proj (F -> C), without biases", 1,
-       "three nn.Linear(..., bias=False) named as Hugging Face's LlamaMLP")
+@check(
+    BOTH,
+    "gate_proj, up_proj (C -> F) and down_proj (F -> C), without biases",
+    1,
+    "three nn.Linear(..., bias=False) named as Hugging Face's LlamaMLP",
+)
 def _(cls):
     student = cls(CONFIG)
     got = {k: tuple(v.shape) for k, v in student.state_dict().items()}
@@ -71,16 +88,25 @@ def _(cls):
     assert got == want, f"parameters {got}, expected {want}"
 
 
-@check(BOTH, "values: down(silu(gate(x)) * up(x)) with smol's weights", 2,
-       "the gate goes through silu, the up projection does not; multiply them, then project down")
+@check(
+    BOTH,
+    "values: down(silu(gate(x)) * up(x)) with smol's weights",
+    2,
+    "the gate goes through silu, the up projection does not; multiply them, then "
+    "project down",
+)
 def _(cls):
     student, ref = _pair(cls)
     x = torch.randn(2, 5, CONFIG.hidden_size)
     close(student(x), ref(x), "the MLP's output", atol=1e-5)
 
 
-@check(BOTH, "gradients for the input and every weight equal smol's", 1,
-       "use differentiable operations only")
+@check(
+    BOTH,
+    "gradients for the input and every weight equal smol's",
+    1,
+    "use differentiable operations only",
+)
 def _(cls):
     student, ref = _pair(cls)
     x = torch.randn(2, 3, CONFIG.hidden_size)
@@ -95,9 +121,15 @@ def _(cls):
         close(p.grad, r.grad, f"the gradient of {name}", atol=1e-5)
 
 
-@check(BOTH, "down_proj is flagged `scaled_init`, so SmolLM initialises it with std / sqrt(2 * n_layers)", 2,
-       "SmolLM.reset_parameters reads getattr(module, 'scaled_init', False): the flag must be "
-       "spelt exactly `scaled_init` and set on down_proj")
+@check(
+    BOTH,
+    "down_proj is flagged `scaled_init`, so SmolLM initialises it with std / sqrt(2 * "
+    "n_layers)",
+    2,
+    "SmolLM.reset_parameters reads getattr(module, 'scaled_init', False): the flag "
+    "must be "
+    "spelt exactly `scaled_init` and set on down_proj",
+)
 def _(cls):
     model = SmolLM(CONFIG)
     for layer in model.model.layers:
