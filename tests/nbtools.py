@@ -31,6 +31,7 @@ CHAPTER_EXERCISES = {
     "04_swiglu": "04_swiglu",
     "05_tying_and_init": "05_tying_and_init",
     "06_the_assembled_model": None,
+    "07_the_tokenizer": "08_bpe",
     "08_running_the_real_smollm2": "07_kv_cache_generation",
     "10_training": "06_training_loop",
     "11_sdpa_on_a_gpu": None,

@@ -22,17 +22,31 @@ SHOWN = {
     ],
     "03_attention_and_gqa": ["# smol/attention.py"],
     "04_swiglu": ["# smol/mlp.py"],
-    "05_tying_and_init": ["# smol/model.py: SmolLM.tie_weights", "# smol/model.py: SmolLM.reset_parameters",
-                          "# smol/model.py: SmolLM.tie_weights, SmolLM.reset_parameters"],
-    "06_the_assembled_model": ["# smol/model.py: DecoderLayer", "# smol/model.py: SmolModel",
-                               "# smol/model.py: SmolLM", "# smol/model.py: check_state_dict",
-                               "# smol/model.py"],
+    "05_tying_and_init": [
+        "# smol/model.py: SmolLM.tie_weights",
+        "# smol/model.py: SmolLM.reset_parameters",
+        "# smol/model.py: SmolLM.tie_weights, SmolLM.reset_parameters",
+    ],
+    "06_the_assembled_model": [
+        "# smol/model.py: DecoderLayer",
+        "# smol/model.py: SmolModel",
+        "# smol/model.py: SmolLM",
+        "# smol/model.py: check_state_dict",
+        "# smol/model.py",
+    ],
     "07_the_tokenizer": ["# smol/bpe.py"],
-    "08_running_the_real_smollm2": ["# smol/kv_cache.py: KVCache",
-                                    "# smol/generate.py: filter_top_k, filter_top_p, sample_next_token"],
-    "10_training": ["# smol/optim.py: lr_schedule, param_groups", "# smol/train.py: Trainer.train_step"],
-    "11_sdpa_on_a_gpu": ["# smol/flops.py: num_params, flops_per_token, peak_flops",
-                         "# smol/optim.py: amp_dtype"],
+    "08_running_the_real_smollm2": [
+        "# smol/kv_cache.py: KVCache",
+        "# smol/generate.py: filter_top_k, filter_top_p, sample_next_token",
+    ],
+    "10_training": [
+        "# smol/optim.py: lr_schedule, param_groups",
+        "# smol/train.py: Trainer.train_step",
+    ],
+    "11_sdpa_on_a_gpu": [
+        "# smol/flops.py: num_params, flops_per_token, peak_flops",
+        "# smol/optim.py: amp_dtype",
+    ],
 }
 
 # Modules of smol that no chapter shows, on purpose. Every other module is shown

@@ -184,7 +184,8 @@ class Result:
             )
         last = "hint" if hints else "what went wrong"
         return (
-            f"{head}<table><tr><th></th><th>points</th><th style='text-align:left'>check</th>"
+            f"{head}<table><tr><th></th><th>points</th><th "
+            "style='text-align:left'>check</th>"
             f"<th style='text-align:left'>{last}</th></tr>{''.join(rows)}</table>"
         )
 

@@ -67,7 +67,9 @@ class _ForbidFunctions(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in self.names:
             self.called.append(self.names[func])
-            raise AssertionError(f"your code calls {self.names[func]}, which this task asks you not to use")
+            raise AssertionError(
+                f"your code calls {self.names[func]}, which this task asks you not to use"
+            )
         return func(*args, **(kwargs or {}))
 
 
@@ -78,5 +80,7 @@ def without(call, functions: dict):
     not torch.ops.aten.* ones."""
     with _ForbidFunctions(functions) as spy:
         out = call()
-    assert not spy.called, f"your code calls {spy.called[0]}, which this task asks you not to use"
+    assert not spy.called, (
+        f"your code calls {spy.called[0]}, which this task asks you not to use"
+    )
     return out

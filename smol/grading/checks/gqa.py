@@ -159,9 +159,16 @@ def _(fn):
         close(g, r, f"the gradient of {name}", atol=1e-4)
 
 
-@check("gqa_attention", "written by hand: no F.scaled_dot_product_attention", 1,
-       "the task is the attention itself: scores = q @ k^T / sqrt(D), mask, softmax, @ v")
+@check(
+    "gqa_attention",
+    "written by hand: no F.scaled_dot_product_attention",
+    1,
+    "the task is the attention itself: scores = q @ k^T / sqrt(D), mask, softmax, @ v",
+)
 def _(fn):
     q, k, v = _qkv()
-    out = without(lambda: fn(q, k, v), {F.scaled_dot_product_attention: "F.scaled_dot_product_attention"})
+    out = without(
+        lambda: fn(q, k, v),
+        {F.scaled_dot_product_attention: "F.scaled_dot_product_attention"},
+    )
     close(out, _reference(q, k, v), "gqa_attention(q, k, v)", atol=1e-5)

@@ -79,9 +79,14 @@ def _(fn):
     )
 
 
-@check("tie_weights", "the tied model runs and learns: smol's logits, a gradient for the shared matrix", 1,
-       "tie the Parameter (lm_head.weight = embed_tokens.weight); replacing lm_head by the embedding "
-       "module gives the same weight, and a head that cannot project hidden states")
+@check(
+    "tie_weights",
+    "the tied model runs and learns: smol's logits, a gradient for the shared matrix",
+    1,
+    "tie the Parameter (lm_head.weight = embed_tokens.weight); replacing lm_head by "
+    "the embedding "
+    "module gives the same weight, and a head that cannot project hidden states",
+)
 def _(fn):
     model = _untied_model()
     fn(model)
@@ -92,11 +97,17 @@ def _(fn):
     close(logits, ref(ids[:, :-1])[0], "the tied model's logits")
     loss.backward()
     grad = model.model.embed_tokens.weight.grad
-    assert grad is not None and torch.isfinite(grad).all(), "no finite gradient reached the shared matrix"
+    assert grad is not None and torch.isfinite(grad).all(), (
+        "no finite gradient reached the shared matrix"
+    )
 
 
-@check("tie_weights", "an untied config (tie_word_embeddings=False) keeps two matrices", 1,
-       "tie only when model.config.tie_word_embeddings is true")
+@check(
+    "tie_weights",
+    "an untied config (tie_word_embeddings=False) keeps two matrices",
+    1,
+    "tie only when model.config.tie_word_embeddings is true",
+)
 def _(fn):
     model = SmolLM(CONFIG.replace(tie_word_embeddings=False))
     fn(model)
@@ -175,8 +186,16 @@ def _(fn):
     fn(model)
     std = CONFIG.initializer_range
     for name, p in model.named_parameters():
-        if name.endswith(("embed_tokens.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight",
-                          "gate_proj.weight", "up_proj.weight")):
+        if name.endswith(
+            (
+                "embed_tokens.weight",
+                "q_proj.weight",
+                "k_proj.weight",
+                "v_proj.weight",
+                "gate_proj.weight",
+                "up_proj.weight",
+            )
+        ):
             _std_ok(name, p, std)
 
 
@@ -241,19 +260,31 @@ def _(fn):
     _std_ok("lm_head.weight", model.lm_head.weight, CONFIG.initializer_range)
 
 
-@check(BOTH, "the model still runs and learns after init: a loss near log(vocab), every gradient", 1,
-       "initialise values in place and leave the rest alone (requires_grad, dtypes, modules): "
-       "a fresh model predicts about uniformly, so its loss is close to log(vocab_size)")
+@check(
+    BOTH,
+    "the model still runs and learns after init: a loss near log(vocab), every gradient",
+    1,
+    "initialise values in place and leave the rest alone (requires_grad, dtypes, "
+    "modules): "
+    "a fresh model predicts about uniformly, so its loss is close to "
+    "log(vocab_size)",
+)
 def _(fn):
     model = _scrambled()
     fn(model)
     ids = torch.randint(0, CONFIG.vocab_size, (2, 9))
     frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
-    assert not frozen, f"{frozen[0]} no longer requires a gradient: training could not change it"
+    assert not frozen, (
+        f"{frozen[0]} no longer requires a gradient: training could not change it"
+    )
     _, loss = model(ids[:, :-1], targets=ids[:, 1:])
     want = math.log(CONFIG.vocab_size)
-    assert torch.isfinite(loss) and abs(loss.item() - want) < 0.5, \
-        f"the loss of the freshly initialised model is {loss.item():.3f}, expected about {want:.3f}"
+    assert torch.isfinite(loss) and abs(loss.item() - want) < 0.5, (
+        f"the loss of the freshly initialised model is {loss.item():.3f}, expected "
+        f"about {want:.3f}"
+    )
     loss.backward()
     for name, p in model.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all(), f"no finite gradient reached {name}"
+        assert p.grad is not None and torch.isfinite(p.grad).all(), (
+            f"no finite gradient reached {name}"
+        )

@@ -40,13 +40,20 @@ def _(rms):
     close(rms(x, 1e-5), _rms_reference(x, 1e-5), "rms(x)")
 
 
-@check("rms", "eps is added inside the square root (not after it, not as a floor)", 1,
-       "sqrt(mean(x^2) + eps): add eps to the mean of squares; clamping the mean at eps "
-       "agrees only where the mean is below eps, adding eps after the root nowhere")
+@check(
+    "rms",
+    "eps is added inside the square root (not after it, not as a floor)",
+    1,
+    "sqrt(mean(x^2) + eps): add eps to the mean of squares; clamping the mean at "
+    "eps "
+    "agrees only where the mean is below eps, adding eps after the root nowhere",
+)
 def _(rms):
     x = torch.zeros(2, 4)
     close(rms(x, 0.25), torch.full((2, 1), 0.5), "rms of zeros with eps=0.25")
-    x = torch.full((2, 4), 0.5)  # mean(x^2) = 0.25 = eps: added gives sqrt(0.5), clamped 0.5
+    x = torch.full(
+        (2, 4), 0.5
+    )  # mean(x^2) = 0.25 = eps: added gives sqrt(0.5), clamped 0.5
     close(rms(x, 0.25), torch.full((2, 1), 0.5**0.5), "rms of 0.5s with eps=0.25")
 
 

@@ -44,9 +44,14 @@ def _(fn):
     close(g, ref, "the gradient", atol=1e-5)
 
 
-@check("silu", "finite values and gradients for large |x| (+-100)", 1,
-       "x * torch.sigmoid(x) is stable; in x / (1 + exp(-x)), exp(100) overflows to inf and the "
-       "gradient becomes inf / inf = NaN even where the value looks right")
+@check(
+    "silu",
+    "finite values and gradients for large |x| (+-100)",
+    1,
+    "x * torch.sigmoid(x) is stable; in x / (1 + exp(-x)), exp(100) overflows to "
+    "inf and the "
+    "gradient becomes inf / inf = NaN even where the value looks right",
+)
 def _(fn):
     x = torch.tensor([-100.0, -30.0, 0.0, 30.0, 100.0])
     close(fn(x), F.silu(x), "silu at large |x|")
@@ -55,8 +60,12 @@ def _(fn):
     close(g, ref, "the gradient at large |x|", atol=1e-5)
 
 
-@check("silu", "written by hand: no F.silu (nor nn.SiLU, which calls it)", 1,
-       "the task is the formula itself: x * torch.sigmoid(x)")
+@check(
+    "silu",
+    "written by hand: no F.silu (nor nn.SiLU, which calls it)",
+    1,
+    "the task is the formula itself: x * torch.sigmoid(x)",
+)
 def _(fn):
     x = torch.randn(3, 7)
     out = without(lambda: fn(x), {F.silu: "F.silu", torch._C._nn.silu: "torch's silu"})
@@ -114,7 +123,10 @@ def _(cls):
     _, (ref_g,), _ = grad_of(ref, x, upstream=up)
     close(g, ref_g, "the input's gradient", atol=1e-5)
     student_params = dict(student.named_parameters())
-    for name, r in ref.named_parameters():  # by name: the layers may be defined in any order
+    for (
+        name,
+        r,
+    ) in ref.named_parameters():  # by name: the layers may be defined in any order
         p = student_params.get(name)
         assert p is not None, f"the module has no parameter {name}"
         assert p.grad is not None, f"no gradient reached {name}"
@@ -142,6 +154,10 @@ def _(cls):
         if name.endswith(("down_proj.weight", "up_proj.weight")):
             expected = want if "down_proj" in name else std
             got = p.std().item()
-            assert abs(got / expected - 1) < 0.1, f"{name} has std {got:.4f}, expected {expected:.4f}"
+            assert abs(got / expected - 1) < 0.1, (
+                f"{name} has std {got:.4f}, expected {expected:.4f}"
+            )
             seen.add(name.rsplit(".", 2)[-2])
-    assert seen == {"down_proj", "up_proj"}, "the MLP has no down_proj and up_proj to initialise"
+    assert seen == {"down_proj", "up_proj"}, (
+        "the MLP has no down_proj and up_proj to initialise"
+    )

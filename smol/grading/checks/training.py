@@ -17,18 +17,33 @@ from smol.grading.checks._util import close, same_shape
 from smol.grading.core import check, task
 
 
-
 def _first_adamw():
     """AdamW's first use imports torch._dynamo (seconds): once, before the checks fork."""
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
 
 
-task("next_token_batch", "training_loop", "next_token_batch(tokens, mask): inputs and shifted targets")
-task("lr_schedule", "training_loop", "lr_schedule(step, ...): linear warmup, cosine decay")
-task("param_groups", "training_loop", "param_groups(model, weight_decay): decay matrices only",
-     warm_up=_first_adamw)
-task("train_step_bug", "training_loop", "Find the bug: a train step whose loss goes down and learns nothing useful",
-     warm_up=_first_adamw)
+task(
+    "next_token_batch",
+    "training_loop",
+    "next_token_batch(tokens, mask): inputs and shifted targets",
+)
+task(
+    "lr_schedule",
+    "training_loop",
+    "lr_schedule(step, ...): linear warmup, cosine decay",
+)
+task(
+    "param_groups",
+    "training_loop",
+    "param_groups(model, weight_decay): decay matrices only",
+    warm_up=_first_adamw,
+)
+task(
+    "train_step_bug",
+    "training_loop",
+    "Find the bug: a train step whose loss goes down and learns nothing useful",
+    warm_up=_first_adamw,
+)
 
 CONFIG = SmolConfig(
     vocab_size=61,
