@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 NPROC ?= 2
 
-.PHONY: setup book test bench clean chromium exercises
+.PHONY: setup book test bench clean chromium exercises lab format
 
 setup: $(STAMP)
 
@@ -26,6 +26,16 @@ book: setup
 
 test: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -n $(NPROC) --dist loadfile
+
+# Format smol/, tests/, bench/ and every notebook's code cells with ruff (line length 88, as the
+# book's code boxes show it), then rewrite the chapters' closing `# smol/...` cells from smol/.
+format: setup
+	$(VENV)/bin/ruff format smol tests bench chapters solutions exercises
+	$(PY) -m tests.nbtools --refresh
+
+# JupyterLab on the repository, opening chapter 0, with the project's environment as the kernel.
+lab: setup
+	$(VENV)/bin/jupyter lab --ServerApp.root_dir=. chapters/00_the_model_at_a_glance.ipynb
 
 # Regenerate exercises/ from solutions/ (solution regions become stubs) and run them.
 exercises: setup

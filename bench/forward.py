@@ -1,9 +1,12 @@
-"""Forward and forward+backward time of SmolLM vs transformers' LlamaForCausalLM (sdpa), same weights.
+"""Forward and forward+backward time of SmolLM vs transformers' LlamaForCausalLM (sdpa),
+same weights.
 
-Runs alternate between the two models; the medians and the ratio smol / transformers are printed
+Runs alternate between the two models; the medians and the ratio smol / transformers
+are printed
 (below 1.0: smol is faster).
 
-    python bench/forward.py [--repeats 15] [--threads N] [--csv bench/results/forward.csv]
+    python bench/forward.py [--repeats 15] [--threads N] [--csv
+    bench/results/forward.csv]
 """
 
 import argparse
@@ -54,30 +57,64 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--csv", help="also write the table to this CSV file (the book's Benchmarks page reads it)")
+    parser.add_argument(
+        "--csv",
+        help="also write the table to this CSV file (the book's Benchmarks page reads it)",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, CPU")
-    cases = [("tiny", SmolConfig.preset("tiny"), (8, 256)), ("smollm2-135m", SmolConfig.preset("smollm2-135m"), (1, 128))]
-    print(f"{'preset':<14}{'B x T':>10}{'pass':>18}{'smol ms':>10}{'hf ms':>10}{'ratio':>8}")
+    cases = [
+        ("tiny", SmolConfig.preset("tiny"), (8, 256)),
+        ("smollm2-135m", SmolConfig.preset("smollm2-135m"), (1, 128)),
+    ]
+    print(
+        f"{'preset':<14}{'B x T':>10}{'pass':>18}{'smol ms':>10}{'hf ms':>10}{'ratio':>8}"
+    )
     table = []
     for name, config, (b, t) in cases:
         torch.manual_seed(0)
         model, ref = pair(config)
         ids = torch.randint(0, config.vocab_size, (b, t))
-        for label, step, mode in (("forward", forward, "eval"), ("forward+backward", forward_backward, "train")):
+        for label, step, mode in (
+            ("forward", forward, "eval"),
+            ("forward+backward", forward_backward, "train"),
+        ):
             for m in (model, ref):
                 m.train(mode == "train")
-            med = measure(step, {"smol": (model, True), "hf": (ref, False)}, ids, args.repeats)
-            print(f"{name:<14}{f'{b} x {t}':>10}{label:>18}{med['smol'] * 1e3:>10.1f}{med['hf'] * 1e3:>10.1f}"
-                  f"{med['smol'] / med['hf']:>8.2f}")
-            table.append([name, f"{b} x {t}", label, f"{med['smol'] * 1e3:.1f}", f"{med['hf'] * 1e3:.1f}",
-                          f"{med['smol'] / med['hf']:.2f}"])
+            med = measure(
+                step, {"smol": (model, True), "hf": (ref, False)}, ids, args.repeats
+            )
+            print(
+                f"{name:<14}{f'{b} x {t}':>10}{label:>18}{med['smol'] * 1e3:>10.1f}{med['hf'] * 1e3:>10.1f}"
+                f"{med['smol'] / med['hf']:>8.2f}"
+            )
+            table.append(
+                [
+                    name,
+                    f"{b} x {t}",
+                    label,
+                    f"{med['smol'] * 1e3:.1f}",
+                    f"{med['hf'] * 1e3:.1f}",
+                    f"{med['smol'] / med['hf']:.2f}",
+                ]
+            )
     if args.csv:
         with open(args.csv, "w", newline="") as f:
-            csv.writer(f).writerows([["preset", "B x T", "pass", "smol (ms)", "transformers (ms)",
-                                      "smol / transformers"], *table])
+            csv.writer(f).writerows(
+                [
+                    [
+                        "preset",
+                        "B x T",
+                        "pass",
+                        "smol (ms)",
+                        "transformers (ms)",
+                        "smol / transformers",
+                    ],
+                    *table,
+                ]
+            )
 
 
 if __name__ == "__main__":

@@ -1,11 +1,17 @@
-"""Training throughput of SmolLM vs transformers' LlamaForCausalLM (sdpa), same config and weights.
+"""Training throughput of SmolLM vs transformers' LlamaForCausalLM (sdpa), same config
+and weights.
 
-Each model trains the same way (AdamW, autocast, torch.compile, random tokens: speed does not
-depend on what they say) for a fixed number of steps, in alternating rounds; the script prints
-tokens/s, MFU (6N + 12*L*H*Q*T FLOPs per token over the GPU's dense peak) and peak memory.
+Each model trains the same way (AdamW, autocast, torch.compile, random tokens: speed
+does not
+depend on what they say) for a fixed number of steps, in alternating rounds; the
+script prints
+tokens/s, MFU (6N + 12*L*H*Q*T FLOPs per token over the GPU's dense peak) and peak
+memory.
 
-    python bench/train_gpu.py                                  # SmolLM2-135M, T=2048, bf16, compiled
-    python bench/train_gpu.py --preset tiny --device cpu        # a quick check that it runs
+    python bench/train_gpu.py                                  # SmolLM2-135M,
+    T=2048, bf16, compiled
+    python bench/train_gpu.py --preset tiny --device cpu        # a quick check that
+    it runs
 """
 
 from __future__ import annotations
@@ -28,11 +34,15 @@ def build(config: SmolConfig, device):
     reference = llama_twin(config, "sdpa").to(device)
     model = SmolLM(config).to(device)
     model.load_state_dict(reference.state_dict())
-    return {"smol": (model, lambda m, x: m(x)[0]), "transformers": (reference, lambda m, x: m(input_ids=x).logits)}
+    return {
+        "smol": (model, lambda m, x: m(x)[0]),
+        "transformers": (reference, lambda m, x: m(input_ids=x).logits),
+    }
 
 
 class Run:
-    """One model's training step: autocast forward, float32 cross-entropy, backward, fused AdamW."""
+    """One model's training step: autocast forward, float32 cross-entropy, backward,
+    fused AdamW."""
 
     def __init__(self, model, logits_fn, device, dtype, compile_):
         self.model, self.device, self.dtype = model, device, dtype
@@ -42,7 +52,9 @@ class Run:
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
     def step(self, x, y):
-        with torch.autocast(self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32):
+        with torch.autocast(
+            self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32
+        ):
             logits = self.logits_fn(self.forward, x)  # (B, T, V)
         loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
         self.scaler.scale(loss).backward()
@@ -70,25 +82,57 @@ def timed(run: Run, batches, device) -> tuple[float, float | None]:
     loss.item()  # waits for the last step
     sync(device)
     seconds = (time.perf_counter() - start) / len(batches)
-    peak = torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else None
+    peak = (
+        torch.cuda.max_memory_allocated(device) / 2**30
+        if device.type == "cuda"
+        else None
+    )
     return seconds, peak
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--preset", default="smollm2-135m")
-    p.add_argument("--seq-len", type=int, default=None, help="default: 2048, or the preset's context if shorter")
+    p.add_argument(
+        "--seq-len",
+        type=int,
+        default=None,
+        help="default: 2048, or the preset's context if shorter",
+    )
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--steps", type=int, default=10, help="timed steps per round")
-    p.add_argument("--warmup", type=int, default=3, help="untimed steps first (compilation happens here)")
-    p.add_argument("--rounds", type=int, default=3, help="alternating rounds; the median is reported")
+    p.add_argument(
+        "--warmup",
+        type=int,
+        default=3,
+        help="untimed steps first (compilation happens here)",
+    )
+    p.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="alternating rounds; the median is reported",
+    )
     p.add_argument("--device", default="auto")
-    p.add_argument("--dtype", default="auto", help="auto (bf16 where native, else fp16 on CUDA; fp32 on CPU), bf16, fp16, fp32")
-    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=None, help="default: on CUDA only")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        help="auto (bf16 where native, else fp16 on CUDA; fp32 on CPU), bf16, fp16, fp32",
+    )
+    p.add_argument(
+        "--compile",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="default: on CUDA only",
+    )
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args()
 
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device)
+    device = torch.device(
+        ("cuda" if torch.cuda.is_available() else "cpu")
+        if args.device == "auto"
+        else args.device
+    )
     if device.type == "cuda":
         torch.set_float32_matmul_precision("high")
     dtype = amp_dtype(device, args.dtype)
@@ -96,9 +140,15 @@ def main():
     config = SmolConfig.preset(args.preset)
     args.seq_len = args.seq_len or min(2048, config.max_position_embeddings)
     if args.seq_len > config.max_position_embeddings:
-        p.error(f"--seq-len {args.seq_len} exceeds the preset's context {config.max_position_embeddings}")
+        p.error(
+            f"--seq-len {args.seq_len} exceeds the preset's context "
+            f"{config.max_position_embeddings}"
+        )
     torch.manual_seed(0)
-    runs = {name: Run(model, fn, device, dtype, compile_) for name, (model, fn) in build(config, device).items()}
+    runs = {
+        name: Run(model, fn, device, dtype, compile_)
+        for name, (model, fn) in build(config, device).items()
+    }
     B, T = args.batch_size, args.seq_len
 
     def batches(n):
@@ -108,9 +158,13 @@ def main():
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
     peak = peak_flops(device) if dtype != torch.float32 else None
     fpt = flops_per_token(config, T)
-    print(f"{args.preset} ({num_params(config):,} parameters), B={B}, T={T}, {dtype}, compile={compile_}, {name}, "
-          f"{f'peak {peak / 1e12:.0f} TFLOP/s' if peak else 'no known peak (MFU n/a)'}, {fpt / 1e9:.3f} GFLOP/token",
-          flush=True)
+    print(
+        f"{args.preset} ({num_params(config):,} parameters), B={B}, T={T}, {dtype}, "
+        f"compile={compile_}, {name}, "
+        f"{f'peak {peak / 1e12:.0f} TFLOP/s' if peak else 'no known peak (MFU n/a)'}, "
+        f"{fpt / 1e9:.3f} GFLOP/token",
+        flush=True,
+    )
     for run in runs.values():  # warm-up and compilation, untimed
         for x, y in batches(args.warmup):
             run.step(x, y)
@@ -118,7 +172,8 @@ def main():
     seconds = {k: [] for k in runs}
     memory = {k: [] for k in runs}
     for r in range(args.rounds):
-        for k, run in runs.items():  # alternate, so drift (clocks, heat, neighbours) hits both
+        # alternate, so drift (clocks, heat, neighbours) hits both
+        for k, run in runs.items():
             s, m = timed(run, batches(args.steps), device)
             seconds[k].append(s)
             memory[k].append(m)
@@ -130,14 +185,28 @@ def main():
         util = mfu(fpt, tok_s, peak)
         mem = max(memory[k]) if memory[k][0] is not None else None
         results[k] = {"tokens_per_s": tok_s, "mfu": util, "peak_memory_gib": mem}
-        print(f"{k:>12} {tok_s:>12,.0f} {f'{util:.1%}' if util else 'n/a':>7} "
-              f"{f'{mem:.1f} GiB' if mem is not None else 'n/a':>12}")
+        print(
+            f"{k:>12} {tok_s:>12,.0f} {f'{util:.1%}' if util else 'n/a':>7} "
+            f"{f'{mem:.1f} GiB' if mem is not None else 'n/a':>12}"
+        )
     ratio = results["smol"]["tokens_per_s"] / results["transformers"]["tokens_per_s"]
     print(f"smol / transformers tokens/s: {ratio:.2f}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"device": name, "preset": args.preset, "batch_size": B, "seq_len": T, "dtype": str(dtype),
-                       "compile": compile_, "results": results, "ratio": ratio}, f, indent=1)
+            json.dump(
+                {
+                    "device": name,
+                    "preset": args.preset,
+                    "batch_size": B,
+                    "seq_len": T,
+                    "dtype": str(dtype),
+                    "compile": compile_,
+                    "results": results,
+                    "ratio": ratio,
+                },
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

@@ -20,33 +20,60 @@ class SmolConfig:
     max_position_embeddings: int = 8192
     rope_theta: float = 100000.0
     rms_norm_eps: float = 1e-5
-    initializer_range: float = 0.041666666666666664  # 1/sqrt(576), as SmolLM2-135M was released
+    initializer_range: float = (
+        0.041666666666666664  # 1/sqrt(576), as SmolLM2-135M was released
+    )
     tie_word_embeddings: bool = True
-    attn_implementation: str = "sdpa"  # "sdpa" (fused kernels) or "eager" (explicit softmax)
+    attn_implementation: str = (
+        "sdpa"  # "sdpa" (fused kernels) or "eager" (explicit softmax)
+    )
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "max_position_embeddings"):
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "max_position_embeddings",
+        ):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size ({self.hidden_size}) must be divisible by "
-                             f"num_attention_heads ({self.num_attention_heads})")
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by "
+                f"num_attention_heads ({self.num_attention_heads})"
+            )
         if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be divisible by "
-                             f"num_key_value_heads ({self.num_key_value_heads})")
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be divisible by "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
         if self.head_dim % 2:
-            raise ValueError(f"head_dim ({self.head_dim}) must be even: RoPE rotates pairs of features")
+            raise ValueError(
+                f"head_dim ({self.head_dim}) must be even: RoPE rotates pairs of features"
+            )
         for name in ("rope_theta", "rms_norm_eps", "initializer_range"):
             value = getattr(self, name)
-            if not (isinstance(value, numbers.Real) and not isinstance(value, bool)
-                    and math.isfinite(value) and value > 0):
-                raise ValueError(f"{name} must be a positive finite number, got {value!r}")
+            if not (
+                isinstance(value, numbers.Real)
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and value > 0
+            ):
+                raise ValueError(
+                    f"{name} must be a positive finite number, got {value!r}"
+                )
         if not isinstance(self.tie_word_embeddings, bool):
-            raise ValueError(f"tie_word_embeddings must be True or False, got {self.tie_word_embeddings!r}")
+            raise ValueError(
+                f"tie_word_embeddings must be True or False, got {self.tie_word_embeddings!r}"
+            )
         if self.attn_implementation not in ("sdpa", "eager"):
-            raise ValueError(f"attn_implementation must be 'sdpa' or 'eager', got {self.attn_implementation!r}")
+            raise ValueError(
+                f"attn_implementation must be 'sdpa' or 'eager', got {self.attn_implementation!r}"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -70,25 +97,48 @@ class SmolConfig:
         """The fields of a Hugging Face `config.json` for `LlamaForCausalLM`."""
         d = dataclasses.asdict(self)
         d.pop("attn_implementation")
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **d,
-                "head_dim": self.head_dim, "hidden_act": "silu", "attention_bias": False,
-                "mlp_bias": False, "torch_dtype": "float32"}
+        return {
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            **d,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "attention_bias": False,
+            "mlp_bias": False,
+            "torch_dtype": "float32",
+        }
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> SmolConfig:
         """Read a Hugging Face Llama `config.json` (as a dict), refusing what smol does not model."""
         if d.get("model_type", "llama") != "llama":
-            raise ValueError(f"expected a Llama config (model_type 'llama'), got {d.get('model_type')!r}")
-        if d.get("hidden_act", "silu") != "silu" or d.get("attention_bias") or d.get("mlp_bias"):
-            raise ValueError("smol models SiLU-gated MLPs without biases; this config differs")
+            raise ValueError(
+                f"expected a Llama config (model_type 'llama'), got {d.get('model_type')!r}"
+            )
+        if (
+            d.get("hidden_act", "silu") != "silu"
+            or d.get("attention_bias")
+            or d.get("mlp_bias")
+        ):
+            raise ValueError(
+                "smol models SiLU-gated MLPs without biases; this config differs"
+            )
         rope = d.get("rope_scaling") or d.get("rope_parameters") or {}
         if rope.get("rope_type", rope.get("type", "default")) != "default":
             raise ValueError(f"smol implements plain RoPE; this config asks for {rope}")
         theta = d.get("rope_theta", rope.get("rope_theta", 10000.0))
         head_dim = d.get("head_dim")
-        if head_dim is not None and head_dim * d["num_attention_heads"] != d["hidden_size"]:
-            raise ValueError(f"head_dim {head_dim} * heads {d['num_attention_heads']} != hidden_size {d['hidden_size']}")
-        names = {f.name for f in dataclasses.fields(cls)} - {"rope_theta", "attn_implementation"}
+        if (
+            head_dim is not None
+            and head_dim * d["num_attention_heads"] != d["hidden_size"]
+        ):
+            raise ValueError(
+                f"head_dim {head_dim} * heads {d['num_attention_heads']} != hidden_size {d['hidden_size']}"
+            )
+        names = {f.name for f in dataclasses.fields(cls)} - {
+            "rope_theta",
+            "attn_implementation",
+        }
         values = {k: d[k] for k in names if k in d}
         values.setdefault("num_key_value_heads", d["num_attention_heads"])
         return cls(rope_theta=float(theta), **values)
@@ -98,7 +148,15 @@ PRESETS: dict[str, SmolConfig] = {
     "smollm2-135m": SmolConfig(),
     # Small enough to train on a laptop CPU in a minute; the vocabulary fits a BPE trained on the
     # bundled corpus.
-    "tiny": SmolConfig(vocab_size=4096, hidden_size=128, intermediate_size=384, num_hidden_layers=4,
-                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                       rope_theta=10000.0, initializer_range=0.02),
+    "tiny": SmolConfig(
+        vocab_size=4096,
+        hidden_size=128,
+        intermediate_size=384,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rope_theta=10000.0,
+        initializer_range=0.02,
+    ),
 }

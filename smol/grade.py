@@ -1,4 +1,5 @@
-"""Grade exercise notebooks from the shell: each runs in a fresh kernel, then the scores are added up.
+"""Grade exercise notebooks from the shell: each runs in a fresh kernel, then the scores
+are added up.
 
     python -m smol.grade exercises/                      # every notebook in the folder
     python -m smol.grade exercises/02_rope.ipynb --strict  # exit 1 below full marks
@@ -259,19 +260,22 @@ def run_notebook(
                 except CellTimeoutError:
                     return (
                         results,
-                        f"stopped: cell {index} ran past its time limit ({client.timeout} s)",
+                        f"stopped: cell {index} ran past its time limit "
+                        f"({client.timeout} s)",
                     )
                 except DeadKernelError:
                     return (
                         results,
-                        f"stopped: the kernel died in cell {index} (sys.exit, os._exit or a crash?)",
+                        f"stopped: the kernel died in cell {index} (sys.exit, "
+                        "os._exit or a crash?)",
                     )
     except DeadKernelError:
         return results, "stopped: the kernel died"
     except Exception as exc:  # noqa: BLE001 - a broken notebook must not stop the others
         return (
             results,
-            f"stopped: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
+            f"stopped: {type(exc).__name__}: "
+            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
         )
     status = "ok"
     if errors:
@@ -473,7 +477,8 @@ def main(argv=None) -> int:
     unreadable = [r for r in reports if "error" in r]
     if unreadable:
         print(
-            f"{len(unreadable)} file{'s' if len(unreadable) > 1 else ''} could not be graded "
+            f"{len(unreadable)} file{'s' if len(unreadable) > 1 else ''} could not be "
+            "graded "
             "(scored zero): " + "; ".join(r["error"] for r in unreadable)
         )
         code = 1
@@ -485,7 +490,8 @@ def main(argv=None) -> int:
         print(f"report written to {args.json}")
     except OSError as exc:
         print(
-            f"smol.grade: could not write the report to {args.json}: {exc.strerror or exc}; "
+            f"smol.grade: could not write the report to {args.json}: "
+            f"{exc.strerror or exc}; "
             "the scores above are all there is",
             file=sys.stderr,
         )

@@ -10,28 +10,49 @@ from smol.config import SmolConfig
 class KVCache:
     """Keys and values of every layer, preallocated for `max_len` positions.
 
-    The model reads `length` (tokens cached so far), each attention layer calls `update` with the
-    new tokens' keys and values and gets back all of them, and the model calls `advance` once
+    The model reads `length` (tokens cached so far), each attention layer calls
+    `update` with the
+    new tokens' keys and values and gets back all of them, and the model calls
+    `advance` once
     every layer has written.
     """
 
-    def __init__(self, config: SmolConfig, batch_size: int, max_len: int, device=None, dtype=torch.float32):
+    def __init__(
+        self,
+        config: SmolConfig,
+        batch_size: int,
+        max_len: int,
+        device=None,
+        dtype=torch.float32,
+    ):
         if max_len > config.max_position_embeddings:
-            raise ValueError(f"a cache of {max_len} positions is longer than the context "
-                             f"(max_position_embeddings={config.max_position_embeddings})")
-        shape = (config.num_hidden_layers, batch_size, config.num_key_value_heads, max_len, config.head_dim)
+            raise ValueError(
+                f"a cache of {max_len} positions is longer than the context "
+                f"(max_position_embeddings={config.max_position_embeddings})"
+            )
+        shape = (
+            config.num_hidden_layers,
+            batch_size,
+            config.num_key_value_heads,
+            max_len,
+            config.head_dim,
+        )
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
         self.length = 0
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor):
-        """Store k, v (B, H_kv, T, D) after the cached tokens; return (B, H_kv, length + T, D) each."""
+        """Store k, v (B, H_kv, T, D) after the cached tokens; return (B, H_kv, length +
+        T, D) each."""
         end = self.length + k.shape[2]
         if end > self.max_len:
-            raise ValueError(f"KV cache is full: {self.length} cached + {k.shape[2]} new > {self.max_len}")
-        self.k[layer_idx, :, :, self.length:end] = k
-        self.v[layer_idx, :, :, self.length:end] = v
+            raise ValueError(
+                f"KV cache is full: {self.length} cached + {k.shape[2]} new > "
+                f"{self.max_len}"
+            )
+        self.k[layer_idx, :, :, self.length : end] = k
+        self.v[layer_idx, :, :, self.length : end] = v
         return self.k[layer_idx, :, :, :end], self.v[layer_idx, :, :, :end]
 
     def advance(self, n: int) -> None:

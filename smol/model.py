@@ -28,8 +28,12 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.mlp = MLP(config)
 
-    def forward(self, x, cos, sin, mask=None, is_causal=True, kv_cache=None):  # (B, T, C) -> (B, T, C)
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask, is_causal, kv_cache)
+    def forward(
+        self, x, cos, sin, mask=None, is_causal=True, kv_cache=None
+    ):  # (B, T, C) -> (B, T, C)
+        x = x + self.self_attn(
+            self.input_layernorm(x), cos, sin, mask, is_causal, kv_cache
+        )
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -39,9 +43,13 @@ class SmolModel(nn.Module):
     def __init__(self, config: SmolConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
-        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, i) for i in range(config.num_hidden_layers)
+        )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
-        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta, config.max_position_embeddings)
+        self.rotary_emb = RotaryEmbedding(
+            config.head_dim, config.rope_theta, config.max_position_embeddings
+        )
 
 
 class SmolLM(nn.Module):
@@ -68,7 +76,11 @@ class SmolLM(nn.Module):
             if isinstance(module, nn.Linear):
                 if module.weight is self.model.embed_tokens.weight:
                     continue  # the tied head: already initialised as the embedding
-                scale = math.sqrt(2 * self.config.num_hidden_layers) if getattr(module, "scaled_init", False) else 1.0
+                scale = (
+                    math.sqrt(2 * self.config.num_hidden_layers)
+                    if getattr(module, "scaled_init", False)
+                    else 1.0
+                )
                 nn.init.normal_(module.weight, mean=0.0, std=std / scale)
             elif isinstance(module, nn.Embedding):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
@@ -80,7 +92,14 @@ class SmolLM(nn.Module):
         n = sum(p.numel() for p in self.parameters())
         return n - self.model.embed_tokens.weight.numel() if non_embedding else n
 
-    def forward(self, input_ids, targets=None, attention_mask=None, position_ids=None, kv_cache=None):
+    def forward(
+        self,
+        input_ids,
+        targets=None,
+        attention_mask=None,
+        position_ids=None,
+        kv_cache=None,
+    ):
         """input_ids (B, T) -> logits (B, T, V), and the mean cross-entropy against targets (B, T)
         (already shifted: targets[:, t] is the token after input_ids[:, t]; -100 is ignored) or None.
 
@@ -93,12 +112,18 @@ class SmolLM(nn.Module):
         B, T = self._check_input_ids(input_ids)
         if position_ids is not None:
             if position_ids.shape != (B, T):
-                raise ValueError(f"position_ids must have shape (batch, seq_len) = {(B, T)}, "
-                                 f"got {tuple(position_ids.shape)}")
+                raise ValueError(
+                    f"position_ids must have shape (batch, seq_len) = {(B, T)}, "
+                    f"got {tuple(position_ids.shape)}"
+                )
             if position_ids.is_floating_point() or position_ids.is_complex():
-                raise TypeError(f"position_ids must hold integer positions, got {position_ids.dtype}")
+                raise TypeError(
+                    f"position_ids must hold integer positions, got {position_ids.dtype}"
+                )
         offset = kv_cache.length if kv_cache is not None else 0
-        mask, is_causal = self._attention_mask(attention_mask, B, T, offset, input_ids.device)
+        mask, is_causal = self._attention_mask(
+            attention_mask, B, T, offset, input_ids.device
+        )
         cos, sin = self.model.rotary_emb(offset + T, input_ids.device, position_ids)
         if position_ids is None:
             cos, sin = cos[offset:], sin[offset:]
@@ -114,18 +139,34 @@ class SmolLM(nn.Module):
         if targets is None:
             return logits, None
         if targets.shape != input_ids.shape:
-            raise ValueError(f"targets must have the shape of input_ids {tuple(input_ids.shape)}, "
-                             f"got {tuple(targets.shape)}")
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX)
+            raise ValueError(
+                f"targets must have the shape of input_ids {tuple(input_ids.shape)}, "
+                f"got {tuple(targets.shape)}"
+            )
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX
+        )
         return logits, loss
 
     def _check_input_ids(self, input_ids) -> tuple[int, int]:
         if not isinstance(input_ids, torch.Tensor):
-            raise TypeError(f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}")
-        if input_ids.dtype not in (torch.long, torch.int32, torch.int16, torch.uint8, torch.int8):
-            raise TypeError(f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}")
+            raise TypeError(
+                f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}"
+            )
+        if input_ids.dtype not in (
+            torch.long,
+            torch.int32,
+            torch.int16,
+            torch.uint8,
+            torch.int8,
+        ):
+            raise TypeError(
+                f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}"
+            )
         if input_ids.dim() != 2:
-            raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
+            raise ValueError(
+                f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}"
+            )
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids is empty: need at least one token per sequence")
         # Reading min and max back is free on a CPU, but on a GPU it is a host sync per forward,
@@ -135,8 +176,10 @@ class SmolLM(nn.Module):
         if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
             lo, hi = input_ids.min().item(), input_ids.max().item()
             if lo < 0 or hi >= self.config.vocab_size:
-                raise ValueError(f"token ids must lie in [0, {self.config.vocab_size}), "
-                                 f"got values from {lo} to {hi}")
+                raise ValueError(
+                    f"token ids must lie in [0, {self.config.vocab_size}), "
+                    f"got values from {lo} to {hi}"
+                )
         return input_ids.shape
 
     def _attention_mask(self, attention_mask, B, T, offset, device):
@@ -149,15 +192,24 @@ class SmolLM(nn.Module):
             if T == 1:
                 return None, False  # one new token sees every cached one
         elif attention_mask.shape != (B, Tk):
-            raise ValueError(f"attention_mask must have shape (batch, {'cached + ' if offset else ''}seq_len) "
-                             f"= {(B, Tk)}, got {tuple(attention_mask.shape)}")
+            raise ValueError(
+                f"attention_mask must have shape (batch, {'cached + ' if offset else ''}seq_len) "
+                f"= {(B, Tk)}, got {tuple(attention_mask.shape)}"
+            )
         elif attention_mask.is_complex():
-            raise TypeError(f"attention_mask must be a bool, integer or float tensor of 0 and 1, got {attention_mask.dtype}")
-        elif attention_mask.dtype != torch.bool and attention_mask.device.type == "cpu" \
-                and not torch.compiler.is_compiling():  # on a GPU reading values back is a sync
+            raise TypeError(
+                f"attention_mask must be a bool, integer or float tensor of 0 and 1, got {attention_mask.dtype}"
+            )
+        elif (
+            attention_mask.dtype != torch.bool
+            and attention_mask.device.type == "cpu"
+            and not torch.compiler.is_compiling()
+        ):  # on a GPU reading values back is a sync
             odd = attention_mask[(attention_mask != 0) & (attention_mask != 1)]
             if odd.numel():
-                raise ValueError(f"attention_mask must hold 0 (padding) and 1 (token), got {odd[0].item()}")
+                raise ValueError(
+                    f"attention_mask must hold 0 (padding) and 1 (token), got {odd[0].item()}"
+                )
         q_pos = torch.arange(offset, Tk, device=device)[:, None]  # (T, 1)
         k_pos = torch.arange(Tk, device=device)[None, :]  # (1, Tk)
         mask = (k_pos <= q_pos)[None, None]  # (1, 1, T, Tk): causal
@@ -171,8 +223,11 @@ class SmolLM(nn.Module):
         """PyTorch's load, with an error that names every missing, unexpected and mis-shaped key.
         A tied model accepts a state dict without `lm_head.weight` (as tied checkpoints are saved)."""
         state_dict = dict(state_dict)
-        if self.config.tie_word_embeddings and "lm_head.weight" not in state_dict and \
-                "model.embed_tokens.weight" in state_dict:
+        if (
+            self.config.tie_word_embeddings
+            and "lm_head.weight" not in state_dict
+            and "model.embed_tokens.weight" in state_dict
+        ):
             state_dict["lm_head.weight"] = state_dict["model.embed_tokens.weight"]
         if strict:
             check_state_dict(self, state_dict)
@@ -187,21 +242,37 @@ def check_state_dict(model: nn.Module, state_dict) -> None:
     own = model.state_dict()
     missing = sorted(set(own) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(own))
-    shapes = [f"{k}: checkpoint {tuple(state_dict[k].shape)}, model {tuple(own[k].shape)}"
-              for k in own if k in state_dict and tuple(state_dict[k].shape) != tuple(own[k].shape)]
-    nonfinite = [k for k, v in state_dict.items() if torch.is_tensor(v) and v.is_floating_point()
-                 and not torch.isfinite(v).all()]  # once per load: a host sync is fine here
+    shapes = [
+        f"{k}: checkpoint {tuple(state_dict[k].shape)}, model {tuple(own[k].shape)}"
+        for k in own
+        if k in state_dict and tuple(state_dict[k].shape) != tuple(own[k].shape)
+    ]
+    nonfinite = [
+        k
+        for k, v in state_dict.items()
+        if torch.is_tensor(v) and v.is_floating_point() and not torch.isfinite(v).all()
+    ]  # once per load: a host sync is fine here
     if nonfinite:
-        raise ValueError(f"state dict values are not finite (NaN or inf) in {len(nonfinite)} tensors: "
-                         f"{', '.join(nonfinite[:8])}{' ...' if len(nonfinite) > 8 else ''}")
+        raise ValueError(
+            f"state dict values are not finite (NaN or inf) in {len(nonfinite)} tensors: "
+            f"{', '.join(nonfinite[:8])}{' ...' if len(nonfinite) > 8 else ''}"
+        )
     if not (missing or unexpected or shapes):
         return
 
     def show(items):
-        return "\n    " + "\n    ".join(items[:8]) + (f"\n    ... and {len(items) - 8} more" if len(items) > 8 else "")
+        return (
+            "\n    "
+            + "\n    ".join(items[:8])
+            + (f"\n    ... and {len(items) - 8} more" if len(items) > 8 else "")
+        )
 
     parts = [f"{len(missing)} missing keys:{show(missing)}"] if missing else []
-    parts += [f"{len(unexpected)} unexpected keys:{show(unexpected)}"] if unexpected else []
+    parts += (
+        [f"{len(unexpected)} unexpected keys:{show(unexpected)}"] if unexpected else []
+    )
     parts += [f"{len(shapes)} shape mismatches:{show(shapes)}"] if shapes else []
-    raise ValueError("state dict does not fit this model's config (was it saved from another config?)\n"
-                     + "\n".join(parts))
+    raise ValueError(
+        "state dict does not fit this model's config (was it saved from another config?)\n"
+        + "\n".join(parts)
+    )

@@ -12,6 +12,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., dim)
         dtype = x.dtype
-        x = x.float()  # squares of bf16 activations overflow and round badly: normalise in fp32
+        # squares of bf16 activations overflow and round badly: normalise in fp32
+        x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * x.to(dtype)  # cast back, then scale

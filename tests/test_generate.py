@@ -8,15 +8,25 @@ from smol.generate import filter_top_k, filter_top_p, generate, sample_next_toke
 from smol.kv_cache import KVCache
 from smol.reference import llama_twin
 
-CONFIG = SmolConfig(vocab_size=211, hidden_size=48, intermediate_size=96, num_hidden_layers=3, num_attention_heads=6,
-                    num_key_value_heads=2, max_position_embeddings=128, rope_theta=10000.0)
+CONFIG = SmolConfig(
+    vocab_size=211,
+    hidden_size=48,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=6,
+    num_key_value_heads=2,
+    max_position_embeddings=128,
+    rope_theta=10000.0,
+)
 
 
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
     m = SmolLM(CONFIG).eval()
-    with torch.no_grad():  # larger weights: peaked, varied predictions instead of near-uniform ones
+    with (
+        torch.no_grad()
+    ):  # larger weights: peaked, varied predictions instead of near-uniform ones
         for p in m.parameters():
             p.mul_(8 if p.dim() > 1 else 1)
     return m
@@ -32,7 +42,7 @@ def left_pad(seqs, pad=0):
     ids = torch.full((len(seqs), width), pad)
     mask = torch.zeros(len(seqs), width, dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, width - s.shape[1]:], mask[i, width - s.shape[1]:] = s[0], 1
+        ids[i, width - s.shape[1] :], mask[i, width - s.shape[1] :] = s[0], 1
     return ids, mask
 
 
@@ -47,7 +57,9 @@ def test_cached_equals_uncached(model, attn):
     assert cached[:, 9:].unique().numel() > 5  # not a degenerate constant
     kw = dict(temperature=0.8, top_k=50, top_p=0.9)  # sampling: same seed, same tokens
     a = generate(m, ids, 30, generator=torch.Generator().manual_seed(7), **kw)
-    b = generate(m, ids, 30, generator=torch.Generator().manual_seed(7), use_cache=False, **kw)
+    b = generate(
+        m, ids, 30, generator=torch.Generator().manual_seed(7), use_cache=False, **kw
+    )
     assert torch.equal(a, b)
 
 
@@ -55,10 +67,12 @@ def test_cached_equals_uncached(model, attn):
 def test_left_padded_batch_equals_one_by_one(model, use_cache):
     seqs = prompts([3, 11, 7])
     ids, mask = left_pad(seqs)
-    batched = generate(model, ids, 25, temperature=0, attention_mask=mask, use_cache=use_cache)
+    batched = generate(
+        model, ids, 25, temperature=0, attention_mask=mask, use_cache=use_cache
+    )
     for row, s in enumerate(seqs):
         alone = generate(model, s, 25, temperature=0)
-        assert torch.equal(batched[row, ids.shape[1]:], alone[0, s.shape[1]:]), row
+        assert torch.equal(batched[row, ids.shape[1] :], alone[0, s.shape[1] :]), row
 
 
 def test_greedy_equals_transformers_generate(model):
@@ -66,8 +80,14 @@ def test_greedy_equals_transformers_generate(model):
     ref.load_state_dict(model.state_dict(), strict=False)
     ref.tie_weights()
     ids = torch.cat(prompts([8, 8], seed=3))
-    expected = ref.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=30, do_sample=False,
-                            eos_token_id=None, pad_token_id=0)
+    expected = ref.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=30,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
     assert torch.equal(generate(model, ids, 30, temperature=0), expected)
 
 
@@ -76,22 +96,30 @@ def test_eos_stops_rows_and_pads_them(model):
     free = generate(model, ids, 20, temperature=0)
     eos = free[0, 6 + 3].item()  # row 0's fourth new token becomes "eos"
     out = generate(model, ids, 20, temperature=0, eos_token_id=eos)
-    first = [(row[6:] == eos).nonzero()[0, 0].item() if (row[6:] == eos).any() else None for row in free]
+    first = [
+        (row[6:] == eos).nonzero()[0, 0].item() if (row[6:] == eos).any() else None
+        for row in free
+    ]
     for row in range(2):
         if first[row] is not None:  # after its eos a row only holds eos
-            assert (out[row, 6 + first[row]:] == eos).all()
-            assert torch.equal(out[row, :6 + first[row]], free[row, :6 + first[row]])
+            assert (out[row, 6 + first[row] :] == eos).all()
+            assert torch.equal(out[row, : 6 + first[row]], free[row, : 6 + first[row]])
     if all(f is not None for f in first):
         assert out.shape[1] == 6 + max(first) + 1  # stopped once every row was done
     unused = next(i for i in range(CONFIG.vocab_size) if not (free == i).any())
-    assert generate(model, ids, 20, temperature=0, eos_token_id=[eos, unused]).shape == out.shape
+    assert (
+        generate(model, ids, 20, temperature=0, eos_token_id=[eos, unused]).shape
+        == out.shape
+    )
 
 
 def test_stream_and_training_mode(model):
     seen = []
     model.train()
     try:
-        out = generate(model, torch.cat(prompts([4, 4])), 5, temperature=0, stream=seen.append)
+        out = generate(
+            model, torch.cat(prompts([4, 4])), 5, temperature=0, stream=seen.append
+        )
         assert model.training  # restored
     finally:
         model.eval()
@@ -103,7 +131,9 @@ def test_filter_top_k():
     logits = torch.tensor([[1.0, 5.0, 3.0, 2.0, 4.0]])
     kept = filter_top_k(logits, 2)
     assert torch.isinf(kept).tolist() == [[True, False, True, True, False]]
-    assert torch.equal(filter_top_k(logits, None), logits) and torch.equal(filter_top_k(logits, 9), logits)
+    assert torch.equal(filter_top_k(logits, None), logits) and torch.equal(
+        filter_top_k(logits, 9), logits
+    )
     with pytest.raises(ValueError, match="top_k"):
         filter_top_k(logits, 0)
 
@@ -111,10 +141,18 @@ def test_filter_top_k():
 def test_filter_top_p():
     probs = torch.tensor([[0.5, 0.05, 0.3, 0.15]])
     logits = probs.log()
-    assert torch.isfinite(filter_top_p(logits, 0.5)).tolist() == [[True, False, False, False]]
-    assert torch.isfinite(filter_top_p(logits, 0.7)).tolist() == [[True, False, True, False]]  # 0.5 + 0.3 >= 0.7
-    assert torch.isfinite(filter_top_p(logits, 0.9)).tolist() == [[True, False, True, True]]
-    assert torch.isfinite(filter_top_p(logits, 0.0)).sum() == 1  # always the most likely token
+    assert torch.isfinite(filter_top_p(logits, 0.5)).tolist() == [
+        [True, False, False, False]
+    ]
+    assert torch.isfinite(filter_top_p(logits, 0.7)).tolist() == [
+        [True, False, True, False]
+    ]  # 0.5 + 0.3 >= 0.7
+    assert torch.isfinite(filter_top_p(logits, 0.9)).tolist() == [
+        [True, False, True, True]
+    ]
+    assert (
+        torch.isfinite(filter_top_p(logits, 0.0)).sum() == 1
+    )  # always the most likely token
     assert torch.equal(filter_top_p(logits, 1.0), logits)
 
 
@@ -124,13 +162,22 @@ def test_sample_next_token():
     greedy = logits.argmax(-1)
     assert torch.equal(sample_next_token(logits, temperature=0), greedy)
     assert torch.equal(sample_next_token(logits, top_k=1, generator=g), greedy)
-    draws = torch.stack([sample_next_token(logits, top_k=3, generator=g) for _ in range(200)])
-    assert all(set(draws[:, r].tolist()) <= set(logits[r].topk(3).indices.tolist()) for r in range(4))
+    draws = torch.stack(
+        [sample_next_token(logits, top_k=3, generator=g) for _ in range(200)]
+    )
+    assert all(
+        set(draws[:, r].tolist()) <= set(logits[r].topk(3).indices.tolist())
+        for r in range(4)
+    )
     assert len(set(draws[:, 0].tolist())) > 1  # and it does sample
     a = sample_next_token(logits, generator=torch.Generator().manual_seed(5))
-    assert torch.equal(a, sample_next_token(logits, generator=torch.Generator().manual_seed(5)))
+    assert torch.equal(
+        a, sample_next_token(logits, generator=torch.Generator().manual_seed(5))
+    )
     # temperature sharpens: at 0.01 (near) always the argmax
-    cold = torch.stack([sample_next_token(logits, temperature=0.01, generator=g) for _ in range(50)])
+    cold = torch.stack(
+        [sample_next_token(logits, temperature=0.01, generator=g) for _ in range(50)]
+    )
     assert (cold == greedy).float().mean() > 0.95
     with pytest.raises(ValueError, match="temperature"):
         sample_next_token(logits, temperature=-1)
@@ -149,15 +196,30 @@ def test_kv_cache_is_preallocated_and_bounded():
         KVCache(CONFIG, 1, 129)
 
 
-@pytest.mark.parametrize("kw, says", [
-    (dict(temperature=float("inf")), "temperature must be a finite number >= 0, got inf"),
-    (dict(temperature=float("nan")), "temperature must be a finite number >= 0, got nan"),
-    (dict(temperature=-1.0), "temperature must be a finite number >= 0, got -1.0"),
-    (dict(temperature=0, top_k=-5), "top_k must be a positive int or None, got -5"),
-    (dict(temperature=0, top_k=0), "top_k must be a positive int or None, got 0"),
-    (dict(temperature=1.0, top_k=2.5), "top_k must be a positive int or None, got 2.5"),
-    (dict(temperature=0, top_p=1.5), r"top_p must lie in \[0, 1\] or be None, got 1.5"),
-])
+@pytest.mark.parametrize(
+    "kw, says",
+    [
+        (
+            dict(temperature=float("inf")),
+            "temperature must be a finite number >= 0, got inf",
+        ),
+        (
+            dict(temperature=float("nan")),
+            "temperature must be a finite number >= 0, got nan",
+        ),
+        (dict(temperature=-1.0), "temperature must be a finite number >= 0, got -1.0"),
+        (dict(temperature=0, top_k=-5), "top_k must be a positive int or None, got -5"),
+        (dict(temperature=0, top_k=0), "top_k must be a positive int or None, got 0"),
+        (
+            dict(temperature=1.0, top_k=2.5),
+            "top_k must be a positive int or None, got 2.5",
+        ),
+        (
+            dict(temperature=0, top_p=1.5),
+            r"top_p must lie in \[0, 1\] or be None, got 1.5",
+        ),
+    ],
+)
 def test_sampling_settings_are_checked_even_when_greedy(kw, says):
     with pytest.raises(ValueError, match=says):
         sample_next_token(torch.zeros(2, 7), **kw)
@@ -166,7 +228,16 @@ def test_sampling_settings_are_checked_even_when_greedy(kw, says):
 def test_generate_checks_eos_ids_and_empty_rows(model):
     ids = torch.randint(0, CONFIG.vocab_size, (2, 4))
     for eos in (-1, CONFIG.vocab_size, [2, -1]):
-        with pytest.raises(ValueError, match=rf"eos_token_id must be token ids in \[0, {CONFIG.vocab_size}\)"):
+        with pytest.raises(
+            ValueError,
+            match=rf"eos_token_id must be token ids in \[0, {CONFIG.vocab_size}\)",
+        ):
             generate(model, ids, 2, temperature=0, eos_token_id=eos)
     with pytest.raises(ValueError, match="attention_mask row 1 has no tokens"):
-        generate(model, ids, 2, temperature=0, attention_mask=torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0]]))
+        generate(
+            model,
+            ids,
+            2,
+            temperature=0,
+            attention_mask=torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0]]),
+        )

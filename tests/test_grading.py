@@ -1,5 +1,7 @@
-"""The grader, proven: solutions score full marks, untouched exercises zero, each known bug class
-loses exactly the points of the check written for it, and hostile student code (raising, hanging,
+"""The grader, proven: solutions score full marks, untouched exercises zero, each known
+bug class
+loses exactly the points of the check written for it, and hostile student code
+(raising, hanging,
 exiting, killing its kernel) costs only its own points."""
 
 from __future__ import annotations
@@ -23,8 +25,14 @@ from torch import nn
 
 from smol import SmolConfig
 from smol.grade import collected_results, expected_tasks
-from smol.grading import NOTEBOOKS, TASKS, core, run_checks
-from smol.grading.make_exercises import BEGIN, END, exercise_notebook, stale, strip_solutions
+from smol.grading import NOTEBOOKS, TASKS, core, grade, preview, run_checks
+from smol.grading.make_exercises import (
+    BEGIN,
+    END,
+    exercise_notebook,
+    stale,
+    strip_solutions,
+)
 from smol.norm import RMSNorm
 from tests.nbtools import ROOT
 
@@ -33,7 +41,8 @@ EXERCISES = [ROOT / "exercises" / f"{stem}.ipynb" for stem in NOTEBOOKS.values()
 
 
 def run_in_process(path):
-    """Execute a notebook's code cells (after the setup cell) in one namespace, here; return the
+    """Execute a notebook's code cells (after the setup cell) in one namespace, here;
+    return the
     namespace and the counted grade results."""
     nb = nbformat.read(path, as_version=4)
     core.RESULTS.clear()
@@ -55,7 +64,9 @@ def check_named(task, start):
     return names[0]
 
 
-# --- the notebooks ------------------------------------------------------------------------------
+# --- the notebooks
+# ------------------------------------------------------------------------------
+
 
 def test_seven_notebooks_each_with_tasks_and_one_bug_hunt():
     assert len(NOTEBOOKS) >= 7
@@ -63,18 +74,29 @@ def test_seven_notebooks_each_with_tasks_and_one_bug_hunt():
         nb = nbformat.read(ROOT / "solutions" / f"{stem}.ipynb", as_version=4)
         tasks = expected_tasks(nb)
         assert tasks == [t.name for t in TASKS.values() if t.notebook == topic], stem
-        assert 2 <= sum(not t.endswith("_bug") for t in tasks) <= 5 and sum(t.endswith("_bug") for t in tasks) == 1, stem
-        assert nb.cells[-1].source == f'summary("{topic}")', f"{stem} must end with its total"
+        assert (
+            2 <= sum(not t.endswith("_bug") for t in tasks) <= 5
+            and sum(t.endswith("_bug") for t in tasks) == 1
+        ), stem
+        assert nb.cells[-1].source == f'summary("{topic}")', (
+            f"{stem} must end with its total"
+        )
         regions = sum(c.source.count(BEGIN) for c in nb.cells if c.cell_type == "code")
         assert regions >= len(tasks), f"{stem}: every task needs a solution region"
-        for cell in nb.cells:  # a check cell follows each task; previews are not counted
+        # a check cell follows each task; previews are not counted
+        for cell in nb.cells:
             if "grade(" in cell.source:
-                assert cell.source.startswith("grade(") and "\n" not in cell.source.strip()
+                assert (
+                    cell.source.startswith("grade(") and "\n" not in cell.source.strip()
+                )
 
 
 def test_strip_solutions_makes_an_indented_stub():
     source = f"def f(x):\n    {BEGIN}\n    return x\n    {END}\n\ny = 1"
-    assert strip_solutions(source) == "def f(x):\n    # YOUR CODE HERE\n    raise NotImplementedError\n\ny = 1"
+    assert (
+        strip_solutions(source)
+        == "def f(x):\n    # YOUR CODE HERE\n    raise NotImplementedError\n\ny = 1"
+    )
     for broken in (f"{BEGIN}\nx", f"x\n{END}", f"{BEGIN}\n{BEGIN}\n{END}"):
         with pytest.raises(ValueError):
             strip_solutions(broken)
@@ -85,7 +107,9 @@ def test_exercises_are_generated_from_the_current_solutions():
     assert not problems, f"exercises/ is stale, run `make exercises`: {problems}"
     for path in EXERCISES:
         nb = nbformat.read(path, as_version=4)
-        assert not any(BEGIN in c.source or END in c.source for c in nb.cells), path.name
+        assert not any(BEGIN in c.source or END in c.source for c in nb.cells), (
+            path.name
+        )
         assert sum("# YOUR CODE HERE" in c.source for c in nb.cells) >= 3, path.name
 
 
@@ -115,10 +139,14 @@ def test_untouched_exercises_score_zero_and_run(path):
     assert set(results) == set(expected_tasks(nb))
     for result in results.values():
         assert result.score == 0 and result.total > 0, result.table()
-        assert all("NotImplementedError" in row.message for row in result.rows), result.table()
+        assert all("NotImplementedError" in row.message for row in result.rows), (
+            result.table()
+        )
 
 
-@pytest.mark.parametrize("path", SOLUTIONS + EXERCISES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+@pytest.mark.parametrize(
+    "path", SOLUTIONS + EXERCISES, ids=lambda p: f"{p.parent.name}/{p.stem}"
+)
 def test_stored_outputs_show_the_scores(path):
     nb = nbformat.read(path, as_version=4)
     results = collected_results(nb)
@@ -130,13 +158,21 @@ def test_stored_outputs_show_the_scores(path):
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
 def test_each_bug_hunt_shows_a_bug_that_fails_one_check(path):
     nb, namespace, _ = run_in_process(path)
-    previews = [c.source for c in nb.cells if c.cell_type == "code" and c.source.startswith("preview(")]
+    previews = [
+        c.source
+        for c in nb.cells
+        if c.cell_type == "code" and c.source.startswith("preview(")
+    ]
     assert len(previews) == 1
-    task, name = previews[0].removeprefix("preview(").rstrip(")").replace('"', "").split(", ")
+    task, name = (
+        previews[0].removeprefix("preview(").rstrip(")").replace('"', "").split(", ")
+    )
     assert len(failed(task, namespace[name])) == 1
 
 
-# --- smol's own code passes the checks of the pieces it has --------------------------------------
+# --- smol's own code passes the checks of the pieces it has
+# --------------------------------------
+
 
 def test_smols_reference_implementations_score_full_marks():
     from smol.attention import repeat_kv
@@ -144,10 +180,17 @@ def test_smols_reference_implementations_score_full_marks():
     from smol.mlp import MLP
     from smol.rope import apply_rope, rotate_half
 
-    for task, obj in [("rmsnorm", RMSNorm), ("rope", apply_rope), ("rotate_half", rotate_half),
-                      ("repeat_kv", repeat_kv), ("swiglu", MLP),
-                      ("tie_weights", lambda m: m.tie_weights()), ("init_weights", lambda m: m.reset_parameters()),
-                      ("filter_top_k", filter_top_k), ("filter_top_p", filter_top_p)]:
+    for task, obj in [
+        ("rmsnorm", RMSNorm),
+        ("rope", apply_rope),
+        ("rotate_half", rotate_half),
+        ("repeat_kv", repeat_kv),
+        ("swiglu", MLP),
+        ("tie_weights", lambda m: m.tie_weights()),
+        ("init_weights", lambda m: m.reset_parameters()),
+        ("filter_top_k", filter_top_k),
+        ("filter_top_p", filter_top_p),
+    ]:
         assert not failed(task, obj), task
 
 
@@ -158,28 +201,39 @@ def test_smols_bpe_passes_the_bpe_checks():
 
     assert not failed("byte_map", bytes_to_unicode)
     for task in ("bpe_encode", "bpe_bug"):
-        assert not failed(task, lambda ids, ranks: BPE.apply_merges(SimpleNamespace(ranks=ranks), ids))
+        assert not failed(
+            task, lambda ids, ranks: BPE.apply_merges(SimpleNamespace(ranks=ranks), ids)
+        )
 
 
 def test_smol_train_passes_the_training_checks():
     train = pytest.importorskip("smol.train")
     if hasattr(train, "lr_schedule"):
-        assert not failed("lr_schedule", lambda step, **kw: train.lr_schedule(step, kind="cosine", **kw))
+        assert not failed(
+            "lr_schedule",
+            lambda step, **kw: train.lr_schedule(step, kind="cosine", **kw),
+        )
     if hasattr(train, "param_groups"):
         assert not failed("param_groups", train.param_groups)
 
 
-# --- mutants: each bug class loses exactly the points of its own check ---------------------------
+# --- mutants: each bug class loses exactly the points of its own check
+# ---------------------------
+
 
 class NoUpcastRMSNorm(RMSNorm):
     def forward(self, x):
-        return self.weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps))
+        return self.weight * (
+            x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        )
 
 
 def interleaved_rope(x, cos, sin):
     x1, x2 = x[..., 0::2], x[..., 1::2]
     c, s = cos[..., : x.shape[-1] // 2], sin[..., : x.shape[-1] // 2]
-    return torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2).to(x.dtype)
+    return (
+        torch.stack((x1 * c - x2 * s, x1 * s + x2 * c), dim=-1).flatten(-2).to(x.dtype)
+    )
 
 
 def tiled_repeat_kv(x, n_rep):
@@ -199,7 +253,11 @@ def init_without_skip(model):
     std = model.config.initializer_range
     for module in model.modules():
         if isinstance(module, nn.Linear):
-            scale = math.sqrt(2 * model.config.num_hidden_layers) if getattr(module, "scaled_init", False) else 1.0
+            scale = (
+                math.sqrt(2 * model.config.num_hidden_layers)
+                if getattr(module, "scaled_init", False)
+                else 1.0
+            )
             nn.init.normal_(module.weight, std=std / scale)
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=std)
@@ -259,16 +317,22 @@ def library_attention(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
 
 
-def clamped_rms(x, eps):  # agrees with sqrt(mean + eps) on all-zero rows and to 1e-5 elsewhere
+def clamped_rms(
+    x, eps
+):  # agrees with sqrt(mean + eps) on all-zero rows and to 1e-5 elsewhere
     return torch.sqrt(torch.clamp(x.pow(2).mean(-1, keepdim=True), min=eps))
 
 
-def tie_by_replacing_the_head(model):  # the same weight object, and a head that cannot project
+def tie_by_replacing_the_head(
+    model,
+):  # the same weight object, and a head that cannot project
     if model.config.tie_word_embeddings:
         model.lm_head = model.model.embed_tokens
 
 
-def init_that_freezes(model):  # "no autograd while initialising", never switched back on
+def init_that_freezes(
+    model,
+):  # "no autograd while initialising", never switched back on
     for p in model.parameters():
         p.requires_grad_(False)
     init_by_name(model)
@@ -287,22 +351,65 @@ def init_that_misses_v_proj(model):  # v_proj keeps whatever it held before
 
 MUTANTS = {  # bug class: (task, mutant, the check written for it)
     "a gradient that overflows where the value does not": (
-        "silu", overflowing_silu, "finite values and gradients for large |x|"),
+        "silu",
+        overflowing_silu,
+        "finite values and gradients for large |x|",
+    ),
     "F.silu where the task says without it": ("silu", library_silu, "written by hand"),
-    "SDPA where the task says without it": ("gqa_attention", library_attention, "written by hand"),
+    "SDPA where the task says without it": (
+        "gqa_attention",
+        library_attention,
+        "written by hand",
+    ),
     "eps clamped instead of added": ("rms", clamped_rms, "eps is added inside"),
-    "tied by replacing the head module": ("tie_weights", tie_by_replacing_the_head, "the tied model runs"),
-    "an init that leaves the model unable to learn": ("init_weights", init_that_freezes, "the model still runs"),
-    "an init that misses a projection": ("init_weights", init_that_misses_v_proj, "embedding and projections"),
+    "tied by replacing the head module": (
+        "tie_weights",
+        tie_by_replacing_the_head,
+        "the tied model runs",
+    ),
+    "an init that leaves the model unable to learn": (
+        "init_weights",
+        init_that_freezes,
+        "the model still runs",
+    ),
+    "an init that misses a projection": (
+        "init_weights",
+        init_that_misses_v_proj,
+        "embedding and projections",
+    ),
     "missing fp32 upcast": ("rmsnorm", NoUpcastRMSNorm, "float16 activations"),
-    "wrong RoPE convention": ("rope", interleaved_rope, "rotates feature i with feature i + D/2"),
+    "wrong RoPE convention": (
+        "rope",
+        interleaved_rope,
+        "rotates feature i with feature i + D/2",
+    ),
     "tiling instead of grouping": ("repeat_kv", tiled_repeat_kv, "query head h reads"),
     "scaled-init flag misspelt": ("swiglu", misspelt_flag_mlp, "down_proj is flagged"),
-    "tied weights re-initialised": ("init_weights", init_without_skip, "the tied matrix is initialised once"),
-    "loss not shifted": ("train_step_bug", unshifted_train_step, "the loss is next-token prediction"),
-    "causal mask lost with a padding mask": ("attention_mask_bug", mask_without_causality, "with a padding mask"),
-    "BPE merges applied leftmost first": ("bpe_bug", leftmost_first_encode, "the lowest rank first"),
-    "BPE ties broken by first sight": ("merge_step", first_seen_tie_step, "ties go to the smallest"),
+    "tied weights re-initialised": (
+        "init_weights",
+        init_without_skip,
+        "the tied matrix is initialised once",
+    ),
+    "loss not shifted": (
+        "train_step_bug",
+        unshifted_train_step,
+        "the loss is next-token prediction",
+    ),
+    "causal mask lost with a padding mask": (
+        "attention_mask_bug",
+        mask_without_causality,
+        "with a padding mask",
+    ),
+    "BPE merges applied leftmost first": (
+        "bpe_bug",
+        leftmost_first_encode,
+        "the lowest rank first",
+    ),
+    "BPE ties broken by first sight": (
+        "merge_step",
+        first_seen_tie_step,
+        "ties go to the smallest",
+    ),
 }
 
 
@@ -312,10 +419,14 @@ def test_a_mutant_loses_exactly_the_points_of_its_check(bug):
     result = run_checks(task, mutant)
     lost = {row.check for row in result.rows if not row.passed}
     assert lost == {check_named(task, check)}, result.table()
-    assert result.score == TASKS[task].points - next(c.points for c in TASKS[task].checks if c.name in lost)
+    assert result.score == TASKS[task].points - next(
+        c.points for c in TASKS[task].checks if c.name in lost
+    )
 
 
-# --- hostile student code ------------------------------------------------------------------------
+# --- hostile student code
+# ------------------------------------------------------------------------
+
 
 def good_rotate_half(x):
     x1, x2 = x.chunk(2, dim=-1)
@@ -327,7 +438,8 @@ def test_raising_hanging_exiting_and_misshaped_code_costs_only_its_checks():
 
     from smol.rope import apply_rope
 
-    def sometimes(x, cos, sin):  # the first check's call raises, the second's hangs, then all is well
+    # the first check's call raises, the second's hangs, then all is well
+    def sometimes(x, cos, sin):
         calls["n"] += 1
         if calls["n"] == 1:
             raise RuntimeError("boom")
@@ -336,26 +448,43 @@ def test_raising_hanging_exiting_and_misshaped_code_costs_only_its_checks():
                 pass
         return apply_rope(x, cos, sin)
 
-    result = run_checks("rope", sometimes, timeout=0.5, isolate=False)  # state shared across checks
-    assert [row.passed for row in result.rows] == [False, False] + [True] * (len(result.rows) - 2)
-    assert "RuntimeError: boom" in result.rows[0].message and "timed out" in result.rows[1].message
+    result = run_checks(
+        "rope", sometimes, timeout=0.5, isolate=False
+    )  # state shared across checks
+    assert [row.passed for row in result.rows] == [False, False] + [True] * (
+        len(result.rows) - 2
+    )
+    assert (
+        "RuntimeError: boom" in result.rows[0].message
+        and "timed out" in result.rows[1].message
+    )
 
     for isolate in (False, True):
-        hanging = run_checks("rotate_half", lambda x: [None for _ in iter(int, 1)], 0.3, isolate=isolate)
-        assert hanging.score == 0 and all("timed out" in r.message for r in hanging.rows)
+        hanging = run_checks(
+            "rotate_half", lambda x: [None for _ in iter(int, 1)], 0.3, isolate=isolate
+        )
+        assert hanging.score == 0 and all(
+            "timed out" in r.message for r in hanging.rows
+        )
         exiting = run_checks("rms", lambda x, eps: sys.exit(3), isolate=isolate)
         assert exiting.score == 0 and "sys.exit(3)" in exiting.rows[0].message
-        killing = run_checks("rms", lambda x, eps: os._exit(3), isolate=isolate)  # the test process survives
+        killing = run_checks(
+            "rms", lambda x, eps: os._exit(3), isolate=isolate
+        )  # the test process survives
         assert killing.score == 0 and "os._exit(3,)" in killing.rows[0].message
         assert os._exit.__name__ == "_exit"
-        wrong_shape = run_checks("rms", lambda x, eps: x.pow(2).mean(-1).sqrt(), isolate=isolate)
+        wrong_shape = run_checks(
+            "rms", lambda x, eps: x.pow(2).mean(-1).sqrt(), isolate=isolate
+        )
         assert "shape" in wrong_shape.rows[0].message and not wrong_shape.rows[0].passed
 
 
 def test_isolated_checks_survive_crashes_and_forget_what_the_code_patched():
     import ctypes
 
-    crash = run_checks("rms", lambda x, eps: ctypes.string_at(0), isolate=True)  # a segfault
+    crash = run_checks(
+        "rms", lambda x, eps: ctypes.string_at(0), isolate=True
+    )  # a segfault
     assert crash.score == 0 and "SIGSEGV" in crash.rows[0].message
 
     def patching(x, eps):  # tries to make every later check pass
@@ -365,18 +494,26 @@ def test_isolated_checks_survive_crashes_and_forget_what_the_code_patched():
 
     isclose = torch.isclose
     result = run_checks("rms", patching, isolate=True)
-    assert torch.isclose is isclose and isinstance(core.Result.__dict__["score"], property)
+    assert torch.isclose is isclose and isinstance(
+        core.Result.__dict__["score"], property
+    )
     assert result.score == 0 < result.total, result.table()
 
 
 def test_a_check_stuck_in_one_long_torch_call_is_killed_at_its_limit():
-    def one_long_call(x, eps):  # tens of seconds inside one C call: no Python signal handler runs
+    def one_long_call(
+        x, eps
+    ):  # tens of seconds inside one C call: no Python signal handler runs
         return torch.linalg.matrix_power(torch.randn(1500, 1500), 2**60)
 
     start = time.monotonic()
     result = run_checks("rms", one_long_call, timeout=0.5)
-    assert time.monotonic() - start < 3 * 0.5 + 5, "the checks were not stopped at their limit"
-    assert result.score == 0 and all("timed out after 0.5 s" in r.message for r in result.rows), result.table()
+    assert time.monotonic() - start < 3 * 0.5 + 5, (
+        "the checks were not stopped at their limit"
+    )
+    assert result.score == 0 and all(
+        "timed out after 0.5 s" in r.message for r in result.rows
+    ), result.table()
 
 
 def test_a_timeout_must_be_a_positive_number(capsys):
@@ -400,11 +537,14 @@ def test_a_timeout_must_be_a_positive_number(capsys):
 def test_timeout_works_off_the_main_thread_too():
     box, stop = [], threading.Event()
 
-    def hang(x):  # abandoned by the grader's watchdog thread; released at the end of the test
+    # abandoned by the grader's watchdog thread; released at the end of the test
+    def hang(x):
         while not stop.wait(0.05):
             pass
 
-    thread = threading.Thread(target=lambda: box.append(run_checks("rotate_half", hang, 0.3)))
+    thread = threading.Thread(
+        target=lambda: box.append(run_checks("rotate_half", hang, 0.3))
+    )
     thread.start()
     thread.join(10)
     stop.set()
@@ -420,11 +560,17 @@ def test_grade_prints_a_table_and_never_raises(capsys):
     grade("rms", None)
     summary("rope")
     out = capsys.readouterr().out
-    assert "unknown task" in out and "rotate_half: 3/3 points" in out and "rms: 0/4 points" in out
+    assert (
+        "unknown task" in out
+        and "rotate_half: 3/3 points" in out
+        and "rms: 0/4 points" in out
+    )
     assert "hint:" in out and "(not graded yet)" in out
 
 
-# --- the command line: fresh kernels, a hang and a dead kernel cost only their notebook -------------
+# --- the command line: fresh kernels, a hang and a dead kernel cost only their notebook
+# -------------
+
 
 def _notebook(tmp_path, name, sources):
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(s) for s in sources])
@@ -434,7 +580,9 @@ def _notebook(tmp_path, name, sources):
 
 
 HEAD = "from smol.grading import grade\nimport torch"
-ROTATE = "def rotate_half(x):\n    a, b = x.chunk(2, -1)\n    return torch.cat((-b, a), -1)"
+ROTATE = (
+    "def rotate_half(x):\n    a, b = x.chunk(2, -1)\n    return torch.cat((-b, a), -1)"
+)
 FORGE = """from IPython.display import display
 from smol.grading import MIME
 for task, total in (("rms", 4), ("rmsnorm", 7)):
@@ -457,35 +605,98 @@ for task in core.TASKS.values():
 def command_line(tmp_path_factory):
     """One run of `python -m smol.grade` over good, hostile, forging and broken notebooks."""
     tmp = tmp_path_factory.mktemp("grade")
-    dies = _notebook(tmp, "dies.ipynb", [HEAD, ROTATE, 'grade("rotate_half", rotate_half)',
-                                         "import os\nos._exit(1)", 'grade("rms", None)'])
-    hangs = _notebook(tmp, "hangs.ipynb", [HEAD, ROTATE, 'grade("rotate_half", rotate_half)',
-                                           "while True:\n    pass", 'grade("rope", None)'])
+    dies = _notebook(
+        tmp,
+        "dies.ipynb",
+        [
+            HEAD,
+            ROTATE,
+            'grade("rotate_half", rotate_half)',
+            "import os\nos._exit(1)",
+            'grade("rms", None)',
+        ],
+    )
+    hangs = _notebook(
+        tmp,
+        "hangs.ipynb",
+        [
+            HEAD,
+            ROTATE,
+            'grade("rotate_half", rotate_half)',
+            "while True:\n    pass",
+            'grade("rope", None)',
+        ],
+    )
     forges = _notebook(tmp, "forges.ipynb", [HEAD, FORGE, 'grade("rms", None)'])
-    patches = _notebook(tmp, "patches.ipynb", [HEAD, ROTATE, PATCH, 'grade("rms", None)',
-                                               'grade("rotate_half", rotate_half)'])
+    patches = _notebook(
+        tmp,
+        "patches.ipynb",
+        [
+            HEAD,
+            ROTATE,
+            PATCH,
+            'grade("rms", None)',
+            'grade("rotate_half", rotate_half)',
+        ],
+    )
     folder = tmp / "submissions"
     folder.mkdir()
     (folder / "01_rmsnorm.ipynb").write_bytes(b"")  # an empty file
     (folder / "02_rope.ipynb").write_text('{"cells": [')  # cut short
     (folder / "03_gqa_repeat_kv.ipynb").write_text('{"a": 1}')  # JSON, not a notebook
-    _notebook(folder, "04_swiglu.ipynb", [HEAD, ROTATE, 'grade("rotate_half", rotate_half)'])
+    _notebook(
+        folder, "04_swiglu.ipynb", [HEAD, ROTATE, 'grade("rotate_half", rotate_half)']
+    )
     report = tmp / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "smol.grade", str(SOLUTIONS[0]), str(EXERCISES[0]), str(dies),
-                           str(hangs), str(forges), str(patches), str(folder), "--cell-timeout", "15",
-                           "--json", str(report), "--strict"],
-                          capture_output=True, text=True, timeout=300, cwd=ROOT)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "smol.grade",
+            str(SOLUTIONS[0]),
+            str(EXERCISES[0]),
+            str(dies),
+            str(hangs),
+            str(forges),
+            str(patches),
+            str(folder),
+            "--cell-timeout",
+            "15",
+            "--json",
+            str(report),
+            "--strict",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+    )
     reports = json.loads(report.read_text())["notebooks"]
-    return proc, {f"{Path(r['notebook']).parent.name}/{Path(r['notebook']).name}": r for r in reports}
+    return proc, {
+        f"{Path(r['notebook']).parent.name}/{Path(r['notebook']).name}": r
+        for r in reports
+    }
 
 
 def test_command_line_grades_fresh_kernels_and_survives_hostile_notebooks(command_line):
     proc, notebooks = command_line
     assert proc.returncode == 1, proc.stdout + proc.stderr  # --strict: below full marks
-    solution, exercise = notebooks["solutions/01_rmsnorm.ipynb"], notebooks["exercises/01_rmsnorm.ipynb"]
-    died, hung = (r for name, r in notebooks.items() if name.endswith(("/dies.ipynb", "/hangs.ipynb")))
+    solution, exercise = (
+        notebooks["solutions/01_rmsnorm.ipynb"],
+        notebooks["exercises/01_rmsnorm.ipynb"],
+    )
+    died, hung = (
+        r
+        for name, r in notebooks.items()
+        if name.endswith(("/dies.ipynb", "/hangs.ipynb"))
+    )
     full = sum(TASKS[t].points for t in ("rms", "rmsnorm", "rmsnorm_bug"))
-    assert (solution["score"], solution["total"], exercise["score"], exercise["total"]) == (full, full, 0, full)
+    assert (
+        solution["score"],
+        solution["total"],
+        exercise["score"],
+        exercise["total"],
+    ) == (full, full, 0, full)
     assert solution["status"] == "ok" and exercise["status"] == "ok"
     assert (died["score"], died["total"]) == (3, 7) and "died" in died["status"]
     assert (hung["score"], hung["total"]) == (3, 11) and "time limit" in hung["status"]
@@ -494,16 +705,26 @@ def test_command_line_grades_fresh_kernels_and_survives_hostile_notebooks(comman
 
 def test_invalid_notebooks_are_reported_and_the_rest_graded(command_line):
     proc, notebooks = command_line
-    empty, cut, other = (notebooks[f"submissions/{name}.ipynb"] for name in
-                         ("01_rmsnorm", "02_rope", "03_gqa_repeat_kv"))
-    assert "01_rmsnorm.ipynb is empty" in empty["error"] and "invalid JSON" in cut["error"]
+    empty, cut, other = (
+        notebooks[f"submissions/{name}.ipynb"]
+        for name in ("01_rmsnorm", "02_rope", "03_gqa_repeat_kv")
+    )
+    assert (
+        "01_rmsnorm.ipynb is empty" in empty["error"] and "invalid JSON" in cut["error"]
+    )
     assert "JSON but not a Jupyter notebook" in other["error"]
     rope = sum(t.points for t in TASKS.values() if t.notebook == "rope")
-    assert (empty["score"], cut["score"], cut["total"]) == (0, 0, rope)  # its tasks score zero
+    assert (empty["score"], cut["score"], cut["total"]) == (
+        0,
+        0,
+        rope,
+    )  # its tasks score zero
     assert all(r["status"].startswith("error: ") for r in (empty, cut, other))
     swiglu = notebooks["submissions/04_swiglu.ipynb"]  # graded after the broken ones
     assert swiglu["score"] == 3 and "error" not in swiglu
-    assert "3 files could not be graded" in proc.stdout and "Traceback" not in proc.stderr
+    assert (
+        "3 files could not be graded" in proc.stdout and "Traceback" not in proc.stderr
+    )
 
 
 def test_printed_or_displayed_results_are_not_counted(command_line):
@@ -512,14 +733,23 @@ def test_printed_or_displayed_results_are_not_counted(command_line):
 
 
 def test_patching_the_grader_in_the_notebook_changes_nothing(command_line):
-    patched = next(r for n, r in command_line[1].items() if n.endswith("/patches.ipynb"))
+    patched = next(
+        r for n, r in command_line[1].items() if n.endswith("/patches.ipynb")
+    )
     scores = {t["task"]: (t["score"], t["total"]) for t in patched["tasks"]}
-    assert scores == {"rms": (0, 4), "rotate_half": (3, 3)}, patched  # what it really solves
+    assert scores == {"rms": (0, 4), "rotate_half": (3, 3)}, (
+        patched
+    )  # what it really solves
 
 
 def test_a_deleted_check_cell_still_counts_its_points(command_line):
-    swiglu = command_line[1]["submissions/04_swiglu.ipynb"]  # exercise 4's name, one other task
-    want = sum(t.points for t in TASKS.values() if t.notebook == "swiglu") + TASKS["rotate_half"].points
+    swiglu = command_line[1][
+        "submissions/04_swiglu.ipynb"
+    ]  # exercise 4's name, one other task
+    want = (
+        sum(t.points for t in TASKS.values() if t.notebook == "swiglu")
+        + TASKS["rotate_half"].points
+    )
     assert swiglu["total"] == want
     assert {t["task"]: t["graded"] for t in swiglu["tasks"]}["swiglu"] is False
 
@@ -544,7 +774,9 @@ def test_a_report_that_fails_late_still_shows_the_scores(tmp_path, capsys, monke
 
     empty = tmp_path / "empty.ipynb"
     empty.write_bytes(b"")
-    monkeypatch.setattr(cli, "report_problem", lambda path: "")  # the folder vanished meanwhile
+    monkeypatch.setattr(
+        cli, "report_problem", lambda path: ""
+    )  # the folder vanished meanwhile
     assert cli.main([str(empty), "--json", str(tmp_path)]) == 1
     out, err = capsys.readouterr()
     assert "total" in out and "empty.ipynb is empty" in out
@@ -556,10 +788,14 @@ def test_grade_calls_name_the_object_graded():
 
     source = 'x = 1\n%time grade("rope", apply_rope, timeout=30)\ngrade("rms")\ngrade(obj=f, task_name="y")'
     assert grade_calls(source) == [("rope", "apply_rope"), ("rms", "None")]
-    assert grade_calls('grade("rms", rms') == [("rms", None)]  # does not parse: never ran
+    assert grade_calls('grade("rms", rms') == [
+        ("rms", None)
+    ]  # does not parse: never ran
 
 
-# --- other correct ways to write a piece pass too (no false alarms) --------------------------------
+# --- other correct ways to write a piece pass too (no false alarms)
+# --------------------------------
+
 
 class DividingRMSNorm(nn.Module):
     def __init__(self, dim, eps=1e-5):
@@ -568,7 +804,9 @@ class DividingRMSNorm(nn.Module):
 
     def forward(self, x):
         h = x.float()
-        return (self.weight * (h / torch.sqrt(h.square().mean(-1, keepdim=True) + self.eps))).to(x.dtype)
+        return (
+            self.weight * (h / torch.sqrt(h.square().mean(-1, keepdim=True) + self.eps))
+        ).to(x.dtype)
 
 
 def additive_mask_attention(q, k, v):
@@ -584,7 +822,12 @@ def init_by_name(model):
         if p.dim() == 1:
             nn.init.ones_(p)
         else:
-            nn.init.normal_(p, std=std / math.sqrt(2 * L) if name.endswith(("o_proj.weight", "down_proj.weight")) else std)
+            nn.init.normal_(
+                p,
+                std=std / math.sqrt(2 * L)
+                if name.endswith(("o_proj.weight", "down_proj.weight"))
+                else std,
+            )
 
 
 def hf_style_top_p(logits, p):
@@ -595,7 +838,9 @@ def hf_style_top_p(logits, p):
 
 
 def zero_after_step(model, optimizer, tokens):
-    loss = F.cross_entropy(model(tokens[:, :-1])[0].flatten(0, 1), tokens[:, 1:].flatten())
+    loss = F.cross_entropy(
+        model(tokens[:, :-1])[0].flatten(0, 1), tokens[:, 1:].flatten()
+    )
     loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
@@ -612,12 +857,20 @@ def generate_without_no_grad(model, ids, n):
     return out
 
 
-class ReorderedSwiGLU(nn.Module):  # layers defined in another order, silu written with tanh
+class ReorderedSwiGLU(
+    nn.Module
+):  # layers defined in another order, silu written with tanh
     def __init__(self, config):
         super().__init__()
-        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
-        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
-        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(
+            config.intermediate_size, config.hidden_size, bias=False
+        )
+        self.up_proj = nn.Linear(
+            config.hidden_size, config.intermediate_size, bias=False
+        )
+        self.gate_proj = nn.Linear(
+            config.hidden_size, config.intermediate_size, bias=False
+        )
         setattr(self.down_proj, "scaled_init", True)
 
     def forward(self, x):
@@ -631,7 +884,9 @@ def tie_by_reregistering(model):
         model.lm_head.weight = model.get_submodule("model.embed_tokens").weight
 
 
-def init_module_by_module(model):  # model.apply, children before parents, skipping the tied head
+def init_module_by_module(
+    model,
+):  # model.apply, children before parents, skipping the tied head
     std, L = model.config.initializer_range, model.config.num_hidden_layers
     shared = model.model.embed_tokens.weight
 
@@ -639,8 +894,13 @@ def init_module_by_module(model):  # model.apply, children before parents, skipp
         weight = getattr(module, "weight", None)
         if isinstance(module, RMSNorm):
             nn.init.constant_(weight, 1.0)
-        elif isinstance(module, (nn.Linear, nn.Embedding)) and not (isinstance(module, nn.Linear) and weight is shared):
-            weight.data.normal_(0.0, std / (2 * L) ** 0.5 if getattr(module, "scaled_init", False) else std)
+        elif isinstance(module, (nn.Linear, nn.Embedding)) and not (
+            isinstance(module, nn.Linear) and weight is shared
+        ):
+            weight.data.normal_(
+                0.0,
+                std / (2 * L) ** 0.5 if getattr(module, "scaled_init", False) else std,
+            )
 
     model.apply(init)
 
@@ -654,8 +914,10 @@ def next_token_batch_masked_fill(tokens, attention_mask=None):
 
 def no_decay_group_first(model, weight_decay):
     named = sorted(model.named_parameters(), key=lambda item: item[0])
-    return [{"params": [p for _, p in named if p.ndim == 1], "weight_decay": 0.0},
-            {"params": [p for _, p in named if p.ndim > 1], "weight_decay": weight_decay}]
+    return [
+        {"params": [p for _, p in named if p.ndim == 1], "weight_decay": 0.0},
+        {"params": [p for _, p in named if p.ndim > 1], "weight_decay": weight_decay},
+    ]
 
 
 def top_k_by_scatter(logits, k):
@@ -664,11 +926,16 @@ def top_k_by_scatter(logits, k):
 
 
 def mask_causal_of_visible(attention_mask, T, offset=0):
-    q, k = torch.arange(offset, offset + T).view(-1, 1), torch.arange(offset + T).view(1, -1)
+    q, k = (
+        torch.arange(offset, offset + T).view(-1, 1),
+        torch.arange(offset + T).view(1, -1),
+    )
     causal = (q >= k).view(1, 1, T, offset + T)
     if attention_mask is None:
         return causal
-    return causal & ((attention_mask.view(attention_mask.shape[0], 1, 1, -1) != 0) | (q == k))
+    return causal & (
+        (attention_mask.view(attention_mask.shape[0], 1, 1, -1) != 0) | (q == k)
+    )
 
 
 def rope_by_slices(x, cos, sin):
@@ -682,39 +949,71 @@ def _variants():
     from einops import repeat
 
     def rope_tables_einsum(length, head_dim, theta):
-        freqs = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
-        angles = torch.einsum("t,f->tf", torch.arange(length, dtype=torch.float32), freqs).repeat(1, 2)
+        freqs = 1.0 / theta ** (
+            torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+        )
+        angles = torch.einsum(
+            "t,f->tf", torch.arange(length, dtype=torch.float32), freqs
+        ).repeat(1, 2)
         return angles.cos(), angles.sin()
 
     return {  # task: a correct implementation written differently from the solution
         "rms": lambda x, eps: x.square().mean(-1, keepdim=True).add(eps).sqrt(),
-        "rmsnorm": DividingRMSNorm, "rmsnorm_bug": DividingRMSNorm,
-        "rope_frequencies": lambda d, theta: theta ** (-torch.arange(0, d, 2).float() / d),
+        "rmsnorm": DividingRMSNorm,
+        "rmsnorm_bug": DividingRMSNorm,
+        "rope_frequencies": lambda d, theta: (
+            theta ** (-torch.arange(0, d, 2).float() / d)
+        ),
         "rope_tables": rope_tables_einsum,
-        "rotate_half": lambda x: torch.stack(x.chunk(2, -1)[::-1], -2).mul(
-            torch.tensor([-1.0, 1.0]).view(2, 1)).flatten(-2),
-        "rope": rope_by_slices, "rope_bug": rope_by_slices,
+        "rotate_half": lambda x: (
+            torch.stack(x.chunk(2, -1)[::-1], -2)
+            .mul(torch.tensor([-1.0, 1.0]).view(2, 1))
+            .flatten(-2)
+        ),
+        "rope": rope_by_slices,
+        "rope_bug": rope_by_slices,
         "repeat_kv": lambda x, n: repeat(x, "b h t d -> b (h r) t d", r=n),
         "repeat_kv_bug": lambda x, n: x.repeat_interleave(n, dim=1),
         "gqa_attention": additive_mask_attention,
         "silu": lambda x: x * 0.5 * (1 + torch.tanh(x / 2)),
-        "swiglu": ReorderedSwiGLU, "swiglu_bug": ReorderedSwiGLU,
+        "swiglu": ReorderedSwiGLU,
+        "swiglu_bug": ReorderedSwiGLU,
         "tie_weights": tie_by_reregistering,
-        "init_weights": init_by_name, "init_bug": init_module_by_module,
+        "init_weights": init_by_name,
+        "init_bug": init_module_by_module,
         "next_token_batch": next_token_batch_masked_fill,
         "lr_schedule": lambda s, *, max_lr, warmup_steps, total_steps, min_lr=0.0: (
-            max_lr * (s + 1) / warmup_steps if s < warmup_steps else min_lr + (max_lr - min_lr)
-            * 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup_steps) / (total_steps - warmup_steps))))),
+            max_lr * (s + 1) / warmup_steps
+            if s < warmup_steps
+            else min_lr
+            + (max_lr - min_lr)
+            * 0.5
+            * (
+                1
+                + math.cos(
+                    math.pi
+                    * min(1.0, (s - warmup_steps) / (total_steps - warmup_steps))
+                )
+            )
+        ),
         "param_groups": no_decay_group_first,
         "train_step_bug": zero_after_step,
-        "filter_top_k": top_k_by_scatter, "filter_top_p": hf_style_top_p,
+        "filter_top_k": top_k_by_scatter,
+        "filter_top_p": hf_style_top_p,
         "kv_generate": generate_without_no_grad,
         "attention_mask_bug": mask_causal_of_visible,
     }
 
 
-COURSE_TOPICS = ("rmsnorm", "rope", "gqa_repeat_kv", "swiglu", "tying_and_init", "training_loop",
-                 "kv_cache_generation")
+COURSE_TOPICS = (
+    "rmsnorm",
+    "rope",
+    "gqa_repeat_kv",
+    "swiglu",
+    "tying_and_init",
+    "training_loop",
+    "kv_cache_generation",
+)
 
 
 def test_every_task_has_a_correct_variant_written_differently():
@@ -738,5 +1037,30 @@ def test_the_mask_reference_is_smols_mask():
 
     for am, T, offset in ((PADDED, 6, 0), (PADDED, 2, 4), (None, 3, 4)):
         B = 2 if am is not None else 1
-        mask, _ = SmolLM._attention_mask(None, am, B, T, offset, torch.device("cpu"))  # uses no state
-        assert torch.equal(mask.expand(B, 1, T, offset + T), _reference_mask(am, T, offset).expand(B, 1, T, offset + T))
+        # uses no state
+        mask, _ = SmolLM._attention_mask(None, am, B, T, offset, torch.device("cpu"))
+        assert torch.equal(
+            mask.expand(B, 1, T, offset + T),
+            _reference_mask(am, T, offset).expand(B, 1, T, offset + T),
+        )
+
+
+def test_preview_hides_hints_and_tables_need_no_emoji(capsys):
+    """A "find the bug" preview shows which checks fail and how, not the hint that names
+    the
+    fix; a graded attempt shows the hints. The HTML table marks rows with words,
+    which every
+    font has, not emoji, which show as empty boxes where no emoji font is installed."""
+    wrong = lambda x, eps=1e-5: x.abs().mean(-1, keepdim=True)  # noqa: E731
+    preview("rms", wrong)
+    shown = capsys.readouterr().out
+    assert "FAIL" in shown and "hint:" not in shown and "got:" in shown
+    assert not any(c.hint in shown for c in TASKS["rms"].checks)
+    grade("rms", wrong)
+    assert "hint:" in capsys.readouterr().out
+    result = run_checks("rms", wrong)
+    for table in (result.html(), result.html(hints=False)):
+        assert "pass" in table and "FAIL" in table
+        assert all(ord(ch) < 0x2000 for ch in table), (
+            "a symbol that needs a special font"
+        )

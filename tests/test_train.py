@@ -22,21 +22,43 @@ from smol.optim import amp_dtype, lr_schedule, param_groups
 from smol.train import TrainConfig, Trainer, TrainingDiverged
 from smol.train_cli import main
 
-SMALL = {"vocab_size": 97, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 64}
+SMALL = {
+    "vocab_size": 97,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
 
 
 def small_config(tmp_path, **changes) -> TrainConfig:
-    base = dict(model_overrides=SMALL, steps=6, batch_size=4, seq_len=16, lr=1e-2, min_lr=1e-3, warmup_steps=2,
-                eval_every=3, eval_batches=2, log_every=1, out_dir=str(tmp_path / "run"), progress=False,
-                sample_tokens=0, device="cpu")
+    base = dict(
+        model_overrides=SMALL,
+        steps=6,
+        batch_size=4,
+        seq_len=16,
+        lr=1e-2,
+        min_lr=1e-3,
+        warmup_steps=2,
+        eval_every=3,
+        eval_batches=2,
+        log_every=1,
+        out_dir=str(tmp_path / "run"),
+        progress=False,
+        sample_tokens=0,
+        device="cpu",
+    )
     return TrainConfig(**{**base, **changes})
 
 
 def tokens(n, seed):
     """A learnable stream: one random 40-token phrase, repeated."""
-    phrase = torch.randint(0, SMALL["vocab_size"], (40,), generator=torch.Generator().manual_seed(0))
-    return phrase.repeat(n // 40 + 1)[seed: seed + n]
+    phrase = torch.randint(
+        0, SMALL["vocab_size"], (40,), generator=torch.Generator().manual_seed(0)
+    )
+    return phrase.repeat(n // 40 + 1)[seed : seed + n]
 
 
 def trainer(cfg) -> Trainer:
@@ -49,6 +71,7 @@ def weights(t: Trainer) -> dict:
 
 # Schedules
 
+
 def test_cosine_schedule_warms_up_then_decays_to_min_lr():
     kw = dict(max_lr=1.0, warmup_steps=10, total_steps=110, min_lr=0.1)
     lrs = [lr_schedule(s, **kw) for s in range(111)]
@@ -60,7 +83,14 @@ def test_cosine_schedule_warms_up_then_decays_to_min_lr():
 
 
 def test_wsd_schedule_is_flat_then_decays_linearly():
-    kw = dict(max_lr=2.0, warmup_steps=5, total_steps=100, min_lr=0.0, kind="wsd", decay_fraction=0.2)
+    kw = dict(
+        max_lr=2.0,
+        warmup_steps=5,
+        total_steps=100,
+        min_lr=0.0,
+        kind="wsd",
+        decay_fraction=0.2,
+    )
     lrs = [lr_schedule(s, **kw) for s in range(101)]
     assert lrs[4] == pytest.approx(2.0) and lrs[5:80] == [2.0] * 75
     assert lrs[90] == pytest.approx(1.0)
@@ -68,8 +98,15 @@ def test_wsd_schedule_is_flat_then_decays_linearly():
     assert all(a > b for a, b in zip(lrs[80:100], lrs[81:101]))
 
 
-@pytest.mark.parametrize("bad", [dict(warmup_steps=20, total_steps=10), dict(min_lr=2.0), dict(kind="linear"),
-                                 dict(kind="wsd", decay_fraction=1.5)])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        dict(warmup_steps=20, total_steps=10),
+        dict(min_lr=2.0),
+        dict(kind="linear"),
+        dict(kind="wsd", decay_fraction=1.5),
+    ],
+)
 def test_schedule_rejects_bad_arguments(bad):
     kw = {**dict(max_lr=1.0, warmup_steps=1, total_steps=10), **bad}
     with pytest.raises(ValueError):
@@ -78,18 +115,26 @@ def test_schedule_rejects_bad_arguments(bad):
 
 # Parameter groups, FLOPs, peaks
 
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_param_groups_decay_matrices_only_and_count_the_tied_matrix_once(tied):
     model = SmolLM(SmolConfig(**SMALL, tie_word_embeddings=tied))
     decay, no_decay = param_groups(model, 0.1)
     assert decay["weight_decay"] == 0.1 and no_decay["weight_decay"] == 0.0
-    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() == 1 for p in no_decay["params"])
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(
+        p.dim() == 1 for p in no_decay["params"]
+    )
     ids = [id(p) for p in decay["params"] + no_decay["params"]]
     assert len(ids) == len(set(ids))
-    assert sum(p.numel() for p in decay["params"] + no_decay["params"]) == model.count_params()
+    assert (
+        sum(p.numel() for p in decay["params"] + no_decay["params"])
+        == model.count_params()
+    )
     assert any(p is model.model.embed_tokens.weight for p in decay["params"])
     assert any(p is model.lm_head.weight for p in decay["params"])
-    assert len(no_decay["params"]) == 2 * SMALL["num_hidden_layers"] + 1  # the RMSNorm gains
+    assert (
+        len(no_decay["params"]) == 2 * SMALL["num_hidden_layers"] + 1
+    )  # the RMSNorm gains
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -104,10 +149,20 @@ def test_flops_per_token_of_smollm2_135m():
     assert flops_per_token(config, 2048) == 6 * 134_515_008 + 12 * 30 * 9 * 64 * 2048
 
 
-@pytest.mark.parametrize("name, peak", [("NVIDIA H100 80GB HBM3", 989e12), ("NVIDIA H100 PCIe", 756e12),
-                                        ("NVIDIA H200", 989e12), ("NVIDIA A100-SXM4-40GB", 312e12),
-                                        ("Tesla T4", 65e12), ("NVIDIA L4", 121e12), ("NVIDIA L40S", 362e12),
-                                        ("NVIDIA L40", None), ("NVIDIA GeForce RTX 3060", None)])
+@pytest.mark.parametrize(
+    "name, peak",
+    [
+        ("NVIDIA H100 80GB HBM3", 989e12),
+        ("NVIDIA H100 PCIe", 756e12),
+        ("NVIDIA H200", 989e12),
+        ("NVIDIA A100-SXM4-40GB", 312e12),
+        ("Tesla T4", 65e12),
+        ("NVIDIA L4", 121e12),
+        ("NVIDIA L40S", 362e12),
+        ("NVIDIA L40", None),
+        ("NVIDIA GeForce RTX 3060", None),
+    ],
+)
 def test_peak_flops_table(monkeypatch, name, peak):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     assert peak_flops("cuda") == peak
@@ -121,12 +176,20 @@ def test_amp_dtype_bf16_where_native_else_fp16_on_cuda_fp32_on_cpu(monkeypatch):
         amp_dtype(torch.device("cpu"), "fp16")
     with pytest.raises(ValueError, match="dtype must be one of"):
         amp_dtype(torch.device("cpu"), "half")
-    for native, expected in ((True, torch.bfloat16), (False, torch.float16)):  # an A100, a T4
-        monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True, n=native: n)
+    for native, expected in (
+        (True, torch.bfloat16),
+        (False, torch.float16),
+    ):  # an A100, a T4
+        monkeypatch.setattr(
+            torch.cuda,
+            "is_bf16_supported",
+            lambda including_emulation=True, n=native: n,
+        )
         assert amp_dtype(torch.device("cuda")) == expected
 
 
 # Training
+
 
 def test_loss_falls_and_history_is_recorded(tmp_path):
     t = trainer(small_config(tmp_path, steps=12, eval_every=6))
@@ -134,12 +197,18 @@ def test_loss_falls_and_history_is_recorded(tmp_path):
     assert h["step"] == list(range(1, 13)) and len(h["lr"]) == 12
     assert h["val_step"] == [6, 12]
     assert h["loss"][-1] < h["loss"][0] - 0.2
-    assert (tmp_path / "run" / "checkpoints" / "latest").read_text().strip() == "step_0000012"
+    assert (
+        tmp_path / "run" / "checkpoints" / "latest"
+    ).read_text().strip() == "step_0000012"
 
 
 def test_accumulation_equals_one_big_batch(tmp_path):
-    big = trainer(small_config(tmp_path / "a", batch_size=4, grad_accum=1, eval_every=0))
-    acc = trainer(small_config(tmp_path / "b", batch_size=2, grad_accum=2, eval_every=0))
+    big = trainer(
+        small_config(tmp_path / "a", batch_size=4, grad_accum=1, eval_every=0)
+    )
+    acc = trainer(
+        small_config(tmp_path / "b", batch_size=2, grad_accum=2, eval_every=0)
+    )
     big.fit(), acc.fit()
     assert acc.history["loss"] == pytest.approx(big.history["loss"], rel=1e-5)
     for k, v in weights(big).items():
@@ -154,7 +223,10 @@ def test_resume_is_bit_exact(tmp_path):
     first.fit(until=4)  # stop after step 4, as a preempted job would, with a checkpoint
     assert first.step == 4
     second = trainer(dataclasses.replace(cfg, resume=True))
-    assert second.step == 4 and second.train_batches.position == first.train_batches.position
+    assert (
+        second.step == 4
+        and second.train_batches.position == first.train_batches.position
+    )
     second.fit()
     assert second.history["loss"] == full.history["loss"]
     assert second.history["val_loss"] == full.history["val_loss"]
@@ -165,10 +237,16 @@ def test_resume_is_bit_exact(tmp_path):
 
 
 def test_checkpoints_keep_the_newest_and_load_tied_weights(tmp_path):
-    t = trainer(small_config(tmp_path, steps=6, ckpt_every=2, keep_checkpoints=2, eval_every=0))
+    t = trainer(
+        small_config(tmp_path, steps=6, ckpt_every=2, keep_checkpoints=2, eval_every=0)
+    )
     t.fit()
     root = tmp_path / "run" / "checkpoints"
-    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_0000004", "step_0000006"]
+    assert sorted(p.name for p in root.iterdir()) == [
+        "latest",
+        "step_0000004",
+        "step_0000006",
+    ]
     again = trainer(dataclasses.replace(t.cfg, resume=True))
     assert again.model.lm_head.weight is again.model.model.embed_tokens.weight
     assert torch.equal(again.model.lm_head.weight, t.model.lm_head.weight)
@@ -181,7 +259,9 @@ def test_resume_without_a_checkpoint_says_so(tmp_path):
 
 def test_resume_from_another_config_is_refused(tmp_path):
     trainer(small_config(tmp_path, steps=2)).fit()
-    other = small_config(tmp_path, steps=2, resume=True, model_overrides={**SMALL, "hidden_size": 48})
+    other = small_config(
+        tmp_path, steps=2, resume=True, model_overrides={**SMALL, "hidden_size": 48}
+    )
     with pytest.raises(ValueError, match="hidden_size: checkpoint 32, now 48"):
         trainer(other)
     with pytest.raises(ValueError, match="seq_len: checkpoint 16, now 8"):
@@ -194,7 +274,9 @@ def test_corrupted_checkpoint_is_detected(tmp_path, victim):
     path = tmp_path / "run" / "checkpoints" / "step_0000002" / victim
     blob = bytearray(path.read_bytes())
     blob[len(blob) // 2] ^= 0xFF  # flip one byte in the middle
-    path.write_bytes(bytes(blob[: len(blob) - 7]) if victim == "state.pt" else bytes(blob))
+    path.write_bytes(
+        bytes(blob[: len(blob) - 7]) if victim == "state.pt" else bytes(blob)
+    )
     with pytest.raises(CheckpointError, match="corrupted"):
         trainer(small_config(tmp_path, steps=2, resume=True))
 
@@ -209,15 +291,24 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path):
     root = tmp_path / "run" / "checkpoints"
     assert (root / "latest").read_text().strip() == "step_0000002"
     again = trainer(dataclasses.replace(t.cfg, resume=True))
-    assert again.step == 2 and all(torch.isfinite(p).all() for p in again.model.parameters())
+    assert again.step == 2 and all(
+        torch.isfinite(p).all() for p in again.model.parameters()
+    )
 
 
 def test_batches_that_do_not_fit_the_data_are_refused(tmp_path):
     with pytest.raises(ValueError, match="lower batch_size or seq_len"):
-        Trainer(small_config(tmp_path, batch_size=64, seq_len=60), train_tokens=tokens(1000, 0),
-                val_tokens=tokens(1000, 1))
+        Trainer(
+            small_config(tmp_path, batch_size=64, seq_len=60),
+            train_tokens=tokens(1000, 0),
+            val_tokens=tokens(1000, 1),
+        )
     with pytest.raises(ValueError, match="does not fit"):
-        Trainer(small_config(tmp_path, seq_len=32), train_tokens=tokens(3000, 0), val_tokens=tokens(20, 1))
+        Trainer(
+            small_config(tmp_path, seq_len=32),
+            train_tokens=tokens(3000, 0),
+            val_tokens=tokens(20, 1),
+        )
     with pytest.raises(ValueError, match="longer than the model's context"):
         trainer(small_config(tmp_path, seq_len=128))
 
@@ -225,7 +316,9 @@ def test_batches_that_do_not_fit_the_data_are_refused(tmp_path):
 def test_bf16_autocast_trains_float32_weights(tmp_path):
     t = trainer(small_config(tmp_path, steps=3, dtype="bf16"))
     t.fit()
-    assert t.amp_dtype == torch.bfloat16 and all(math.isfinite(x) for x in t.history["loss"])
+    assert t.amp_dtype == torch.bfloat16 and all(
+        math.isfinite(x) for x in t.history["loss"]
+    )
     assert all(p.dtype == torch.float32 for p in t.model.parameters())
     assert t.mfu(1000.0) is None  # a CPU has no peak in the table
     t.peak = 100e12
@@ -249,12 +342,18 @@ def test_a_crash_while_saving_leaves_the_last_checkpoint_intact(tmp_path, monkey
     again = trainer(dataclasses.replace(t.cfg, resume=True))
     assert again.step == 2
     again.fit()
-    assert sorted(p.name for p in root.iterdir()) == ["latest", "step_0000002", "step_0000004"]  # no leftovers
+    assert sorted(p.name for p in root.iterdir()) == [
+        "latest",
+        "step_0000002",
+        "step_0000004",
+    ]  # no leftovers
 
 
 def test_compile_keeps_eval_and_generation_working(tmp_path, monkeypatch):
     compile_ = torch.compile
-    monkeypatch.setattr(torch, "compile", lambda m, **kw: compile_(m, backend="eager", **kw))
+    monkeypatch.setattr(
+        torch, "compile", lambda m, **kw: compile_(m, backend="eager", **kw)
+    )
     t = trainer(small_config(tmp_path, steps=2, compile=True))
     t.fit()
     assert t.train_model is t.eval_model and t.eval_model is not t.model
@@ -267,33 +366,91 @@ def test_compile_keeps_eval_and_generation_working(tmp_path, monkeypatch):
 
 # The command line, on the real corpus
 
+
 def test_cli_trains_the_tiny_preset(tmp_path, capsys):
     out = tmp_path / "cli"
-    args = ["--preset", "tiny", "--set", "num_hidden_layers=1", "--set", "hidden_size=64", "--steps", "4",
-            "--warmup-steps", "1", "--batch-size", "4", "--seq-len", "32", "--eval-every", "2", "--eval-batches", "2",
-            "--sample-tokens", "8", "--out-dir", str(out), "--no-progress", "--device", "cpu"]
+    args = [
+        "--preset",
+        "tiny",
+        "--set",
+        "num_hidden_layers=1",
+        "--set",
+        "hidden_size=64",
+        "--steps",
+        "4",
+        "--warmup-steps",
+        "1",
+        "--batch-size",
+        "4",
+        "--seq-len",
+        "32",
+        "--eval-every",
+        "2",
+        "--eval-batches",
+        "2",
+        "--sample-tokens",
+        "8",
+        "--out-dir",
+        str(out),
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     assert main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["step"] == 4 and summary["mfu"] is None and math.isfinite(summary["val_loss"])
+    assert (
+        summary["step"] == 4
+        and summary["mfu"] is None
+        and math.isfinite(summary["val_loss"])
+    )
     assert (out / "loss.png").stat().st_size > 0
     printed = capsys.readouterr().out
     assert "tokens/s" in printed and "sample: 'Romeo." in printed
     # Training longer changes the schedule: allowed when asked, with a warning.
     assert main(args + ["--steps", "6", "--resume", "--sample-tokens", "0"]) == 1
     assert "steps: checkpoint 4, now 6" in capsys.readouterr().err
-    assert main(args + ["--steps", "6", "--resume", "--sample-tokens", "0", "--allow-changed-settings"]) == 0
+    assert (
+        main(
+            args
+            + [
+                "--steps",
+                "6",
+                "--resume",
+                "--sample-tokens",
+                "0",
+                "--allow-changed-settings",
+            ]
+        )
+        == 0
+    )
     assert "warning: resuming with changed settings" in capsys.readouterr().err
     assert json.loads((out / "summary.json").read_text())["step"] == 6
 
 
 def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
-    assert main(["--out-dir", str(tmp_path / "none"), "--resume", "--no-progress", "--device", "cpu"]) == 1
+    assert (
+        main(
+            [
+                "--out-dir",
+                str(tmp_path / "none"),
+                "--resume",
+                "--no-progress",
+                "--device",
+                "cpu",
+            ]
+        )
+        == 1
+    )
     assert "error: no checkpoint to resume from" in capsys.readouterr().err
-    assert main(["--seq-len", "1024", "--out-dir", str(tmp_path / "x"), "--device", "cpu"]) == 2  # usage
+    assert (
+        main(["--seq-len", "1024", "--out-dir", str(tmp_path / "x"), "--device", "cpu"])
+        == 2
+    )  # usage
     assert "longer than the model's context" in capsys.readouterr().err
 
 
 # Output folders, existing runs, damaged checkpoints
+
 
 def test_an_output_folder_that_cannot_be_written_stops_before_the_first_step(tmp_path):
     blocker = tmp_path / "a_file"
@@ -302,32 +459,42 @@ def test_an_output_folder_that_cannot_be_written_stops_before_the_first_step(tmp
         trainer(small_config(tmp_path, out_dir=str(blocker / "run")))
     (tmp_path / "run" / "checkpoints").parent.mkdir()
     (tmp_path / "run" / "checkpoints").write_text("a file where the checkpoints go")
-    with pytest.raises(OSError, match=r"cannot write to the checkpoint folder .*run/checkpoints"):
+    with pytest.raises(
+        OSError, match=r"cannot write to the checkpoint folder .*run/checkpoints"
+    ):
         trainer(small_config(tmp_path))
 
 
 def test_a_folder_that_holds_a_run_is_not_trained_over_without_asking(tmp_path):
     trainer(small_config(tmp_path, steps=2, eval_every=0)).fit()
     root = tmp_path / "run" / "checkpoints"
-    with pytest.raises(FileExistsError, match="already holds a run.*--resume.*--overwrite"):
+    with pytest.raises(
+        FileExistsError, match="already holds a run.*--resume.*--overwrite"
+    ):
         trainer(small_config(tmp_path, steps=2, eval_every=0))
     assert (root / "step_0000002").is_dir()  # untouched
     again = trainer(small_config(tmp_path, steps=3, eval_every=0, overwrite=True))
     assert again.step == 0 and not (root / "step_0000002").exists()
     again.fit()
-    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step_")) == ["step_0000003"]
+    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step_")) == [
+        "step_0000003"
+    ]
 
 
 def test_rotation_deletes_only_this_runs_checkpoints(tmp_path):
     from smol import checkpoint
 
-    t = trainer(small_config(tmp_path, steps=6, ckpt_every=1, keep_checkpoints=2, eval_every=0))
+    t = trainer(
+        small_config(tmp_path, steps=6, ckpt_every=1, keep_checkpoints=2, eval_every=0)
+    )
     t.fit(until=1)
     root = tmp_path / "run" / "checkpoints"
     foreign = root / "step_0000000"  # another run's work, put there by hand
     shutil.copytree(root / "step_0000001", foreign)
     manifest = json.loads((foreign / "manifest.json").read_text())
-    (foreign / "manifest.json").write_text(json.dumps({**manifest, "run_id": "someone-else"}))
+    (foreign / "manifest.json").write_text(
+        json.dumps({**manifest, "run_id": "someone-else"})
+    )
     t.fit()
     names = sorted(p.name for p in root.iterdir())
     assert names == ["latest", "step_0000000", "step_0000005", "step_0000006"]
@@ -337,10 +504,18 @@ def test_rotation_deletes_only_this_runs_checkpoints(tmp_path):
 def flip_a_byte_of_the_largest_record(path):
     """Flip one byte inside the largest tensor record of a torch.save zip (an optimizer moment)."""
     with zipfile.ZipFile(path) as zf:
-        info = max((i for i in zf.infolist() if "/data/" in i.filename), key=lambda i: i.file_size)
+        info = max(
+            (i for i in zf.infolist() if "/data/" in i.filename),
+            key=lambda i: i.file_size,
+        )
     blob = bytearray(path.read_bytes())
     at = info.header_offset
-    start = at + 30 + int.from_bytes(blob[at + 26: at + 28], "little") + int.from_bytes(blob[at + 28: at + 30], "little")
+    start = (
+        at
+        + 30
+        + int.from_bytes(blob[at + 26 : at + 28], "little")
+        + int.from_bytes(blob[at + 28 : at + 30], "little")
+    )
     blob[start + info.file_size // 2] ^= 0x01
     path.write_bytes(bytes(blob))
 
@@ -354,31 +529,84 @@ def test_a_flipped_byte_in_the_optimizer_state_is_detected(tmp_path):
         trainer(small_config(tmp_path, steps=2, eval_every=0, resume=True))
 
 
-def test_resume_falls_back_to_the_newest_intact_checkpoint_and_says_so(tmp_path, capsys):
-    t = trainer(small_config(tmp_path, steps=6, ckpt_every=2, keep_checkpoints=3, eval_every=0))
+def test_resume_falls_back_to_the_newest_intact_checkpoint_and_says_so(
+    tmp_path, capsys
+):
+    t = trainer(
+        small_config(tmp_path, steps=6, ckpt_every=2, keep_checkpoints=3, eval_every=0)
+    )
     t.fit(until=4)
     root = tmp_path / "run" / "checkpoints"
     flip_a_byte_of_the_largest_record(root / "step_0000004" / "state.pt")
     capsys.readouterr()
-    again = trainer(small_config(tmp_path, steps=6, ckpt_every=2, keep_checkpoints=3, eval_every=0, resume=True))
+    again = trainer(
+        small_config(
+            tmp_path,
+            steps=6,
+            ckpt_every=2,
+            keep_checkpoints=3,
+            eval_every=0,
+            resume=True,
+        )
+    )
     assert again.step == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "step_0000004 is corrupted: state.pt" in err and "step_0000002" in err
+    assert (
+        err.count("\n") == 1
+        and "step_0000004 is corrupted: state.pt" in err
+        and "step_0000002" in err
+    )
     # A named checkpoint is taken as named: a damaged one is an error, not a fallback.
     with pytest.raises(CheckpointError, match="step_0000004"):
-        trainer(small_config(tmp_path, steps=6, eval_every=0, resume=str(root / "step_0000004")))
-    named = trainer(small_config(tmp_path, steps=6, eval_every=0, resume=str(root / "step_0000002")))
+        trainer(
+            small_config(
+                tmp_path, steps=6, eval_every=0, resume=str(root / "step_0000004")
+            )
+        )
+    named = trainer(
+        small_config(tmp_path, steps=6, eval_every=0, resume=str(root / "step_0000002"))
+    )
     assert named.step == 2
 
 
 def test_cli_resumes_from_a_named_checkpoint(tmp_path, capsys):
-    args = ["--preset", "tiny", "--set", "num_hidden_layers=1", "--set", "hidden_size=32", "--set",
-            "intermediate_size=64", "--set", "num_attention_heads=2", "--set", "num_key_value_heads=1",
-            "--steps", "4", "--warmup-steps", "1", "--batch-size", "2", "--seq-len", "16", "--eval-every", "0",
-            "--sample-tokens", "0", "--ckpt-every", "2", "--out-dir", str(tmp_path), "--no-progress",
-            "--device", "cpu"]
+    args = [
+        "--preset",
+        "tiny",
+        "--set",
+        "num_hidden_layers=1",
+        "--set",
+        "hidden_size=32",
+        "--set",
+        "intermediate_size=64",
+        "--set",
+        "num_attention_heads=2",
+        "--set",
+        "num_key_value_heads=1",
+        "--steps",
+        "4",
+        "--warmup-steps",
+        "1",
+        "--batch-size",
+        "2",
+        "--seq-len",
+        "16",
+        "--eval-every",
+        "0",
+        "--sample-tokens",
+        "0",
+        "--ckpt-every",
+        "2",
+        "--out-dir",
+        str(tmp_path),
+        "--no-progress",
+        "--device",
+        "cpu",
+    ]
     assert main(args) == 0
-    assert main(args + ["--resume", str(tmp_path / "checkpoints" / "step_0000002")]) == 0
+    assert (
+        main(args + ["--resume", str(tmp_path / "checkpoints" / "step_0000002")]) == 0
+    )
     assert "from step 2" in capsys.readouterr().out
     assert main(args + ["--resume", "latest"]) == 0
     assert "from step 4" in capsys.readouterr().out
@@ -386,28 +614,46 @@ def test_cli_resumes_from_a_named_checkpoint(tmp_path, capsys):
 
 # Settings that change on resume
 
-@pytest.mark.parametrize("change, named", [(dict(lr=2e-2), "lr: checkpoint 0.01, now 0.02"),
-                                           (dict(steps=8), "steps: checkpoint 6, now 8"),
-                                           (dict(batch_size=2), "batch_size: checkpoint 4, now 2"),
-                                           (dict(grad_accum=2), "grad_accum: checkpoint 1, now 2"),
-                                           (dict(schedule="wsd"), "schedule: checkpoint 'cosine', now 'wsd'"),
-                                           (dict(seed=1), "seed: checkpoint 0, now 1"),
-                                           (dict(weight_decay=0.0), "weight_decay: checkpoint 0.1, now 0.0")])
+
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        (dict(lr=2e-2), "lr: checkpoint 0.01, now 0.02"),
+        (dict(steps=8), "steps: checkpoint 6, now 8"),
+        (dict(batch_size=2), "batch_size: checkpoint 4, now 2"),
+        (dict(grad_accum=2), "grad_accum: checkpoint 1, now 2"),
+        (dict(schedule="wsd"), "schedule: checkpoint 'cosine', now 'wsd'"),
+        (dict(seed=1), "seed: checkpoint 0, now 1"),
+        (dict(weight_decay=0.0), "weight_decay: checkpoint 0.1, now 0.0"),
+    ],
+)
 def test_resume_with_settings_that_break_exactness_is_refused(tmp_path, change, named):
     trainer(small_config(tmp_path, eval_every=0)).fit(until=2)
     with pytest.raises(ValueError, match=f"{named}.*--allow-changed-settings"):
         trainer(small_config(tmp_path, eval_every=0, resume=True, **change))
 
 
-def test_resume_names_every_changed_setting_and_allows_them_when_asked(tmp_path, capsys):
+def test_resume_names_every_changed_setting_and_allows_them_when_asked(
+    tmp_path, capsys
+):
     trainer(small_config(tmp_path, eval_every=0)).fit(until=2)
-    with pytest.raises(ValueError, match="steps: checkpoint 6, now 8; lr: checkpoint 0.01, now 0.02"):
+    with pytest.raises(
+        ValueError, match="steps: checkpoint 6, now 8; lr: checkpoint 0.01, now 0.02"
+    ):
         trainer(small_config(tmp_path, eval_every=0, resume=True, lr=2e-2, steps=8))
     capsys.readouterr()
-    t = trainer(small_config(tmp_path, eval_every=0, resume=True, steps=8, allow_changed_settings=True))
+    t = trainer(
+        small_config(
+            tmp_path, eval_every=0, resume=True, steps=8, allow_changed_settings=True
+        )
+    )
     assert t.step == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "warning: resuming with changed settings" in err and "steps: checkpoint 6, now 8" in err
+    assert (
+        err.count("\n") == 1
+        and "warning: resuming with changed settings" in err
+        and "steps: checkpoint 6, now 8" in err
+    )
     t.fit()
     assert t.step == 8
 
@@ -415,60 +661,87 @@ def test_resume_names_every_changed_setting_and_allows_them_when_asked(tmp_path,
 def test_resume_may_change_what_is_logged_evaluated_and_saved(tmp_path, capsys):
     trainer(small_config(tmp_path)).fit(until=2)
     capsys.readouterr()
-    t = trainer(small_config(tmp_path, resume=True, log_every=2, eval_every=2, eval_batches=1, ckpt_every=1,
-                             keep_checkpoints=3, sample_every=0, progress=False))
+    t = trainer(
+        small_config(
+            tmp_path,
+            resume=True,
+            log_every=2,
+            eval_every=2,
+            eval_batches=1,
+            ckpt_every=1,
+            keep_checkpoints=3,
+            sample_every=0,
+            progress=False,
+        )
+    )
     assert t.step == 2 and capsys.readouterr().err == ""
 
 
 # Settings checked before any work
 
-@pytest.mark.parametrize("bad, says", [
-    (dict(schedule="linear"), "schedule must be 'cosine' or 'wsd', got 'linear'"),
-    (dict(log_every=0), "log_every must be a positive int, got 0"),
-    (dict(preset="huge"), "unknown preset 'huge'"),
-    (dict(model_overrides={"hidden_sise": 8}), "unknown model setting 'hidden_sise'"),
-    (dict(model_overrides={"hidden_size": "abc"}), "hidden_size must be a positive int, got 'abc'"),
-    (dict(seq_len=0), "seq_len must be a positive int, got 0"),
-    (dict(eval_batches=0), "eval_batches must be a positive int, got 0"),
-    (dict(weight_decay=-1.0), "weight_decay must be >= 0, got -1.0"),
-    (dict(lr=-1e-3), "lr must be a positive number, got -0.001"),
-    (dict(lr=float("nan")), "lr must be a positive number, got nan"),
-    (dict(min_lr=1.0), r"min_lr \(1.0\) must lie in \[0, lr"),
-    (dict(warmup_steps=10, steps=5), r"warmup_steps \(10\) must lie in \[0, steps"),
-    (dict(steps=0), "steps must be a positive int, got 0"),
-    (dict(steps=2.5), "steps must be a positive int, got 2.5"),
-    (dict(batch_size=True), "batch_size must be a positive int, got True"),
-    (dict(grad_accum=0), "grad_accum must be a positive int, got 0"),
-    (dict(beta2=1.0), r"beta2 must lie in \[0, 1\), got 1.0"),
-    (dict(grad_clip=-1.0), "grad_clip must be >= 0"),
-    (dict(decay_fraction=1.5), r"decay_fraction must lie in \[0, 1\], got 1.5"),
-    (dict(eval_every=-1), "eval_every must be an int >= 0, got -1"),
-    (dict(keep_checkpoints=0), "keep_checkpoints must be a positive int, got 0"),
-    (dict(dtype="half"), "dtype must be one of"),
-    (dict(device="gpu"), "device must be 'auto' or a torch device"),
-    (dict(tokenizer="gpt2"), "tokenizer must be one of"),
-    (dict(resume=True, overwrite=True), "resume and overwrite exclude each other"),
-    (dict(seq_len=512), "longer than the model's context"),
-])
+
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        (dict(schedule="linear"), "schedule must be 'cosine' or 'wsd', got 'linear'"),
+        (dict(log_every=0), "log_every must be a positive int, got 0"),
+        (dict(preset="huge"), "unknown preset 'huge'"),
+        (
+            dict(model_overrides={"hidden_sise": 8}),
+            "unknown model setting 'hidden_sise'",
+        ),
+        (
+            dict(model_overrides={"hidden_size": "abc"}),
+            "hidden_size must be a positive int, got 'abc'",
+        ),
+        (dict(seq_len=0), "seq_len must be a positive int, got 0"),
+        (dict(eval_batches=0), "eval_batches must be a positive int, got 0"),
+        (dict(weight_decay=-1.0), "weight_decay must be >= 0, got -1.0"),
+        (dict(lr=-1e-3), "lr must be a positive number, got -0.001"),
+        (dict(lr=float("nan")), "lr must be a positive number, got nan"),
+        (dict(min_lr=1.0), r"min_lr \(1.0\) must lie in \[0, lr"),
+        (dict(warmup_steps=10, steps=5), r"warmup_steps \(10\) must lie in \[0, steps"),
+        (dict(steps=0), "steps must be a positive int, got 0"),
+        (dict(steps=2.5), "steps must be a positive int, got 2.5"),
+        (dict(batch_size=True), "batch_size must be a positive int, got True"),
+        (dict(grad_accum=0), "grad_accum must be a positive int, got 0"),
+        (dict(beta2=1.0), r"beta2 must lie in \[0, 1\), got 1.0"),
+        (dict(grad_clip=-1.0), "grad_clip must be >= 0"),
+        (dict(decay_fraction=1.5), r"decay_fraction must lie in \[0, 1\], got 1.5"),
+        (dict(eval_every=-1), "eval_every must be an int >= 0, got -1"),
+        (dict(keep_checkpoints=0), "keep_checkpoints must be a positive int, got 0"),
+        (dict(dtype="half"), "dtype must be one of"),
+        (dict(device="gpu"), "device must be 'auto' or a torch device"),
+        (dict(tokenizer="gpt2"), "tokenizer must be one of"),
+        (dict(resume=True, overwrite=True), "resume and overwrite exclude each other"),
+        (dict(seq_len=512), "longer than the model's context"),
+    ],
+)
 def test_settings_are_checked_when_the_config_is_made(tmp_path, bad, says):
     with pytest.raises(ValueError, match=says):
         small_config(tmp_path, **bad)
 
 
-@pytest.mark.parametrize("args, says", [
-    (["--schedule", "linear"], "schedule must be 'cosine' or 'wsd'"),
-    (["--log-every", "0"], "log_every must be a positive int"),
-    (["--preset", "huge"], "unknown preset 'huge'"),
-    (["--set", "hidden_size=abc"], "--set hidden_size=abc: expected an int"),
-    (["--set", "hidden_sise=8"], "--set hidden_sise=8: unknown model setting 'hidden_sise'"),
-    (["--set", "tie_word_embeddings=maybe"], "expected true or false"),
-    (["--seq-len", "0"], "seq_len must be a positive int, got 0"),
-    (["--eval-batches", "0"], "eval_batches must be a positive int"),
-    (["--weight-decay", "-1"], "weight_decay must be >= 0"),
-    (["--lr", "-1"], "lr must be a positive number"),
-    (["--warmup-steps", "400"], r"warmup_steps \(400\) must lie in \[0, steps"),
-    (["--steps", "ten"], "argument --steps: invalid int value: 'ten'"),
-])
+@pytest.mark.parametrize(
+    "args, says",
+    [
+        (["--schedule", "linear"], "schedule must be 'cosine' or 'wsd'"),
+        (["--log-every", "0"], "log_every must be a positive int"),
+        (["--preset", "huge"], "unknown preset 'huge'"),
+        (["--set", "hidden_size=abc"], "--set hidden_size=abc: expected an int"),
+        (
+            ["--set", "hidden_sise=8"],
+            "--set hidden_sise=8: unknown model setting 'hidden_sise'",
+        ),
+        (["--set", "tie_word_embeddings=maybe"], "expected true or false"),
+        (["--seq-len", "0"], "seq_len must be a positive int, got 0"),
+        (["--eval-batches", "0"], "eval_batches must be a positive int"),
+        (["--weight-decay", "-1"], "weight_decay must be >= 0"),
+        (["--lr", "-1"], "lr must be a positive number"),
+        (["--warmup-steps", "400"], r"warmup_steps \(400\) must lie in \[0, steps"),
+        (["--steps", "ten"], "argument --steps: invalid int value: 'ten'"),
+    ],
+)
 def test_cli_usage_errors_are_one_line_and_exit_status_2(tmp_path, capsys, args, says):
     assert main(args + ["--out-dir", str(tmp_path / "x"), "--device", "cpu"]) == 2
     err = capsys.readouterr().err
@@ -479,17 +752,47 @@ def test_cli_usage_errors_are_one_line_and_exit_status_2(tmp_path, capsys, args,
 
 # SIGTERM and Ctrl-C
 
-SIGNAL_ARGS = ["--preset", "tiny", "--set", "num_hidden_layers=2", "--steps", "60", "--warmup-steps", "5",
-               "--batch-size", "4", "--seq-len", "32", "--eval-every", "0", "--sample-tokens", "0",
-               "--log-every", "5", "--no-progress", "--device", "cpu"]
+SIGNAL_ARGS = [
+    "--preset",
+    "tiny",
+    "--set",
+    "num_hidden_layers=2",
+    "--steps",
+    "60",
+    "--warmup-steps",
+    "5",
+    "--batch-size",
+    "4",
+    "--seq-len",
+    "32",
+    "--eval-every",
+    "0",
+    "--sample-tokens",
+    "0",
+    "--log-every",
+    "5",
+    "--no-progress",
+    "--device",
+    "cpu",
+]
 
 
 def run_train(out_dir, *extra, signal_at=None, sig=signal.SIGTERM):
     """Run `python -m smol.train` in a subprocess; with signal_at, send `sig` once the checkpoint
     of that step exists (checkpoints every step make the run slow enough to catch mid-way)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "smol.train", *SIGNAL_ARGS, "--out-dir", str(out_dir), *extra]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    cmd = [
+        sys.executable,
+        "-m",
+        "smol.train",
+        *SIGNAL_ARGS,
+        "--out-dir",
+        str(out_dir),
+        *extra,
+    ]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     if signal_at is not None:
         mark = out_dir / "checkpoints" / f"step_{signal_at:07d}"
         deadline = time.monotonic() + 240
@@ -515,17 +818,25 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
-def test_a_signal_saves_at_the_next_step_and_the_resume_is_bit_exact(tmp_path, uninterrupted, sig, status):
+def test_a_signal_saves_at_the_next_step_and_the_resume_is_bit_exact(
+    tmp_path, uninterrupted, sig, status
+):
     out_dir = tmp_path / "run"
-    code, out, err = run_train(out_dir, "--ckpt-every", "1", "--keep-checkpoints", "1", signal_at=3, sig=sig)
+    code, out, err = run_train(
+        out_dir, "--ckpt-every", "1", "--keep-checkpoints", "1", signal_at=3, sig=sig
+    )
     assert code == status, err
     name = signal.Signals(sig).name
     assert "Traceback" not in err and err.strip().count("\n") == 1, err
     assert err.startswith(f"{name} received: saving a checkpoint after step"), err
-    saved = re.search(rf"stopped by {name} after step (\d+): saved (\S+); continue with --resume", err)
+    saved = re.search(
+        rf"stopped by {name} after step (\d+): saved (\S+); continue with --resume", err
+    )
     assert saved, err
     step = int(saved.group(1))
-    assert 3 <= step < 60 and saved.group(2) == str(out_dir / "checkpoints" / f"step_{step:07d}")
+    assert 3 <= step < 60 and saved.group(2) == str(
+        out_dir / "checkpoints" / f"step_{step:07d}"
+    )
     code, out, err = run_train(out_dir, "--resume")
     assert code == 0, err
     assert f"from step {step}" in out
@@ -545,8 +856,12 @@ def test_a_checkpoint_whose_weights_hold_nan_is_refused(tmp_path):
     weights = load_file(path / "model.safetensors")
     weights["model.norm.weight"][0] = float("nan")
     save_file(weights, path / "model.safetensors")
-    manifest = checkpoint.read_manifest(path)  # re-signed: the file is intact, its values are not
-    manifest["sha256"]["model.safetensors"] = checkpoint.file_sha256(path / "model.safetensors")
+    manifest = checkpoint.read_manifest(
+        path
+    )  # re-signed: the file is intact, its values are not
+    manifest["sha256"]["model.safetensors"] = checkpoint.file_sha256(
+        path / "model.safetensors"
+    )
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="not finite.*model.norm.weight"):
         trainer(small_config(tmp_path, steps=2, eval_every=0, resume=True))

@@ -22,7 +22,17 @@ which the checks cannot tell from the student's. Checks read behaviour, not auth
 """
 
 from smol.grading import checks  # noqa: F401 - registers every task
-from smol.grading.core import MIME, RESULTS, TASKS, Check, Result, grade, preview, run_checks, summary
+from smol.grading.core import (
+    MIME,
+    RESULTS,
+    TASKS,
+    Check,
+    Result,
+    grade,
+    preview,
+    run_checks,
+    summary,
+)
 
 NOTEBOOKS = {  # topic -> file stem, in course order
     "rmsnorm": "01_rmsnorm",
@@ -35,4 +45,15 @@ NOTEBOOKS = {  # topic -> file stem, in course order
     "bpe": "08_bpe",
 }
 
-__all__ = ["grade", "preview", "summary", "run_checks", "TASKS", "RESULTS", "Check", "Result", "MIME", "NOTEBOOKS"]
+__all__ = [
+    "grade",
+    "preview",
+    "summary",
+    "run_checks",
+    "TASKS",
+    "RESULTS",
+    "Check",
+    "Result",
+    "MIME",
+    "NOTEBOOKS",
+]

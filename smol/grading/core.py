@@ -1,8 +1,12 @@
-"""The grader's machinery: a registry of checks per task, and `grade`, which runs them safely.
+"""The grader's machinery: a registry of checks per task, and `grade`, which runs them
+safely.
 
-A check is a function of the student's object that returns normally when the object passes and
-raises (usually `AssertionError` with a message for the student) when it does not. `grade` runs
-every check of a task with a per-check time limit, catches everything the student's code can throw
+A check is a function of the student's object that returns normally when the object
+passes and
+raises (usually `AssertionError` with a message for the student) when it does not.
+`grade` runs
+every check of a task with a per-check time limit, catches everything the student's
+code can throw
 (including `SystemExit`), prints a table and never raises.
 
 Where the platform can fork (Linux; see `ISOLATE`), every check runs in a forked child process:
@@ -27,7 +31,8 @@ import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-MIME = "application/vnd.smol.grade+json"  # the machine-readable result that `python -m smol.grade` reads
+# the machine-readable result that `python -m smol.grade` reads
+MIME = "application/vnd.smol.grade+json"
 DEFAULT_TIMEOUT = 10.0  # seconds per check
 NOT_WRITTEN = (
     "NotImplementedError: not written yet"  # a stub was called; its hint stays hidden
@@ -74,7 +79,8 @@ _WARM: set = set()  # the warm-up functions already run in this process
 
 
 def check(task_names: str | tuple[str, ...], name: str, points: int, hint: str):
-    """Decorator: register `fn(obj)` as a check of one task (or the same check for several)."""
+    """Decorator: register `fn(obj)` as a check of one task (or the same check for
+    several)."""
     names = (task_names,) if isinstance(task_names, str) else task_names
 
     def register(fn):
@@ -90,7 +96,8 @@ class CheckTimeout(Exception):
 
 
 class ExitRefused(Exception):
-    """Raised in place of os._exit / os.abort while a check runs, so the kernel survives."""
+    """Raised in place of os._exit / os.abort while a check runs, so the kernel
+    survives."""
 
 
 @dataclass
@@ -138,7 +145,7 @@ class Result:
             "error": self.error,
         }
 
-    def table(self) -> str:
+    def table(self, hints: bool = True) -> str:
         lines = [f"{self.task}: {self.score}/{self.total} points"]
         if self.error:
             return lines[0] + "\n  " + self.error
@@ -147,27 +154,39 @@ class Result:
             mark = "pass" if r.passed else "FAIL"
             line = f"  {mark}  {r.earned}/{r.points}  {r.check:<{width}}"
             if not r.passed:
-                if r.message != NOT_WRITTEN:
+                if hints and r.message != NOT_WRITTEN:
                     line += f"\n              hint: {r.hint}"
                 if r.message:
                     line += f"\n              got:  {r.message}"
             lines.append(line)
         return "\n".join(line.rstrip() for line in "\n".join(lines).split("\n"))
 
-    def html(self) -> str:
+    def html(self, hints: bool = True) -> str:
         head = f"<b>{html.escape(self.task)}: {self.score}/{self.total} points</b>"
         if self.error:
             return head + f"<br><code>{html.escape(self.error)}</code>"
-        rows = "".join(
-            f"<tr><td>{'✅' if r.passed else '❌'}</td><td>{r.earned}/{r.points}</td>"
-            f"<td style='text-align:left'>{html.escape(r.check)}</td><td style='text-align:left'>"
-            f"{'' if r.passed else ('' if r.message == NOT_WRITTEN else html.escape(r.hint) + '<br>') + ('<code>' + html.escape(r.message) + '</code>' if r.message else '')}"
-            "</td></tr>"
-            for r in self.rows
-        )
+        rows = []
+        for r in self.rows:  # plain words, not emoji: they need no emoji font to show
+            mark = (
+                "<span style='color:#1a7f37'>pass</span>"
+                if r.passed
+                else "<span style='color:#cf222e;font-weight:bold'>FAIL</span>"
+            )
+            notes = []
+            if not r.passed and hints and r.message != NOT_WRITTEN:
+                notes.append(html.escape(r.hint))
+            if not r.passed and r.message:
+                notes.append(f"<code>{html.escape(r.message)}</code>")
+            rows.append(
+                f"<tr><td>{mark}</td><td>{r.earned}/{r.points}</td>"
+                f"<td style='text-align:left'>{html.escape(r.check)}</td>"
+                f"<td style='text-align:left'>{'<br>'.join(notes)}</td></tr>"
+            )
+        last = "hint" if hints else "what went wrong"
         return (
-            f"{head}<table><tr><th></th><th>points</th><th style='text-align:left'>check</th>"
-            f"<th style='text-align:left'>hint</th></tr>{rows}</table>"
+            f"{head}<table><tr><th></th><th>points</th><th "
+            "style='text-align:left'>check</th>"
+            f"<th style='text-align:left'>{last}</th></tr>{''.join(rows)}</table>"
         )
 
 
@@ -196,8 +215,10 @@ def _describe(exc: BaseException) -> str:
 
 
 def _run_with_timeout(fn: Callable[[], None], timeout: float) -> None:
-    """Run fn; raise CheckTimeout after `timeout` seconds. On the main thread of a POSIX process (a
-    Jupyter kernel, a script) a SIGALRM timer interrupts the check; elsewhere the check runs in a
+    """Run fn; raise CheckTimeout after `timeout` seconds. On the main thread of a POSIX
+    process (a
+    Jupyter kernel, a script) a SIGALRM timer interrupts the check; elsewhere the
+    check runs in a
     daemon thread that is abandoned when it overruns."""
     message = f"timed out after {timeout:g} s (an endless loop?)"
     main = threading.current_thread() is threading.main_thread()
@@ -466,18 +487,20 @@ def _in_ipython() -> bool:
 
 
 def _show(result: Result, counted: bool) -> None:
+    """The table of a graded result, or of a preview: a preview shows which checks fail
+    and how,
+    but not their hints, which would give away the bug the student is asked to find."""
     payload = {**result.to_json(), "counted": counted}
-    text = result.table() + (
-        "" if counted else "\n  (a preview: not counted in your score)"
-    )
+    note = "(a preview: not counted in your score; hints are shown when you grade)"
+    text = result.table(hints=counted) + ("" if counted else f"\n  {note}")
     if _in_ipython():
         from IPython.display import display
 
         bundle = {
             "text/plain": text,
-            "text/html": result.html()
+            "text/html": result.html(hints=counted)
             if counted
-            else result.html() + "<br><i>(a preview: not counted in your score)</i>",
+            else result.html(hints=False) + f"<br><i>{note}</i>",
         }
         if counted:
             bundle[MIME] = payload
@@ -507,7 +530,8 @@ def grade(
         result = run_checks(task_name, obj, timeout)
     except KeyboardInterrupt:
         raise
-    except BaseException as exc:  # noqa: BLE001 - the grader itself must never break a notebook
+    # noqa: BLE001 - the grader itself must never break a notebook
+    except BaseException as exc:
         result = Result(task_name, [], error=f"the grader failed: {_describe(exc)}")
     RESULTS[task_name] = result
     if show:

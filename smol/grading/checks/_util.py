@@ -1,4 +1,5 @@
-"""Small helpers the checks share: call the student's code and compare tensors with clear messages."""
+"""Small helpers the checks share: call the student's code and compare tensors with
+clear messages."""
 
 from __future__ import annotations
 
@@ -7,14 +8,22 @@ from torch.overrides import TorchFunctionMode
 
 
 def is_tensor(out, what="the result") -> torch.Tensor:
-    assert isinstance(out, torch.Tensor), f"{what} should be a torch.Tensor, got {type(out).__name__}"
+    assert isinstance(out, torch.Tensor), (
+        f"{what} should be a torch.Tensor, got {type(out).__name__}"
+    )
     return out
 
 
-def same_shape(out, shape, what="the result", dtype: torch.dtype | None = None) -> torch.Tensor:
+def same_shape(
+    out, shape, what="the result", dtype: torch.dtype | None = None
+) -> torch.Tensor:
     is_tensor(out, what)
-    assert tuple(out.shape) == tuple(shape), f"{what} has shape {tuple(out.shape)}, expected {tuple(shape)}"
-    assert dtype is None or out.dtype == dtype, f"{what} has dtype {out.dtype}, expected {dtype}"
+    assert tuple(out.shape) == tuple(shape), (
+        f"{what} has shape {tuple(out.shape)}, expected {tuple(shape)}"
+    )
+    assert dtype is None or out.dtype == dtype, (
+        f"{what} has dtype {out.dtype}, expected {dtype}"
+    )
     return out
 
 
@@ -28,16 +37,21 @@ def close(actual, expected, what="the result", atol=1e-5, rtol=1e-5) -> None:
         diff = (a - e).abs()
         diff = diff[torch.isfinite(diff)]
         worst = f"{diff.max().item():.3g}" if diff.numel() else "inf"
-        raise AssertionError(f"{what} differs from the reference: {int((~ok).sum())} of {ok.numel()} "
-                             f"values off, largest difference {worst}")
+        raise AssertionError(
+            f"{what} differs from the reference: {int((~ok).sum())} of {ok.numel()} "
+            f"values off, largest difference {worst}"
+        )
 
 
 def grad_of(fn, *inputs, upstream=None):
-    """Gradients of sum(fn(*inputs) * upstream) with respect to each input (cloned leaves)."""
+    """Gradients of sum(fn(*inputs) * upstream) with respect to each input (cloned
+    leaves)."""
     leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
     out = fn(*leaves)
     is_tensor(out)
-    assert out.requires_grad, "the result is not connected to the inputs' autograd graph (detached?)"
+    assert out.requires_grad, (
+        "the result is not connected to the inputs' autograd graph (detached?)"
+    )
     up = torch.randn_like(out) if upstream is None else upstream
     (out * up).sum().backward()
     for i, x in enumerate(leaves):
@@ -53,7 +67,9 @@ class _ForbidFunctions(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in self.names:
             self.called.append(self.names[func])
-            raise AssertionError(f"your code calls {self.names[func]}, which this task asks you not to use")
+            raise AssertionError(
+                f"your code calls {self.names[func]}, which this task asks you not to use"
+            )
         return func(*args, **(kwargs or {}))
 
 
@@ -64,5 +80,7 @@ def without(call, functions: dict):
     not torch.ops.aten.* ones."""
     with _ForbidFunctions(functions) as spy:
         out = call()
-    assert not spy.called, f"your code calls {spy.called[0]}, which this task asks you not to use"
+    assert not spy.called, (
+        f"your code calls {spy.called[0]}, which this task asks you not to use"
+    )
     return out

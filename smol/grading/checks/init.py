@@ -1,4 +1,5 @@
-"""05 Tying and init: tie_weights, init_weights, and an init that initialises the tied matrix twice."""
+"""05 Tying and init: tie_weights, init_weights, and an init that initialises the tied
+matrix twice."""
 
 import math
 from collections import Counter
@@ -11,13 +12,32 @@ from smol.grading.checks._util import close
 from smol.grading.core import check, task
 from smol.norm import RMSNorm
 
-task("tie_weights", "tying_and_init", "tie_weights(model): one matrix for the embedding and the head")
-task("init_weights", "tying_and_init", "init_weights(model): GPT-2 style init with scaled residual projections")
-task("init_bug", "tying_and_init", "Find the bug: an init that initialises the tied matrix twice")
+task(
+    "tie_weights",
+    "tying_and_init",
+    "tie_weights(model): one matrix for the embedding and the head",
+)
+task(
+    "init_weights",
+    "tying_and_init",
+    "init_weights(model): GPT-2 style init with scaled residual projections",
+)
+task(
+    "init_bug",
+    "tying_and_init",
+    "Find the bug: an init that initialises the tied matrix twice",
+)
 
-CONFIG = SmolConfig(vocab_size=512, hidden_size=96, intermediate_size=256, num_hidden_layers=8,
-                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32,
-                    initializer_range=0.05)
+CONFIG = SmolConfig(
+    vocab_size=512,
+    hidden_size=96,
+    intermediate_size=256,
+    num_hidden_layers=8,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=32,
+    initializer_range=0.05,
+)
 
 
 def _untied_model(config=CONFIG):
@@ -26,28 +46,47 @@ def _untied_model(config=CONFIG):
     return model
 
 
-@check("tie_weights", "the head's weight is the embedding's Parameter (one tensor, not a copy)", 2,
-       "model.lm_head.weight = model.model.embed_tokens.weight (assign the Parameter itself)")
+@check(
+    "tie_weights",
+    "the head's weight is the embedding's Parameter (one tensor, not a copy)",
+    2,
+    "model.lm_head.weight = model.model.embed_tokens.weight (assign the Parameter "
+    "itself)",
+)
 def _(fn):
     model = _untied_model()
     fn(model)
-    assert model.lm_head.weight is model.model.embed_tokens.weight, \
+    assert model.lm_head.weight is model.model.embed_tokens.weight, (
         "lm_head.weight and embed_tokens.weight are different tensors"
-    assert model.count_params() == SmolLM(CONFIG).count_params(), "the tied model still counts two matrices"
+    )
+    assert model.count_params() == SmolLM(CONFIG).count_params(), (
+        "the tied model still counts two matrices"
+    )
 
 
-@check("tie_weights", "the head takes the embedding's values, not the other way round", 1,
-       "assign the embedding to the head, not the head to the embedding")
+@check(
+    "tie_weights",
+    "the head takes the embedding's values, not the other way round",
+    1,
+    "assign the embedding to the head, not the head to the embedding",
+)
 def _(fn):
     model = _untied_model()
     embedding = model.model.embed_tokens.weight.detach().clone()
     fn(model)
-    assert torch.equal(model.model.embed_tokens.weight.detach(), embedding), "the embedding's values changed"
+    assert torch.equal(model.model.embed_tokens.weight.detach(), embedding), (
+        "the embedding's values changed"
+    )
 
 
-@check("tie_weights", "the tied model runs and learns: smol's logits, a gradient for the shared matrix", 1,
-       "tie the Parameter (lm_head.weight = embed_tokens.weight); replacing lm_head by the embedding "
-       "module gives the same weight, and a head that cannot project hidden states")
+@check(
+    "tie_weights",
+    "the tied model runs and learns: smol's logits, a gradient for the shared matrix",
+    1,
+    "tie the Parameter (lm_head.weight = embed_tokens.weight); replacing lm_head by "
+    "the embedding "
+    "module gives the same weight, and a head that cannot project hidden states",
+)
 def _(fn):
     model = _untied_model()
     fn(model)
@@ -58,19 +97,28 @@ def _(fn):
     close(logits, ref(ids[:, :-1])[0], "the tied model's logits")
     loss.backward()
     grad = model.model.embed_tokens.weight.grad
-    assert grad is not None and torch.isfinite(grad).all(), "no finite gradient reached the shared matrix"
+    assert grad is not None and torch.isfinite(grad).all(), (
+        "no finite gradient reached the shared matrix"
+    )
 
 
-@check("tie_weights", "an untied config (tie_word_embeddings=False) keeps two matrices", 1,
-       "tie only when model.config.tie_word_embeddings is true")
+@check(
+    "tie_weights",
+    "an untied config (tie_word_embeddings=False) keeps two matrices",
+    1,
+    "tie only when model.config.tie_word_embeddings is true",
+)
 def _(fn):
     model = SmolLM(CONFIG.replace(tie_word_embeddings=False))
     fn(model)
-    assert model.lm_head.weight is not model.model.embed_tokens.weight, "an untied config was tied"
+    assert model.lm_head.weight is not model.model.embed_tokens.weight, (
+        "an untied config was tied"
+    )
 
 
 def _scrambled(config=CONFIG):
-    """A model whose parameters all hold 3.0, so only the student's init can make them right."""
+    """A model whose parameters all hold 3.0, so only the student's init can make them
+    right."""
     model = SmolLM(config)
     with torch.no_grad():
         for p in model.parameters():
@@ -79,7 +127,8 @@ def _scrambled(config=CONFIG):
 
 
 class _CountWrites:
-    """Count in-place random fills (normal_, uniform_ as trunc_normal_ uses) per tensor storage."""
+    """Count in-place random fills (normal_, uniform_ as trunc_normal_ uses) per tensor
+    storage."""
 
     METHODS = ("normal_", "uniform_")
 
@@ -103,9 +152,13 @@ class _CountWrites:
 
 def _std_ok(name, p, expected, tol=0.1):
     got = p.detach().float().std().item()
-    assert abs(got / expected - 1) < tol, f"{name} has std {got:.4f}, expected {expected:.4f}"
+    assert abs(got / expected - 1) < tol, (
+        f"{name} has std {got:.4f}, expected {expected:.4f}"
+    )
     mean = p.detach().float().mean().item()
-    assert abs(mean) < 4 * expected / math.sqrt(p.numel()) + 1e-6, f"{name} has mean {mean:.4f}, expected 0"
+    assert abs(mean) < 4 * expected / math.sqrt(p.numel()) + 1e-6, (
+        f"{name} has mean {mean:.4f}, expected 0"
+    )
 
 
 BOTH = ("init_weights", "init_bug")
@@ -117,23 +170,42 @@ def _(fn):
     fn(model)
     for name, module in model.named_modules():
         if isinstance(module, RMSNorm):
-            assert torch.equal(module.weight.detach(), torch.ones_like(module.weight)), f"{name}.weight is not all ones"
+            assert torch.equal(
+                module.weight.detach(), torch.ones_like(module.weight)
+            ), f"{name}.weight is not all ones"
 
 
-@check(BOTH, "embedding and projections: N(0, initializer_range)", 1,
-       "nn.init.normal_(weight, mean=0.0, std=config.initializer_range)")
+@check(
+    BOTH,
+    "embedding and projections: N(0, initializer_range)",
+    1,
+    "nn.init.normal_(weight, mean=0.0, std=config.initializer_range)",
+)
 def _(fn):
     model = _scrambled()
     fn(model)
     std = CONFIG.initializer_range
     for name, p in model.named_parameters():
-        if name.endswith(("embed_tokens.weight", "q_proj.weight", "k_proj.weight", "v_proj.weight",
-                          "gate_proj.weight", "up_proj.weight")):
+        if name.endswith(
+            (
+                "embed_tokens.weight",
+                "q_proj.weight",
+                "k_proj.weight",
+                "v_proj.weight",
+                "gate_proj.weight",
+                "up_proj.weight",
+            )
+        ):
             _std_ok(name, p, std)
 
 
-@check(BOTH, "o_proj and down_proj: std / sqrt(2 * n_layers)", 1,
-       "modules flagged scaled_init write into the residual stream; divide their std by sqrt(2 * n_layers)")
+@check(
+    BOTH,
+    "o_proj and down_proj: std / sqrt(2 * n_layers)",
+    1,
+    "modules flagged scaled_init write into the residual stream; divide their std by "
+    "sqrt(2 * n_layers)",
+)
 def _(fn):
     model = _scrambled()
     fn(model)
@@ -143,9 +215,13 @@ def _(fn):
             _std_ok(name, p, want)
 
 
-@check(BOTH, "the tied matrix is initialised once, as the embedding", 2,
-       "lm_head.weight IS embed_tokens.weight: skip the head when it is tied "
-       "(if module.weight is model.model.embed_tokens.weight: continue)")
+@check(
+    BOTH,
+    "the tied matrix is initialised once, as the embedding",
+    2,
+    "lm_head.weight IS embed_tokens.weight: skip the head when it is tied "
+    "(if module.weight is model.model.embed_tokens.weight: continue)",
+)
 def _(fn):
     model = _scrambled()
     shared = model.model.embed_tokens.weight
@@ -156,36 +232,59 @@ def _(fn):
     _std_ok("the shared embedding/head matrix", shared, CONFIG.initializer_range)
 
 
-@check(BOTH, "the head is still tied after init", 1,
-       "initialise in place (nn.init.normal_); assigning new Parameters breaks the tie")
+@check(
+    BOTH,
+    "the head is still tied after init",
+    1,
+    "initialise in place (nn.init.normal_); assigning new Parameters breaks the tie",
+)
 def _(fn):
     model = _scrambled()
     fn(model)
-    assert model.lm_head.weight is model.model.embed_tokens.weight, "init untied the head"
+    assert model.lm_head.weight is model.model.embed_tokens.weight, (
+        "init untied the head"
+    )
     _std_ok("lm_head.weight", model.lm_head.weight, CONFIG.initializer_range)
 
 
-@check(BOTH, "an untied head gets its own N(0, initializer_range) init", 1,
-       "the skip applies to the tied head only: an untied lm_head is an ordinary nn.Linear")
+@check(
+    BOTH,
+    "an untied head gets its own N(0, initializer_range) init",
+    1,
+    "the skip applies to the tied head only: an untied lm_head is an ordinary "
+    "nn.Linear",
+)
 def _(fn):
     model = _scrambled(CONFIG.replace(tie_word_embeddings=False))
     fn(model)
     _std_ok("lm_head.weight", model.lm_head.weight, CONFIG.initializer_range)
 
 
-@check(BOTH, "the model still runs and learns after init: a loss near log(vocab), every gradient", 1,
-       "initialise values in place and leave the rest alone (requires_grad, dtypes, modules): "
-       "a fresh model predicts about uniformly, so its loss is close to log(vocab_size)")
+@check(
+    BOTH,
+    "the model still runs and learns after init: a loss near log(vocab), every gradient",
+    1,
+    "initialise values in place and leave the rest alone (requires_grad, dtypes, "
+    "modules): "
+    "a fresh model predicts about uniformly, so its loss is close to "
+    "log(vocab_size)",
+)
 def _(fn):
     model = _scrambled()
     fn(model)
     ids = torch.randint(0, CONFIG.vocab_size, (2, 9))
     frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
-    assert not frozen, f"{frozen[0]} no longer requires a gradient: training could not change it"
+    assert not frozen, (
+        f"{frozen[0]} no longer requires a gradient: training could not change it"
+    )
     _, loss = model(ids[:, :-1], targets=ids[:, 1:])
     want = math.log(CONFIG.vocab_size)
-    assert torch.isfinite(loss) and abs(loss.item() - want) < 0.5, \
-        f"the loss of the freshly initialised model is {loss.item():.3f}, expected about {want:.3f}"
+    assert torch.isfinite(loss) and abs(loss.item() - want) < 0.5, (
+        f"the loss of the freshly initialised model is {loss.item():.3f}, expected "
+        f"about {want:.3f}"
+    )
     loss.backward()
     for name, p in model.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all(), f"no finite gradient reached {name}"
+        assert p.grad is not None and torch.isfinite(p.grad).all(), (
+            f"no finite gradient reached {name}"
+        )

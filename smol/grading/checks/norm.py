@@ -1,4 +1,5 @@
-"""01 RMSNorm: the root mean square, the module, and a norm that forgot its float32 upcast."""
+"""01 RMSNorm: the root mean square, the module, and a norm that forgot its float32
+upcast."""
 
 import torch
 
@@ -15,33 +16,52 @@ def _rms_reference(x, eps):
     return torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
-@check("rms", "keeps the last dimension: (..., dim) -> (..., 1)", 1,
-       "reduce with mean(dim=-1, keepdim=True) so the result broadcasts against x")
+@check(
+    "rms",
+    "keeps the last dimension: (..., dim) -> (..., 1)",
+    1,
+    "reduce with mean(dim=-1, keepdim=True) so the result broadcasts against x",
+)
 def _(rms):
     for shape in [(2, 3, 8), (5,), (1, 7)]:
-        same_shape(rms(torch.randn(shape), 1e-5), shape[:-1] + (1,), f"rms of a {shape} input")
+        same_shape(
+            rms(torch.randn(shape), 1e-5), shape[:-1] + (1,), f"rms of a {shape} input"
+        )
 
 
-@check("rms", "values: sqrt(mean(x^2) + eps)", 2,
-       "square, average over the last dimension, add eps, take the square root")
+@check(
+    "rms",
+    "values: sqrt(mean(x^2) + eps)",
+    2,
+    "square, average over the last dimension, add eps, take the square root",
+)
 def _(rms):
     x = torch.randn(3, 5, 7)
     close(rms(x, 1e-5), _rms_reference(x, 1e-5), "rms(x)")
 
 
-@check("rms", "eps is added inside the square root (not after it, not as a floor)", 1,
-       "sqrt(mean(x^2) + eps): add eps to the mean of squares; clamping the mean at eps "
-       "agrees only where the mean is below eps, adding eps after the root nowhere")
+@check(
+    "rms",
+    "eps is added inside the square root (not after it, not as a floor)",
+    1,
+    "sqrt(mean(x^2) + eps): add eps to the mean of squares; clamping the mean at "
+    "eps "
+    "agrees only where the mean is below eps, adding eps after the root nowhere",
+)
 def _(rms):
     x = torch.zeros(2, 4)
     close(rms(x, 0.25), torch.full((2, 1), 0.5), "rms of zeros with eps=0.25")
-    x = torch.full((2, 4), 0.5)  # mean(x^2) = 0.25 = eps: added gives sqrt(0.5), clamped 0.5
+    x = torch.full(
+        (2, 4), 0.5
+    )  # mean(x^2) = 0.25 = eps: added gives sqrt(0.5), clamped 0.5
     close(rms(x, 0.25), torch.full((2, 1), 0.5**0.5), "rms of 0.5s with eps=0.25")
 
 
 def _make(cls, dim, eps=1e-5):
     module = cls(dim, eps)
-    assert isinstance(module, torch.nn.Module), f"RMSNorm(dim, eps) should be an nn.Module, got {type(module).__name__}"
+    assert isinstance(module, torch.nn.Module), (
+        f"RMSNorm(dim, eps) should be an nn.Module, got {type(module).__name__}"
+    )
     return module
 
 
@@ -58,19 +78,31 @@ def _randomised(cls, dim, eps=1e-5):
 BOTH = ("rmsnorm", "rmsnorm_bug")
 
 
-@check(BOTH, "a learnable weight of ones, shape (dim,)", 1,
-       "self.weight = nn.Parameter(torch.ones(dim))")
+@check(
+    BOTH,
+    "a learnable weight of ones, shape (dim,)",
+    1,
+    "self.weight = nn.Parameter(torch.ones(dim))",
+)
 def _(cls):
     module = _make(cls, 6)
     weight = getattr(module, "weight", None)
-    assert isinstance(weight, torch.nn.Parameter), "the module has no nn.Parameter named `weight`"
+    assert isinstance(weight, torch.nn.Parameter), (
+        "the module has no nn.Parameter named `weight`"
+    )
     close(weight, torch.ones(6), "the initial weight")
     names = [n for n, _ in module.named_parameters()]
-    assert names == ["weight"], f"expected exactly one parameter `weight`, found {names}"
+    assert names == ["weight"], (
+        f"expected exactly one parameter `weight`, found {names}"
+    )
 
 
-@check(BOTH, "float32 values equal smol's RMSNorm (odd width, 4-D input, eps used)", 2,
-       "x * rsqrt(mean(x^2, -1, keepdim) + eps), then multiply by the weight")
+@check(
+    BOTH,
+    "float32 values equal smol's RMSNorm (odd width, 4-D input, eps used)",
+    2,
+    "x * rsqrt(mean(x^2, -1, keepdim) + eps), then multiply by the weight",
+)
 def _(cls):
     for dim, eps, shape in [(7, 1e-5, (2, 3, 4, 7)), (16, 0.1, (5, 16))]:
         student, ref = _randomised(cls, dim, eps)
@@ -78,8 +110,13 @@ def _(cls):
         close(student(x), ref(x), f"the output for a {shape} input with eps={eps}")
 
 
-@check(BOTH, "gradients for the input and the weight equal smol's", 1,
-       "use differentiable torch operations only (no .item(), no .detach(), no in-place writes to x)")
+@check(
+    BOTH,
+    "gradients for the input and the weight equal smol's",
+    1,
+    "use differentiable torch operations only (no .item(), no .detach(), no in-place "
+    "writes to x)",
+)
 def _(cls):
     student, ref = _randomised(cls, 9)
     x = torch.randn(4, 9)
@@ -90,8 +127,12 @@ def _(cls):
     close(student.weight.grad, ref.weight.grad, "the weight's gradient", atol=1e-4)
 
 
-@check(BOTH, "keeps the input dtype (a bfloat16 module and input give bfloat16)", 1,
-       "cast the normalised activations back with .to(x's original dtype) before scaling")
+@check(
+    BOTH,
+    "keeps the input dtype (a bfloat16 module and input give bfloat16)",
+    1,
+    "cast the normalised activations back with .to(x's original dtype) before scaling",
+)
 def _(cls):
     student, _ = _randomised(cls, 8)
     out = student.to(torch.bfloat16)(torch.randn(3, 8, dtype=torch.bfloat16))
@@ -99,8 +140,13 @@ def _(cls):
     assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
 
 
-@check(BOTH, "float16 activations of size ~1000 do not overflow (normalise in float32)", 2,
-       "x.pow(2) of a float16 of 300 is already inf: upcast with x.float() before squaring")
+@check(
+    BOTH,
+    "float16 activations of size ~1000 give the right output",
+    2,
+    "x.pow(2) of a float16 of 300 is already inf: upcast with x.float() before "
+    "squaring",
+)
 def _(cls):
     student, ref = _randomised(cls, 16)
     student, ref = student.to(torch.float16), ref.to(torch.float16)
