@@ -3,17 +3,25 @@ GPU.
 
     python -m smol generate "Once upon a time" --max-new-tokens 64
     python -m smol chat "What is the capital of France?"
+    python -m smol chat                 # an interactive conversation: /reset, /exit
+    python -m smol generate "Once upon a time" --dtype bfloat16 --quantize int8 --compile
 
+Every error is one line: exit status 2 for a bad command line, 1 for anything else.
 Training has its own entry point: python -m smol.train.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 
 import torch
+
+
+class UsageError(Exception):
+    """A command line that cannot work: exit status 2."""
 
 
 class TextStream:
@@ -38,124 +46,204 @@ class TextStream:
         self.printed = len(text)
 
 
+def check_args(args) -> None:
+    """Reject what cannot work before anything is loaded (UsageError: exit status 2)."""
+    text = getattr(args, "prompt", None) if args.command == "generate" else args.message
+    if args.command == "generate" and not text:
+        raise UsageError("the prompt is empty: give a text to continue")
+    if args.command == "chat" and text is not None and not text.strip():
+        raise UsageError("the message is empty (leave it out for an interactive chat)")
+    if args.max_new_tokens < 1:
+        raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if not math.isfinite(args.temperature) or args.temperature < 0:
+        raise UsageError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise UsageError(f"--top-k must be >= 1, got {args.top_k}")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise UsageError(f"--top-p must lie in (0, 1], got {args.top_p}")
+    if args.speculative < 0:
+        raise UsageError(f"--speculative must be >= 0 draft tokens, got {args.speculative}")
+    if args.speculative and args.temperature != 0:
+        raise UsageError("--speculative decodes greedily: leave --temperature at 0")
+    if args.speculative and args.compile:
+        raise UsageError("--speculative and --compile do not combine (the verifying step "
+                         "changes length from step to step); choose one")
+    if args.command == "chat" and args.speculative and text is None:
+        raise UsageError("--speculative works for one message, not the interactive chat")
+    if args.dtype == "float16" and args.quantize:
+        raise UsageError("--quantize int8 takes --dtype float32 or bfloat16")
+    if args.device is not None:
+        try:
+            device = torch.device(args.device)
+        except RuntimeError:
+            raise UsageError(f"--device must be cpu, cuda or cuda:N, got {args.device!r}") from None
+        if device.type not in ("cpu", "cuda"):
+            raise UsageError(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise RuntimeError("--device cuda, but this machine has no CUDA device "
+                               "(or this PyTorch was built without CUDA): use --device cpu")
+
+
 def _load(args):
-    from smol.pretrained import load_pretrained
+    import smol.pretrained
+    from smol.quantize import quantize_int8_
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = (
-        getattr(torch, args.dtype)
-        if args.dtype
-        else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
-    )
+    dtype = getattr(torch, args.dtype) if args.dtype else \
+        (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     start = time.perf_counter()
-    model, tokenizer = load_pretrained(args.source, device=device, dtype=dtype)
-    print(
-        f"[loaded in {time.perf_counter() - start:.1f} s on {device}, {dtype}]",
-        file=sys.stderr,
-    )
+    model, tokenizer = smol.pretrained.load_pretrained(args.source, device=device, dtype=dtype)
+    if args.quantize == "int8":
+        quantize_int8_(model)
+    print(f"[loaded in {time.perf_counter() - start:.1f} s on {device}, {dtype}"
+          f"{', int8 weights' if args.quantize else ''}]", file=sys.stderr)
     return model, tokenizer, device
+
+
+def _fit(ids: list[int], args, model) -> int:
+    """How many tokens may follow the prompt: --max-new-tokens, or less where the context ends."""
+    context = model.config.max_position_embeddings
+    if len(ids) >= context:
+        raise ValueError(f"the prompt has {len(ids)} tokens; the model's context holds {context}")
+    if len(ids) + args.max_new_tokens > context:
+        print(f"[stopping at the context's end: {context - len(ids)} new tokens at most]",
+              file=sys.stderr)
+    return min(args.max_new_tokens, context - len(ids))
+
+
+def _sampling(args, device) -> dict:
+    generator = torch.Generator(device).manual_seed(args.seed) if args.seed is not None else None
+    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                generator=generator)
 
 
 def _generate(args, model, tokenizer, ids, skip_special_tokens):
     from smol.generate import generate
 
-    generator = (
-        torch.Generator(ids.device).manual_seed(args.seed)
-        if args.seed is not None
-        else None
-    )
-    generate(
-        model,
-        ids,
-        args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        eos_token_id=tokenizer.eos_token_id,
-        generator=generator,
-        stream=TextStream(tokenizer, skip_special_tokens),
-    )
+    n = _fit(ids, args, model)
+    ids = torch.tensor([ids], device=model.model.embed_tokens.weight.device)
+    generate(model, ids, n, eos_token_id=tokenizer.eos_token_id, compile=args.compile,
+             speculative=args.speculative, stream=TextStream(tokenizer, skip_special_tokens),
+             **_sampling(args, ids.device))
     print()
 
 
 def cmd_generate(args) -> None:
     model, tokenizer, device = _load(args)
-    ids = torch.tensor([tokenizer.encode(args.prompt)], device=device)
+    ids = tokenizer.encode(args.prompt)
     print(args.prompt, end="", flush=True)
     _generate(args, model, tokenizer, ids, skip_special_tokens=False)
 
 
 def cmd_chat(args) -> None:
     model, tokenizer, device = _load(args)
-    messages = [{"role": "system", "content": args.system}] if args.system else []
+    if args.message is None:
+        return interactive(args, model, tokenizer, device)
+    messages = ([{"role": "system", "content": args.system}] if args.system else [])
     messages.append({"role": "user", "content": args.message})
-    ids = torch.tensor(
-        [tokenizer.apply_chat_template(messages, tokenize=True)], device=device
-    )
+    ids = tokenizer.apply_chat_template(messages, tokenize=True)
     _generate(args, model, tokenizer, ids, skip_special_tokens=True)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m smol",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    commands = parser.add_subparsers(dest="command", required=True)
+def interactive(args, model, tokenizer, device, stdin=None, out=None) -> None:
+    """A conversation on stdin/stdout: each line is a message; /reset forgets, /exit leaves."""
+    from smol.chat import ChatSession
 
-    def add_command(name, fn, help, text_arg, text_help, max_new_tokens):
+    stdin, out = stdin or sys.stdin, out or sys.stdout
+    tty = stdin.isatty()
+    session = ChatSession(model, tokenizer, system=args.system)
+    print("[a conversation: type a message; /reset starts over, /exit (or Ctrl-D) leaves]",
+          file=sys.stderr)
+    while True:
+        if tty:
+            out.write("> ")
+            out.flush()
+        line = stdin.readline()
+        if not line:
+            break
+        line = line.strip()
+        if not line:
+            continue
+        if line == "/exit":
+            break
+        if line == "/reset":
+            session.reset()
+            print("[the conversation starts over]", file=sys.stderr)
+            continue
+        if line.startswith("/"):
+            print(f"[unknown command {line}: /reset or /exit]", file=sys.stderr)
+            continue
+        try:
+            session.send(line, args.max_new_tokens, stream=TextStream(tokenizer, True, out),
+                         **_sampling(args, device))
+        except ValueError as e:  # the conversation outgrew the context
+            print(f"\n[{e}]", file=sys.stderr)
+            continue
+        out.write("\n")
+        out.flush()
+
+
+class Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line, exit status 2 (argparse prints the usage as well)
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="python -m smol", description=__doc__,
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+
+    def add_command(name, fn, help, text_arg, text_help, max_new_tokens, nargs=None):
         p = commands.add_parser(name, help=help, description=help)
-        p.add_argument(text_arg, help=text_help)
+        p.add_argument(text_arg, help=text_help, nargs=nargs)
         p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
         p.add_argument(
             "--temperature", type=float, default=0.0, help="0 (the default) is greedy"
         )
         p.add_argument("--top-k", type=int, default=None)
-        p.add_argument("--top-p", type=float, default=None)
+        p.add_argument("--top-p", type=float, default=None, help="in (0, 1]")
         p.add_argument("--seed", type=int, default=None, help="seed for sampling")
-        p.add_argument(
-            "--source",
-            default=None,
-            help="a .gguf file, a Hugging Face folder or hub id (default: the bundled GGUF)",
-        )
-        p.add_argument(
-            "--device", default=None, help="default: cuda when available, else cpu"
-        )
-        p.add_argument(
-            "--dtype",
-            choices=["float32", "bfloat16", "float16"],
-            default=None,
-            help="default: float32 on CPU, bfloat16 on GPU",
-        )
+        p.add_argument("--source", default=None,
+                       help="a .gguf file, a Hugging Face folder or hub id (default: the "
+                            "bundled GGUF)")
+        p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
+        p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                       help="default: float32 on CPU, bfloat16 on GPU")
+        p.add_argument("--quantize", choices=["int8"], default=None,
+                       help="weight-only int8 (per output channel) for every Linear")
+        p.add_argument("--compile", action="store_true",
+                       help="compile the decode step (torch.compile, a static KV cache)")
+        p.add_argument("--speculative", type=int, default=0, metavar="K",
+                       help="greedy prompt-lookup speculative decoding with up to K draft tokens")
         p.set_defaults(fn=fn)
         return p
 
-    add_command(
-        "generate",
-        cmd_generate,
-        "continue a text",
-        "prompt",
-        "the text to continue",
-        64,
-    )
-    chat = add_command(
-        "chat",
-        cmd_chat,
-        "answer one message with the chat template",
-        "message",
-        "the user's message",
-        256,
-    )
-    chat.add_argument(
-        "--system", default=None, help="a system prompt (default: the template's own)"
-    )
+    add_command("generate", cmd_generate, "continue a text", "prompt", "the text to continue", 64)
+    chat = add_command("chat", cmd_chat, "answer a message, or chat interactively without one",
+                       "message", "the user's message (none: an interactive chat)", 256,
+                       nargs="?")
+    chat.add_argument("--system", default=None, help="a system prompt (default: the template's own)")
     return parser
 
 
-def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    args.fn(args)
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_args(args)
+        args.fn(args)
+    except UsageError as e:
+        print(f"{parser.prog} {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except (OSError, ValueError, RuntimeError, TypeError) as e:
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"{parser.prog} {args.command}: error: {message}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

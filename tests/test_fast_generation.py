@@ -1,0 +1,279 @@
+"""The fast decoding paths change speed, not tokens: a static cache (compiled or not), prompt-lookup
+speculative decoding, bfloat16 and int8 weights, and a chat that keeps its cache across turns."""
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from smol import SmolConfig, SmolLM
+from smol.chat import ChatSession
+from smol.generate import generate
+from smol.quantize import QuantLinear, quantize_int8_, quantize_per_channel
+from smol.speculative import SpeculativeStats, lookup_draft, speculative_greedy
+from smol.static_cache import StaticCache, static_cache_for
+
+CONFIG = SmolConfig(vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
+                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                    rope_theta=10000.0)
+BENCH_PROMPT = "Once upon a time, in a small village by the sea, there lived"
+SUMMARY_PROMPT = (
+    "Summarise the text.\n\nText: The city council met on Monday to discuss the new park. "
+    "The new park will have a playground, a pond and a small cafe. The council said the new park "
+    "will open in the spring, and that the playground and the pond will be ready first.\n\n"
+    "Summary: The city council")
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = SmolLM(CONFIG).eval()
+    with torch.no_grad():  # larger weights: peaked, varied predictions instead of near-uniform
+        for p in m.parameters():
+            p.mul_(8 if p.dim() > 1 else 1)
+    return m
+
+
+def left_pad(seqs, pad=0):
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s):], mask[i, width - len(s):] = torch.tensor(s), 1
+    return ids, mask
+
+
+def static_greedy(cache, ids, mask, n):
+    """Greedy decoding through a StaticCache's uncompiled forward, step by step."""
+    B, T = ids.shape
+    cache.reset()
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    logits = cache(ids, positions, torch.arange(T), mask)
+    out, pos = [], positions[:, -1:] + 1
+    for i in range(n):
+        out.append(logits[:, -1].argmax(-1))
+        logits = cache.step(out[-1][:, None], pos + i, torch.tensor([T + i]), torch.ones(B, 1))
+    return torch.cat([ids, torch.stack(out, 1)], 1)
+
+
+# --- the static cache ------------------------------------------------------------------------
+def test_static_cache_equals_dynamic_cache_batched_and_padded(model):
+    g = torch.Generator().manual_seed(1)
+    seqs = [torch.randint(0, 211, (n,), generator=g).tolist() for n in (3, 11, 7)]
+    ids, mask = left_pad(seqs)
+    cache = StaticCache(model, batch_size=3, max_len=64)
+    expected = generate(model, ids, 20, temperature=0, attention_mask=mask)
+    assert torch.equal(static_greedy(cache, ids, mask, 20), expected)
+    # Mutant: a cache that marks padding valid lets real tokens attend to it: row 0 changes.
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    with torch.no_grad():
+        good = StaticCache(model, 3, 64)(ids, positions, torch.arange(ids.shape[1]), mask)
+        bad = StaticCache(model, 3, 64)(ids, positions, torch.arange(ids.shape[1]),
+                                         torch.ones_like(mask))
+    assert (good[0, -1] - bad[0, -1]).abs().max() > 1e-3
+    torch.testing.assert_close(good[1], bad[1])  # the unpadded row is the same either way
+
+
+def test_static_cache_checks_its_sizes(model):
+    with pytest.raises(ValueError, match="max_len"):
+        StaticCache(model, 1, 257)
+    with pytest.raises(ValueError, match="batch_size"):
+        StaticCache(model, 0, 16)
+    assert static_cache_for(model, 2, 10, compile=False).max_len == 256  # rounded up to 256
+    assert static_cache_for(model, 2, 200, compile=False) is static_cache_for(model, 2, 5,
+                                                                               compile=False)
+    assert "_static_caches" not in str(model.state_dict().keys())
+
+
+def test_compiled_generate_equals_eager_and_compiles_once(model):
+    torch._dynamo.reset()
+    ids = torch.randint(0, 211, (2, 9), generator=torch.Generator().manual_seed(2))
+    expected = generate(model, ids, 12, temperature=0)
+    from torch._dynamo.utils import counters
+
+    counters.clear()
+    assert torch.equal(generate(model, ids, 12, temperature=0, compile=True), expected)
+    graphs = counters["stats"]["unique_graphs"]
+    assert graphs >= 1
+    longer = generate(model, ids, 30, temperature=0, compile=True)  # more steps: no new graph
+    assert counters["stats"]["unique_graphs"] == graphs
+    assert torch.equal(longer, generate(model, ids, 30, temperature=0))
+    # sampling with a seed draws the same tokens on the compiled path
+    kw = dict(temperature=0.9, top_k=20)
+    a = generate(model, ids, 10, generator=torch.Generator().manual_seed(3), compile=True, **kw)
+    b = generate(model, ids, 10, generator=torch.Generator().manual_seed(3), **kw)
+    assert torch.equal(a, b)
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_fast_options_reject_what_does_not_combine(model):
+    ids = torch.randint(0, 211, (1, 5))
+    for kwargs, match in [(dict(compile=True, speculative=4), "do not combine"),
+                          (dict(speculative=4, temperature=1.0), "greedy"),
+                          (dict(speculative=-1), "draft tokens"),
+                          (dict(speculative=True), "draft tokens"),
+                          (dict(speculative=4, use_cache=False), "own cache")]:
+        with pytest.raises(ValueError, match=match):
+            generate(model, ids, 4, **{"temperature": 0, **kwargs})
+    with pytest.raises(ValueError, match="one unpadded sequence"):
+        generate(model, torch.cat([ids, ids]), 4, temperature=0, speculative=4)
+
+
+# --- prompt-lookup speculative decoding --------------------------------------------------------
+def test_lookup_draft():
+    t = torch.tensor
+    assert lookup_draft(t([5, 1, 2, 3, 9, 1, 2]), max_ngram=2, num_draft=3).tolist() == [3, 9, 1]
+    # the latest earlier occurrence wins, and the longest n-gram is tried first
+    assert lookup_draft(t([1, 2, 7, 1, 2, 8, 4, 2]), 3, 2).tolist() == [8, 4]
+    assert lookup_draft(t([4, 2, 7, 1, 2]), 3, 2).tolist() == [7, 1]
+    assert lookup_draft(t([1, 2, 3]), 3, 4).numel() == 0
+    with pytest.raises(ValueError, match="1-d"):
+        lookup_draft(t([[1, 2]]))
+    with pytest.raises(ValueError, match=">= 1"):
+        lookup_draft(t([1, 2]), num_draft=0)
+
+
+@pytest.mark.parametrize("num_draft", [1, 3, 8])
+def test_speculative_equals_greedy(model, num_draft):
+    g = torch.Generator().manual_seed(4)
+    part = torch.randint(0, 211, (1, 10), generator=g)
+    ids = torch.cat([part, part, part[:, :4]], 1)  # repeats: the drafts get accepted
+    expected = generate(model, ids, 40, temperature=0)
+    assert torch.equal(generate(model, ids, 40, temperature=0, speculative=num_draft), expected)
+    eos = expected[0, ids.shape[1] + 6].item()  # stop at an end token, as greedy does
+    assert torch.equal(generate(model, ids, 40, temperature=0, speculative=num_draft,
+                                eos_token_id=eos),
+                       generate(model, ids, 40, temperature=0, eos_token_id=eos))
+    streamed = []
+    generate(model, ids, 15, temperature=0, speculative=num_draft,
+             stream=lambda tok: streamed.append(int(tok[0])))
+    assert streamed == expected[0, ids.shape[1]:ids.shape[1] + 15].tolist()
+
+
+def test_speculative_counts_and_rolls_back(model):
+    from smol.generate import KVCache
+
+    ids = torch.randint(0, 211, (1, 8), generator=torch.Generator().manual_seed(5))
+    ids = torch.cat([ids, ids], 1)
+    stats = SpeculativeStats()
+    cache = KVCache(CONFIG, 1, 16 + 30 + 8)
+    out = speculative_greedy(model, ids, 30, cache, num_draft=8, stats=stats)
+    assert out.shape == (1, 46)
+    assert 0 < stats.accepted <= stats.drafted and stats.forward_passes < 30
+    assert stats.acceptance_rate == stats.accepted / stats.drafted
+    assert cache.length == 45  # every token but the last is cached; rejected drafts are gone
+
+
+# --- int8 weights ------------------------------------------------------------------------------
+def test_quantize_per_channel_rounds_each_row_to_its_own_scale():
+    torch.manual_seed(0)
+    w = torch.randn(16, 64) * torch.logspace(-3, 1, 16)[:, None]  # rows of very different sizes
+    q, scale = quantize_per_channel(w)
+    assert q.dtype == torch.int8 and scale.shape == (16,)
+    assert q.abs().amax(1).eq(127).all()  # each row's largest value uses the full range
+    err = (q.float() * scale[:, None] - w).abs()
+    assert (err <= scale[:, None] / 2 + 1e-7).all()  # rounding: at most half a step
+    # Mutant: one scale for the whole matrix; the small rows lose all their precision.
+    s_all = w.abs().max() / 127
+    per_tensor = (torch.round(w / s_all) * s_all - w).abs().amax(1) / w.abs().amax(1)
+    per_row = err.amax(1) / w.abs().amax(1)
+    assert per_tensor[0] > 0.5 and per_row.max() < 0.005
+    with pytest.raises(ValueError, match="2-d floating-point"):
+        quantize_per_channel(torch.ones(4, dtype=torch.int8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_quant_linear_equals_linear_with_its_weight(dtype):
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(64, 48, bias=False).to(dtype)
+    ql = QuantLinear.from_linear(linear)
+    x = torch.randn(3, 5, 64, dtype=dtype)
+    expected = F.linear(x.float(), ql.dequantize()).to(dtype)
+    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=5e-2, rtol=2e-2)
+    torch.testing.assert_close(ql(x), expected, **tol)
+    torch.testing.assert_close(F.linear(x, ql.weight.to(dtype)) * ql.scale.to(dtype), expected,
+                               **tol)  # the fallback without the fused kernel
+    assert ql(x).dtype == dtype and ql.weight.dtype == torch.int8
+    with pytest.raises(ValueError, match="bias-free"):
+        QuantLinear.from_linear(torch.nn.Linear(4, 4))
+    with pytest.raises(ValueError, match="one scale per output channel"):
+        QuantLinear(torch.zeros(4, 8, dtype=torch.int8), torch.ones(3))
+
+
+def test_quantize_int8_replaces_every_linear(model):
+    m = quantize_int8_(copy.deepcopy(model))
+    assert not any(isinstance(x, torch.nn.Linear) for x in m.modules())
+    assert sum(isinstance(x, QuantLinear) for x in m.modules()) == 3 * 7 + 1
+    assert m.model.embed_tokens.weight.dtype == torch.float32
+    kept = quantize_int8_(copy.deepcopy(model), include_head=False)
+    assert isinstance(kept.lm_head, torch.nn.Linear)
+    with pytest.raises(ValueError, match="no nn.Linear"):
+        quantize_int8_(m)
+    with pytest.raises(TypeError, match="nn.Module"):
+        quantize_int8_("model")
+
+
+# --- the real model ----------------------------------------------------------------------------
+def ids_of(tokenizer, text):
+    return torch.tensor([tokenizer.encode(text)])
+
+
+@pytest.fixture(scope="module")
+def real_bf16(real_model):
+    return copy.deepcopy(real_model[0]).to(torch.bfloat16)
+
+
+def test_real_bf16_greedy_equals_float32_on_the_benchmark_prompt(real_model, real_bf16):
+    model, tokenizer = real_model
+    ids = ids_of(tokenizer, BENCH_PROMPT)
+    expected = generate(model, ids, 48, temperature=0)
+    assert torch.equal(generate(real_bf16, ids, 48, temperature=0), expected)
+
+
+def test_real_speculative_equals_greedy_and_accepts_drafts(real_model):
+    model, tokenizer = real_model
+    ids = ids_of(tokenizer, SUMMARY_PROMPT)
+    expected = generate(model, ids, 40, temperature=0)
+    stats = SpeculativeStats()
+    from smol.generate import KVCache
+
+    cache = KVCache(model.config, 1, ids.shape[1] + 40 + 8)
+    out = speculative_greedy(model, ids, 40, cache, num_draft=8, stats=stats)
+    assert torch.equal(out, expected)
+    assert stats.acceptance_rate > 0.3 and stats.forward_passes < 30
+
+
+def test_real_int8_greedy_and_logits_stay_close(real_model):
+    model, tokenizer = real_model
+    int8 = quantize_int8_(copy.deepcopy(model))
+    prompts = [BENCH_PROMPT, "The capital of France is", "def fibonacci(n):\n",
+               "Water boils at", "The three primary colors are"]
+    same = 0
+    for text in prompts:
+        ids = ids_of(tokenizer, text)
+        same += torch.equal(generate(int8, ids, 32, temperature=0),
+                            generate(model, ids, 32, temperature=0))
+    assert same >= 4, f"int8 greedy equals float32 on {same} of 5 prompts"
+    ids = ids_of(tokenizer, SUMMARY_PROMPT)
+    with torch.no_grad():
+        ref, got = model(ids)[0], int8(ids)[0]
+    err = (got - ref).abs().max().item()
+    assert err < 1.5, err  # logits span about 40 units
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+
+
+# --- chat with a cache kept across turns -------------------------------------------------------
+def test_chat_session_reuses_its_cache_and_answers_the_same(real_model):
+    model, tokenizer = real_model
+    turns = ["What is the capital of France?", "And of Germany?"]
+    kept, fresh = ChatSession(model, tokenizer), ChatSession(model, tokenizer, reuse_cache=False)
+    for text in turns:
+        assert kept.send(text, 12, temperature=0) == fresh.send(text, 12, temperature=0)
+    assert kept.messages == fresh.messages and len(kept.messages) == 4
+    # the second turn fed only its new tokens; without reuse the whole conversation
+    assert kept.fed < fresh.fed / 2
+    kept.reset()
+    assert kept.messages == [] and kept.cache.length == 0
+    with pytest.raises(ValueError, match="non-empty"):
+        kept.send("  ")
