@@ -63,7 +63,7 @@ def sample_next_token(
 def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
              top_k: int | None = None, top_p: float | None = None, eos_token_id=None,
              attention_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
-             use_cache: bool = True, stream=None, compile: bool = False,
+             use_cache: bool = True, stream=None, compile: bool | str = False,
              compile_mode: str | None = None, speculative: int = 0,
              kv_cache: KVCache | None = None) -> torch.Tensor:
     """Continue input_ids (B, T) by up to max_new_tokens tokens -> (B, T + new) token ids.
@@ -76,7 +76,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
     called with each step's new tokens (B,).
 
     Faster paths, same tokens: `compile=True` runs each step through a StaticCache compiled with
-    torch.compile (`compile_mode="reduce-overhead"` adds CUDA graphs on a GPU); `speculative=k`
+    torch.compile (`compile_mode="reduce-overhead"` adds CUDA graphs on a GPU; a string names
+    the compile backend, e.g. "aot_eager"); `speculative=k`
     (greedy, batch 1) drafts up to k tokens per step by prompt lookup and verifies them in one pass.
     `kv_cache`: a KVCache already holding the keys and values of input_ids[:, :kv_cache.length]
     (a chat's earlier turns); only the rest is prefilled, and the cache keeps the new tokens.
@@ -97,7 +98,8 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
     eos = None if eos_token_id is None else torch.as_tensor(eos_token_id, device=device).flatten()
     fast = _check_fast_options(compile, speculative, kv_cache, use_cache, padded, B, temperature)
     if fast == "compile":
-        return _generate_static(model, input_ids, mask, max_new_tokens, eos, stream, compile_mode,
+        return _generate_static(model, input_ids, mask, max_new_tokens, eos, stream, compile,
+                                compile_mode,
                                 dict(temperature=temperature, top_k=top_k, top_p=top_p,
                                      generator=generator))
     finished = torch.zeros(B, dtype=torch.bool, device=device)
@@ -186,7 +188,8 @@ class _eval:
         self.model.train(self.was_training)
 
 
-def _generate_static(model, input_ids, mask, max_new_tokens, eos, stream, mode, sampling):
+def _generate_static(model, input_ids, mask, max_new_tokens, eos, stream, compile, mode,
+                     sampling):
     """generate() through a StaticCache whose one-token step is compiled (once per model, batch
     size and cache size): no tensor changes shape from one step to the next."""
     from smol.static_cache import static_cache_for
@@ -196,7 +199,7 @@ def _generate_static(model, input_ids, mask, max_new_tokens, eos, stream, mode, 
     out = torch.empty(B, max_new_tokens, dtype=torch.long, device=device)
     if max_new_tokens == 0:
         return input_ids
-    cache = static_cache_for(model, B, T + max_new_tokens, compile=True, mode=mode)
+    cache = static_cache_for(model, B, T + max_new_tokens, compile=compile, mode=mode)
     cache.reset()
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (B, T): padding does not count
     finished = torch.zeros(B, dtype=torch.bool, device=device)

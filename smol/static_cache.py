@@ -23,7 +23,7 @@ class StaticCache(nn.Module):
     supplies the mask, the RoPE angles and a cache whose `update` writes in place.
     """
 
-    def __init__(self, model, batch_size: int, max_len: int, compile: bool = False,
+    def __init__(self, model, batch_size: int, max_len: int, compile: bool | str = False,
                  mode: str | None = None):
         super().__init__()
         config = model.config
@@ -46,8 +46,9 @@ class StaticCache(nn.Module):
         self.register_buffer("cos", cos.clone())
         self.register_buffer("sin", sin.clone())
         self.slots = None  # the slots of the tokens in flight, set by forward
-        self.step = torch.compile(self.forward, mode=mode, fullgraph=True) if compile \
-            else self.forward
+        backend = compile if isinstance(compile, str) else "inductor"  # or "eager", "aot_eager"
+        self.step = torch.compile(self.forward, mode=mode, fullgraph=True, backend=backend) \
+            if compile else self.forward
 
     def reset(self) -> None:
         """Forget every cached token (the slots' contents are masked, not erased)."""
@@ -75,7 +76,7 @@ class StaticCache(nn.Module):
         return model.lm_head(model.model.norm(x))  # (B, T, V)
 
 
-def static_cache_for(model, batch_size: int, length: int, compile: bool = True,
+def static_cache_for(model, batch_size: int, length: int, compile: bool | str = True,
                      mode: str | None = None) -> StaticCache:
     """The model's StaticCache for this batch size and at least `length` slots, made on first use
     and kept (with its compiled step) in the model's __dict__, outside its modules and state dict.
