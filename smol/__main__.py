@@ -4,7 +4,7 @@ GPU.
     python -m smol generate "Once upon a time" --max-new-tokens 64
     python -m smol chat "What is the capital of France?"
     python -m smol chat                 # an interactive conversation: /reset, /exit
-    python -m smol generate "Once upon a time" --dtype bfloat16 --quantize int8 --compile
+    python -m smol generate "Once upon a time" --dtype bfloat16 --quantize int8
 
 Every error is one line: exit status 2 for a bad command line, 1 for anything else.
 Training has its own entry point: python -m smol.train.
@@ -26,20 +26,21 @@ class UsageError(Exception):
 
 class TextStream:
     """Print tokens as they come. Decoding the whole continuation each time and printing
-    what is
-    new keeps characters that span several tokens (emoji, accents) intact."""
+    what is new keeps characters that span several tokens (emoji, accents) intact."""
 
     def __init__(self, tokenizer, skip_special_tokens: bool, out=sys.stdout):
         self.tokenizer, self.skip, self.out = tokenizer, skip_special_tokens, out
         self.ids: list[int] = []
         self.printed = 0
 
-    # tokens (1,): this step's new token
-    def __call__(self, tokens: torch.Tensor) -> None:
+    def __call__(
+        self, tokens: torch.Tensor
+    ) -> None:  # tokens (1,): this step's new token
         self.ids.append(int(tokens[0]))
         text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
-        # an incomplete UTF-8 character: wait for its next bytes
-        if text.endswith("\ufffd"):
+        if text.endswith(
+            "\ufffd"
+        ):  # an incomplete UTF-8 character: wait for its next bytes
             return
         self.out.write(text[self.printed :])
         self.out.flush()
@@ -56,32 +57,46 @@ def check_args(args) -> None:
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if not math.isfinite(args.temperature) or args.temperature < 0:
-        raise UsageError(f"--temperature must be a finite number >= 0, got {args.temperature}")
+        raise UsageError(
+            f"--temperature must be a finite number >= 0, got {args.temperature}"
+        )
     if args.top_k is not None and args.top_k < 1:
         raise UsageError(f"--top-k must be >= 1, got {args.top_k}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
         raise UsageError(f"--top-p must lie in (0, 1], got {args.top_p}")
     if args.speculative < 0:
-        raise UsageError(f"--speculative must be >= 0 draft tokens, got {args.speculative}")
+        raise UsageError(
+            f"--speculative must be >= 0 draft tokens, got {args.speculative}"
+        )
     if args.speculative and args.temperature != 0:
         raise UsageError("--speculative decodes greedily: leave --temperature at 0")
     if args.speculative and args.compile:
-        raise UsageError("--speculative and --compile do not combine (the verifying step "
-                         "changes length from step to step); choose one")
+        raise UsageError(
+            "--speculative and --compile do not combine (the verifying step "
+            "changes length from step to step); choose one"
+        )
     if args.command == "chat" and args.speculative and text is None:
-        raise UsageError("--speculative works for one message, not the interactive chat")
+        raise UsageError(
+            "--speculative works for one message, not the interactive chat"
+        )
     if args.dtype == "float16" and args.quantize:
         raise UsageError("--quantize int8 takes --dtype float32 or bfloat16")
     if args.device is not None:
         try:
             device = torch.device(args.device)
         except RuntimeError:
-            raise UsageError(f"--device must be cpu, cuda or cuda:N, got {args.device!r}") from None
+            raise UsageError(
+                f"--device must be cpu, cuda or cuda:N, got {args.device!r}"
+            ) from None
         if device.type not in ("cpu", "cuda"):
-            raise UsageError(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
+            raise UsageError(
+                f"--device must be cpu, cuda or cuda:N, got {args.device!r}"
+            )
         if device.type == "cuda" and not torch.cuda.is_available():
-            raise RuntimeError("--device cuda, but this machine has no CUDA device "
-                               "(or this PyTorch was built without CUDA): use --device cpu")
+            raise RuntimeError(
+                "--device cuda, but this machine has no CUDA device "
+                "(or this PyTorch was built without CUDA): use --device cpu"
+            )
 
 
 def _load(args):
@@ -89,32 +104,53 @@ def _load(args):
     from smol.quantize import quantize_int8_
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, args.dtype) if args.dtype else \
-        (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    dtype = (
+        getattr(torch, args.dtype)
+        if args.dtype
+        else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    )
     start = time.perf_counter()
-    model, tokenizer = smol.pretrained.load_pretrained(args.source, device=device, dtype=dtype)
+    model, tokenizer = smol.pretrained.load_pretrained(
+        args.source, device=device, dtype=dtype
+    )
     if args.quantize == "int8":
         quantize_int8_(model)
-    print(f"[loaded in {time.perf_counter() - start:.1f} s on {device}, {dtype}"
-          f"{', int8 weights' if args.quantize else ''}]", file=sys.stderr)
+    print(
+        f"[loaded in {time.perf_counter() - start:.1f} s on {device}, {dtype}"
+        f"{', int8 weights' if args.quantize else ''}]",
+        file=sys.stderr,
+    )
     return model, tokenizer, device
 
 
 def _fit(ids: list[int], args, model) -> int:
-    """How many tokens may follow the prompt: --max-new-tokens, or less where the context ends."""
+    """How many tokens may follow the prompt: --max-new-tokens, or fewer where the
+    context ends."""
     context = model.config.max_position_embeddings
     if len(ids) >= context:
-        raise ValueError(f"the prompt has {len(ids)} tokens; the model's context holds {context}")
+        raise ValueError(
+            f"the prompt has {len(ids)} tokens; the model's context holds {context}"
+        )
     if len(ids) + args.max_new_tokens > context:
-        print(f"[stopping at the context's end: {context - len(ids)} new tokens at most]",
-              file=sys.stderr)
+        print(
+            f"[stopping at the context's end: {context - len(ids)} new tokens at most]",
+            file=sys.stderr,
+        )
     return min(args.max_new_tokens, context - len(ids))
 
 
 def _sampling(args, device) -> dict:
-    generator = torch.Generator(device).manual_seed(args.seed) if args.seed is not None else None
-    return dict(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                generator=generator)
+    generator = (
+        torch.Generator(device).manual_seed(args.seed)
+        if args.seed is not None
+        else None
+    )
+    return dict(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        generator=generator,
+    )
 
 
 def _generate(args, model, tokenizer, ids, skip_special_tokens):
@@ -122,9 +158,16 @@ def _generate(args, model, tokenizer, ids, skip_special_tokens):
 
     n = _fit(ids, args, model)
     ids = torch.tensor([ids], device=model.model.embed_tokens.weight.device)
-    generate(model, ids, n, eos_token_id=tokenizer.eos_token_id, compile=args.compile,
-             speculative=args.speculative, stream=TextStream(tokenizer, skip_special_tokens),
-             **_sampling(args, ids.device))
+    generate(
+        model,
+        ids,
+        n,
+        eos_token_id=tokenizer.eos_token_id,
+        compile=args.compile,
+        speculative=args.speculative,
+        stream=TextStream(tokenizer, skip_special_tokens),
+        **_sampling(args, ids.device),
+    )
     print()
 
 
@@ -139,21 +182,23 @@ def cmd_chat(args) -> None:
     model, tokenizer, device = _load(args)
     if args.message is None:
         return interactive(args, model, tokenizer, device)
-    messages = ([{"role": "system", "content": args.system}] if args.system else [])
+    messages = [{"role": "system", "content": args.system}] if args.system else []
     messages.append({"role": "user", "content": args.message})
     ids = tokenizer.apply_chat_template(messages, tokenize=True)
     _generate(args, model, tokenizer, ids, skip_special_tokens=True)
 
 
 def interactive(args, model, tokenizer, device, stdin=None, out=None) -> None:
-    """A conversation on stdin/stdout: each line is a message; /reset forgets, /exit leaves."""
+    """A chat on stdin/stdout: a line is a message; /reset forgets, /exit leaves."""
     from smol.chat import ChatSession
 
     stdin, out = stdin or sys.stdin, out or sys.stdout
     tty = stdin.isatty()
     session = ChatSession(model, tokenizer, system=args.system)
-    print("[a conversation: type a message; /reset starts over, /exit (or Ctrl-D) leaves]",
-          file=sys.stderr)
+    print(
+        "[a conversation: type a message; /reset starts over, /exit or Ctrl-D leaves]",
+        file=sys.stderr,
+    )
     while True:
         if tty:
             out.write("> ")
@@ -174,8 +219,12 @@ def interactive(args, model, tokenizer, device, stdin=None, out=None) -> None:
             print(f"[unknown command {line}: /reset or /exit]", file=sys.stderr)
             continue
         try:
-            session.send(line, args.max_new_tokens, stream=TextStream(tokenizer, True, out),
-                         **_sampling(args, device))
+            session.send(
+                line,
+                args.max_new_tokens,
+                stream=TextStream(tokenizer, True, out),
+                **_sampling(args, device),
+            )
         except ValueError as e:  # the conversation outgrew the context
             print(f"\n[{e}]", file=sys.stderr)
             continue
@@ -184,13 +233,18 @@ def interactive(args, model, tokenizer, device, stdin=None, out=None) -> None:
 
 
 class Parser(argparse.ArgumentParser):
-    def error(self, message):  # one line, exit status 2 (argparse prints the usage as well)
+    def error(
+        self, message
+    ):  # one line, exit status 2 (argparse prints the usage as well)
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = Parser(prog="python -m smol", description=__doc__,
-                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(
+        prog="python -m smol",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
     def add_command(name, fn, help, text_arg, text_help, max_new_tokens, nargs=None):
@@ -203,26 +257,62 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--top-k", type=int, default=None)
         p.add_argument("--top-p", type=float, default=None, help="in (0, 1]")
         p.add_argument("--seed", type=int, default=None, help="seed for sampling")
-        p.add_argument("--source", default=None,
-                       help="a .gguf file, a Hugging Face folder or hub id (default: the "
-                            "bundled GGUF)")
-        p.add_argument("--device", default=None, help="default: cuda when available, else cpu")
-        p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                       help="default: float32 on CPU, bfloat16 on GPU")
-        p.add_argument("--quantize", choices=["int8"], default=None,
-                       help="weight-only int8 (per output channel) for every Linear")
-        p.add_argument("--compile", action="store_true",
-                       help="compile the decode step (torch.compile, a static KV cache)")
-        p.add_argument("--speculative", type=int, default=0, metavar="K",
-                       help="greedy prompt-lookup speculative decoding with up to K draft tokens")
+        p.add_argument(
+            "--source",
+            default=None,
+            help="a .gguf file, a Hugging Face folder or hub id (default: the "
+            "bundled GGUF)",
+        )
+        p.add_argument(
+            "--device", default=None, help="default: cuda when available, else cpu"
+        )
+        p.add_argument(
+            "--dtype",
+            choices=["float32", "bfloat16", "float16"],
+            default=None,
+            help="default: float32 on CPU, bfloat16 on GPU",
+        )
+        p.add_argument(
+            "--quantize",
+            choices=["int8"],
+            default=None,
+            help="weight-only int8 (per output channel) for every Linear",
+        )
+        p.add_argument(
+            "--compile",
+            action="store_true",
+            help="compile the decode step (torch.compile, a static KV cache)",
+        )
+        p.add_argument(
+            "--speculative",
+            type=int,
+            default=0,
+            metavar="K",
+            help="greedy prompt-lookup speculative decoding with up to K draft tokens",
+        )
         p.set_defaults(fn=fn)
         return p
 
-    add_command("generate", cmd_generate, "continue a text", "prompt", "the text to continue", 64)
-    chat = add_command("chat", cmd_chat, "answer a message, or chat interactively without one",
-                       "message", "the user's message (none: an interactive chat)", 256,
-                       nargs="?")
-    chat.add_argument("--system", default=None, help="a system prompt (default: the template's own)")
+    add_command(
+        "generate",
+        cmd_generate,
+        "continue a text",
+        "prompt",
+        "the text to continue",
+        64,
+    )
+    chat = add_command(
+        "chat",
+        cmd_chat,
+        "answer a message, or chat interactively without one",
+        "message",
+        "the user's message (none: an interactive chat)",
+        256,
+        nargs="?",
+    )
+    chat.add_argument(
+        "--system", default=None, help="a system prompt (default: the template's own)"
+    )
     return parser
 
 

@@ -1,12 +1,13 @@
-"""Prompt-lookup speculative decoding: guess the next tokens from the text so far, check them all
-in one forward pass, keep the ones greedy decoding would have chosen.
+"""Prompt-lookup speculative decoding: guess the next tokens from the text so far, check
+them all in one forward pass, keep the ones greedy decoding would have chosen.
 
-Summaries, answers about a document and code edits repeat long stretches of their prompt. When the
-last few tokens appeared before, the tokens that followed them then are a cheap guess (the
-*draft*) of what comes next; no second model is needed. One forward pass over the newest token
-and the draft gives the model's greedy choice after each of them: the draft is kept up to its first
-wrong token, and that position's choice is the next token. So the output is exactly what greedy
-decoding gives, token for token, in fewer (slightly larger) forward passes.
+Summaries, answers about a document and code edits repeat long stretches of their
+prompt. When the last few tokens appeared before, the tokens that followed them then are
+a cheap guess (the *draft*) of what comes next; no second model is needed. One forward
+pass over the newest token and the draft gives the model's greedy choice after each of
+them: the draft is kept up to its first wrong token, and that position's choice is the
+next token. So the output is exactly what greedy decoding gives, token for token, in
+fewer (slightly larger) forward passes.
 """
 
 from __future__ import annotations
@@ -16,26 +17,33 @@ from dataclasses import dataclass
 import torch
 
 
-def lookup_draft(tokens: torch.Tensor, max_ngram: int = 3, num_draft: int = 8) -> torch.Tensor:
-    """The tokens (k,) that followed the latest earlier occurrence of the last n tokens of
-    `tokens` (N,), trying n = max_ngram down to 1; an empty tensor when none occurred before."""
+def lookup_draft(
+    tokens: torch.Tensor, max_ngram: int = 3, num_draft: int = 8
+) -> torch.Tensor:
+    """The tokens (k,) that followed the latest earlier occurrence of the last n tokens
+    of `tokens` (N,), trying n = max_ngram down to 1; an empty tensor when none occurred
+    before."""
     if tokens.dim() != 1:
-        raise ValueError(f"expected a 1-d tensor of token ids, got shape {tuple(tokens.shape)}")
+        raise ValueError(
+            f"expected a 1-d tensor of token ids, got shape {tuple(tokens.shape)}"
+        )
     if max_ngram < 1 or num_draft < 1:
-        raise ValueError(f"max_ngram and num_draft must be >= 1, got {max_ngram}, {num_draft}")
+        raise ValueError(
+            f"max_ngram and num_draft must be >= 1, got {max_ngram}, {num_draft}"
+        )
     N = tokens.shape[0]
     for n in range(min(max_ngram, N - 1), 0, -1):
         windows = tokens.unfold(0, n, 1)[:-1]  # (N - n, n): every earlier n-gram
-        hits = (windows == tokens[N - n:]).all(dim=1).nonzero()
+        hits = (windows == tokens[N - n :]).all(dim=1).nonzero()
         if len(hits):
             start = int(hits[-1]) + n  # right after the latest earlier occurrence
-            return tokens[start:start + num_draft]
+            return tokens[start : start + num_draft]
     return tokens[:0]
 
 
 @dataclass
 class SpeculativeStats:
-    """What speculation did: drafted and accepted tokens, and forward passes after the prefill."""
+    """Drafted and accepted tokens, and forward passes after the prefill."""
 
     drafted: int = 0
     accepted: int = 0
@@ -47,15 +55,27 @@ class SpeculativeStats:
 
 
 @torch.no_grad()
-def speculative_greedy(model, input_ids: torch.Tensor, max_new_tokens: int, cache, *,
-                       max_ngram: int = 3, num_draft: int = 8, eos=None, stream=None,
-                       stats: SpeculativeStats | None = None) -> torch.Tensor:
-    """Greedy continuation of input_ids (1, T) by up to max_new_tokens tokens -> (1, T + new),
-    equal to plain greedy decoding. `cache` is an empty KVCache with room for T + max_new_tokens
-    + num_draft tokens; `eos` a tensor of end ids or None; `stream(tokens (1,))` gets each token."""
+def speculative_greedy(
+    model,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    cache,
+    *,
+    max_ngram: int = 3,
+    num_draft: int = 8,
+    eos=None,
+    stream=None,
+    stats: SpeculativeStats | None = None,
+) -> torch.Tensor:
+    """Greedy continuation of input_ids (1, T) by up to max_new_tokens tokens -> (1, T +
+    new), equal to plain greedy decoding. `cache` is an empty KVCache with room for T +
+    max_new_tokens + num_draft tokens; `eos` a tensor of end ids or None; `stream(tokens
+    (1,))` gets each token."""
     if input_ids.shape[0] != 1:
-        raise ValueError(f"speculative decoding takes one sequence, got a batch of "
-                         f"{input_ids.shape[0]}")
+        raise ValueError(
+            f"speculative decoding takes one sequence, got a batch of "
+            f"{input_ids.shape[0]}"
+        )
     stats = stats if stats is not None else SpeculativeStats()
     tokens = input_ids[0]
     logits, _ = model(input_ids, kv_cache=cache)  # prefill
@@ -66,13 +86,17 @@ def speculative_greedy(model, input_ids: torch.Tensor, max_new_tokens: int, cach
         new += 1
         if stream is not None:
             stream(next_token[None])
-        if new == max_new_tokens or (eos is not None and bool(torch.isin(next_token, eos))):
+        if new == max_new_tokens or (
+            eos is not None and bool(torch.isin(next_token, eos))
+        ):
             break
         draft = lookup_draft(tokens, max_ngram, min(num_draft, max_new_tokens - new))
         step = torch.cat([next_token[None], draft])[None]  # (1, 1 + k)
         logits, _ = model(step, kv_cache=cache)
         stats.forward_passes += 1
-        choice = logits[0].argmax(dim=-1)  # (1 + k,): greedy's token after each of step's tokens
+        choice = logits[0].argmax(
+            dim=-1
+        )  # (1 + k,): greedy's token after each of step's tokens
         agree = (choice[:-1] == draft).int().cumprod(0)  # 1 while the draft matched
         n_ok = int(agree.sum())
         if eos is not None and n_ok:  # stop accepting after an accepted end token

@@ -1,5 +1,6 @@
-"""The fast decoding paths change speed, not tokens: a static cache (compiled or not), prompt-lookup
-speculative decoding, bfloat16 and int8 weights, and a chat that keeps its cache across turns."""
+"""The fast decoding paths change speed, not tokens: a static cache (compiled or not),
+prompt-lookup speculative decoding, bfloat16 and int8 weights, and a chat that keeps its
+cache across turns."""
 
 import copy
 
@@ -14,22 +15,33 @@ from smol.quantize import QuantLinear, quantize_int8_, quantize_per_channel
 from smol.speculative import SpeculativeStats, lookup_draft, speculative_greedy
 from smol.static_cache import StaticCache, static_cache_for
 
-CONFIG = SmolConfig(vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=3,
-                    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                    rope_theta=10000.0)
+CONFIG = SmolConfig(
+    vocab_size=211,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    rope_theta=10000.0,
+)
 BENCH_PROMPT = "Once upon a time, in a small village by the sea, there lived"
 SUMMARY_PROMPT = (
-    "Summarise the text.\n\nText: The city council met on Monday to discuss the new park. "
-    "The new park will have a playground, a pond and a small cafe. The council said the new park "
-    "will open in the spring, and that the playground and the pond will be ready first.\n\n"
-    "Summary: The city council")
+    "Summarise the text.\n\nText: The city council met on Monday to discuss the new "
+    "park. The new park will have a playground, a pond and a small cafe. The council "
+    "said the new park will open in the spring, and that the playground and the pond "
+    "will be ready first.\n\n"
+    "Summary: The city council"
+)
 
 
 @pytest.fixture(scope="module")
 def model():
     torch.manual_seed(0)
     m = SmolLM(CONFIG).eval()
-    with torch.no_grad():  # larger weights: peaked, varied predictions instead of near-uniform
+    with (
+        torch.no_grad()
+    ):  # larger weights: peaked, varied predictions instead of near-uniform
         for p in m.parameters():
             p.mul_(8 if p.dim() > 1 else 1)
     return m
@@ -40,7 +52,7 @@ def left_pad(seqs, pad=0):
     ids = torch.full((len(seqs), width), pad)
     mask = torch.zeros(len(seqs), width, dtype=torch.long)
     for i, s in enumerate(seqs):
-        ids[i, width - len(s):], mask[i, width - len(s):] = torch.tensor(s), 1
+        ids[i, width - len(s) :], mask[i, width - len(s) :] = torch.tensor(s), 1
     return ids, mask
 
 
@@ -53,11 +65,13 @@ def static_greedy(cache, ids, mask, n):
     out, pos = [], positions[:, -1:] + 1
     for i in range(n):
         out.append(logits[:, -1].argmax(-1))
-        logits = cache.step(out[-1][:, None], pos + i, torch.tensor([T + i]), torch.ones(B, 1))
+        logits = cache.step(
+            out[-1][:, None], pos + i, torch.tensor([T + i]), torch.ones(B, 1)
+        )
     return torch.cat([ids, torch.stack(out, 1)], 1)
 
 
-# --- the static cache ------------------------------------------------------------------------
+# --- the static cache -----------------------------------------------------------------
 def test_static_cache_equals_dynamic_cache_batched_and_padded(model):
     g = torch.Generator().manual_seed(1)
     seqs = [torch.randint(0, 211, (n,), generator=g).tolist() for n in (3, 11, 7)]
@@ -65,14 +79,19 @@ def test_static_cache_equals_dynamic_cache_batched_and_padded(model):
     cache = StaticCache(model, batch_size=3, max_len=64)
     expected = generate(model, ids, 20, temperature=0, attention_mask=mask)
     assert torch.equal(static_greedy(cache, ids, mask, 20), expected)
-    # Mutant: a cache that marks padding valid lets real tokens attend to it: row 0 changes.
+    # Mutant: padding marked valid lets real tokens attend to it (row 0 changes).
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.no_grad():
-        good = StaticCache(model, 3, 64)(ids, positions, torch.arange(ids.shape[1]), mask)
-        bad = StaticCache(model, 3, 64)(ids, positions, torch.arange(ids.shape[1]),
-                                         torch.ones_like(mask))
+        good = StaticCache(model, 3, 64)(
+            ids, positions, torch.arange(ids.shape[1]), mask
+        )
+        bad = StaticCache(model, 3, 64)(
+            ids, positions, torch.arange(ids.shape[1]), torch.ones_like(mask)
+        )
     assert (good[0, -1] - bad[0, -1]).abs().max() > 1e-3
-    torch.testing.assert_close(good[1], bad[1])  # the unpadded row is the same either way
+    torch.testing.assert_close(
+        good[1], bad[1]
+    )  # the unpadded row is the same either way
 
 
 def test_static_cache_checks_its_sizes(model):
@@ -80,25 +99,33 @@ def test_static_cache_checks_its_sizes(model):
         StaticCache(model, 1, 257)
     with pytest.raises(ValueError, match="batch_size"):
         StaticCache(model, 0, 16)
-    assert static_cache_for(model, 2, 10, compile=False).max_len == 256  # rounded up to 256
-    assert static_cache_for(model, 2, 200, compile=False) is static_cache_for(model, 2, 5,
-                                                                               compile=False)
+    assert (
+        static_cache_for(model, 2, 10, compile=False).max_len == 256
+    )  # rounded up to 256
+    assert static_cache_for(model, 2, 200, compile=False) is static_cache_for(
+        model, 2, 5, compile=False
+    )
     assert "_static_caches" not in str(model.state_dict().keys())
 
 
 def test_compiled_generate_equals_eager_and_compiles_once(model):
     """compile="aot_eager" traces and functionalizes the step as inductor does, without
-    generating C++ (minutes on a small CPU); bench/gpu_check.sh runs the inductor path."""
+    generating C++ (minutes on a small CPU); bench/gpu_check.sh runs the inductor
+    path."""
     torch._dynamo.reset()
     ids = torch.randint(0, 211, (2, 9), generator=torch.Generator().manual_seed(2))
     expected = generate(model, ids, 12, temperature=0)
     from torch._dynamo.utils import counters
 
     counters.clear()
-    assert torch.equal(generate(model, ids, 12, temperature=0, compile="aot_eager"), expected)
+    assert torch.equal(
+        generate(model, ids, 12, temperature=0, compile="aot_eager"), expected
+    )
     graphs = counters["stats"]["unique_graphs"]
     assert graphs == 1
-    longer = generate(model, ids, 30, temperature=0, compile="aot_eager")  # more steps, one graph
+    longer = generate(
+        model, ids, 30, temperature=0, compile="aot_eager"
+    )  # more steps, one graph
     assert counters["stats"]["unique_graphs"] == graphs
     assert torch.equal(longer, generate(model, ids, 30, temperature=0))
     # sampling with a seed draws the same tokens on the compiled path
@@ -108,7 +135,7 @@ def test_compiled_generate_equals_eager_and_compiles_once(model):
     b = generate(model, ids, 10, generator=torch.Generator().manual_seed(3), **kw)
     assert torch.equal(a, b)
     assert counters["stats"]["unique_graphs"] == graphs
-    # Mutant: the growing KVCache under torch.compile is traced again as its length changes.
+    # Mutant: the growing KVCache under torch.compile is traced again as it grows.
     counters.clear()
     step = torch.compile(model, backend="eager")
     from smol.generate import KVCache
@@ -122,21 +149,25 @@ def test_compiled_generate_equals_eager_and_compiles_once(model):
 
 def test_fast_options_reject_what_does_not_combine(model):
     ids = torch.randint(0, 211, (1, 5))
-    for kwargs, match in [(dict(compile=True, speculative=4), "do not combine"),
-                          (dict(speculative=4, temperature=1.0), "greedy"),
-                          (dict(speculative=-1), "draft tokens"),
-                          (dict(speculative=True), "draft tokens"),
-                          (dict(speculative=4, use_cache=False), "own cache")]:
+    for kwargs, match in [
+        (dict(compile=True, speculative=4), "do not combine"),
+        (dict(speculative=4, temperature=1.0), "greedy"),
+        (dict(speculative=-1), "draft tokens"),
+        (dict(speculative=True), "draft tokens"),
+        (dict(speculative=4, use_cache=False), "own cache"),
+    ]:
         with pytest.raises(ValueError, match=match):
             generate(model, ids, 4, **{"temperature": 0, **kwargs})
     with pytest.raises(ValueError, match="one unpadded sequence"):
         generate(model, torch.cat([ids, ids]), 4, temperature=0, speculative=4)
 
 
-# --- prompt-lookup speculative decoding --------------------------------------------------------
+# --- prompt-lookup speculative decoding -----------------------------------------------
 def test_lookup_draft():
     t = torch.tensor
-    assert lookup_draft(t([5, 1, 2, 3, 9, 1, 2]), max_ngram=2, num_draft=3).tolist() == [3, 9, 1]
+    assert lookup_draft(
+        t([5, 1, 2, 3, 9, 1, 2]), max_ngram=2, num_draft=3
+    ).tolist() == [3, 9, 1]
     # the latest earlier occurrence wins, and the longest n-gram is tried first
     assert lookup_draft(t([1, 2, 7, 1, 2, 8, 4, 2]), 3, 2).tolist() == [8, 4]
     assert lookup_draft(t([4, 2, 7, 1, 2]), 3, 2).tolist() == [7, 1]
@@ -153,15 +184,26 @@ def test_speculative_equals_greedy(model, num_draft):
     part = torch.randint(0, 211, (1, 10), generator=g)
     ids = torch.cat([part, part, part[:, :4]], 1)  # repeats: the drafts get accepted
     expected = generate(model, ids, 40, temperature=0)
-    assert torch.equal(generate(model, ids, 40, temperature=0, speculative=num_draft), expected)
+    assert torch.equal(
+        generate(model, ids, 40, temperature=0, speculative=num_draft), expected
+    )
     eos = expected[0, ids.shape[1] + 6].item()  # stop at an end token, as greedy does
-    assert torch.equal(generate(model, ids, 40, temperature=0, speculative=num_draft,
-                                eos_token_id=eos),
-                       generate(model, ids, 40, temperature=0, eos_token_id=eos))
+    assert torch.equal(
+        generate(
+            model, ids, 40, temperature=0, speculative=num_draft, eos_token_id=eos
+        ),
+        generate(model, ids, 40, temperature=0, eos_token_id=eos),
+    )
     streamed = []
-    generate(model, ids, 15, temperature=0, speculative=num_draft,
-             stream=lambda tok: streamed.append(int(tok[0])))
-    assert streamed == expected[0, ids.shape[1]:ids.shape[1] + 15].tolist()
+    generate(
+        model,
+        ids,
+        15,
+        temperature=0,
+        speculative=num_draft,
+        stream=lambda tok: streamed.append(int(tok[0])),
+    )
+    assert streamed == expected[0, ids.shape[1] : ids.shape[1] + 15].tolist()
 
 
 def test_speculative_counts_and_rolls_back(model):
@@ -175,13 +217,17 @@ def test_speculative_counts_and_rolls_back(model):
     assert out.shape == (1, 46)
     assert 0 < stats.accepted <= stats.drafted and stats.forward_passes < 30
     assert stats.acceptance_rate == stats.accepted / stats.drafted
-    assert cache.length == 45  # every token but the last is cached; rejected drafts are gone
+    assert (
+        cache.length == 45
+    )  # every token but the last is cached; rejected drafts are gone
 
 
-# --- int8 weights ------------------------------------------------------------------------------
+# --- int8 weights ---------------------------------------------------------------------
 def test_quantize_per_channel_rounds_each_row_to_its_own_scale():
     torch.manual_seed(0)
-    w = torch.randn(16, 64) * torch.logspace(-3, 1, 16)[:, None]  # rows of very different sizes
+    w = (
+        torch.randn(16, 64) * torch.logspace(-3, 1, 16)[:, None]
+    )  # rows of very different sizes
     q, scale = quantize_per_channel(w)
     assert q.dtype == torch.int8 and scale.shape == (16,)
     assert q.abs().amax(1).eq(127).all()  # each row's largest value uses the full range
@@ -203,10 +249,15 @@ def test_quant_linear_equals_linear_with_its_weight(dtype):
     ql = QuantLinear.from_linear(linear)
     x = torch.randn(3, 5, 64, dtype=dtype)
     expected = F.linear(x.float(), ql.dequantize()).to(dtype)
-    tol = dict(atol=1e-4, rtol=1e-4) if dtype == torch.float32 else dict(atol=5e-2, rtol=2e-2)
+    tol = (
+        dict(atol=1e-4, rtol=1e-4)
+        if dtype == torch.float32
+        else dict(atol=5e-2, rtol=2e-2)
+    )
     torch.testing.assert_close(ql(x), expected, **tol)
-    torch.testing.assert_close(F.linear(x, ql.weight.to(dtype)) * ql.scale.to(dtype), expected,
-                               **tol)  # the fallback without the fused kernel
+    torch.testing.assert_close(
+        F.linear(x, ql.weight.to(dtype)) * ql.scale.to(dtype), expected, **tol
+    )  # the fallback without the fused kernel
     assert ql(x).dtype == dtype and ql.weight.dtype == torch.int8
     with pytest.raises(ValueError, match="bias-free"):
         QuantLinear.from_linear(torch.nn.Linear(4, 4))
@@ -227,7 +278,7 @@ def test_quantize_int8_replaces_every_linear(model):
         quantize_int8_("model")
 
 
-# --- the real model ----------------------------------------------------------------------------
+# --- the real model -------------------------------------------------------------------
 def ids_of(tokenizer, text):
     return torch.tensor([tokenizer.encode(text)])
 
@@ -260,13 +311,20 @@ def test_real_speculative_equals_greedy_and_accepts_drafts(real_model):
 def test_real_int8_greedy_and_logits_stay_close(real_model):
     model, tokenizer = real_model
     int8 = quantize_int8_(copy.deepcopy(model))
-    prompts = [BENCH_PROMPT, "The capital of France is", "def fibonacci(n):\n",
-               "Water boils at", "The three primary colors are"]
+    prompts = [
+        BENCH_PROMPT,
+        "The capital of France is",
+        "def fibonacci(n):\n",
+        "Water boils at",
+        "The three primary colors are",
+    ]
     same = 0
     for text in prompts:
         ids = ids_of(tokenizer, text)
-        same += torch.equal(generate(int8, ids, 32, temperature=0),
-                            generate(model, ids, 32, temperature=0))
+        same += torch.equal(
+            generate(int8, ids, 32, temperature=0),
+            generate(model, ids, 32, temperature=0),
+        )
     assert same >= 4, f"int8 greedy equals float32 on {same} of 5 prompts"
     ids = ids_of(tokenizer, SUMMARY_PROMPT)
     with torch.no_grad():
@@ -276,11 +334,14 @@ def test_real_int8_greedy_and_logits_stay_close(real_model):
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
 
 
-# --- chat with a cache kept across turns -------------------------------------------------------
+# --- chat with a cache kept across turns ----------------------------------------------
 def test_chat_session_reuses_its_cache_and_answers_the_same(real_model):
     model, tokenizer = real_model
     turns = ["What is the capital of France?", "And of Germany?"]
-    kept, fresh = ChatSession(model, tokenizer), ChatSession(model, tokenizer, reuse_cache=False)
+    kept, fresh = (
+        ChatSession(model, tokenizer),
+        ChatSession(model, tokenizer, reuse_cache=False),
+    )
     for text in turns:
         assert kept.send(text, 12, temperature=0) == fresh.send(text, 12, temperature=0)
     assert kept.messages == fresh.messages and len(kept.messages) == 4
