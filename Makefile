@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 NPROC ?= 2
 
-.PHONY: setup book test bench clean chromium exercises lab format
+.PHONY: setup book test bench clean chromium exercises gpu-check
 
 setup: $(STAMP)
 
@@ -49,3 +49,9 @@ chromium:
 
 clean:
 	rm -rf _build $(VENV)
+
+# On a CUDA machine: every chapter notebook on the GPU, bench/train_gpu.py and bench/generate.py,
+# results in bench/results/*_cuda.csv (and copied to OUT= if given). Without CUDA: a quick check
+# that the scripts run on the CPU. See bench/gpu_check.sh.
+gpu-check: setup
+	bash bench/gpu_check.sh $(OUT)

@@ -1,0 +1,176 @@
+"""`python -m smol generate|chat`: every bad input gives one clear line and exit status
+2 (a bad command line) or 1 (anything else); the fast options and the interactive chat
+work."""
+
+import io
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import smol.pretrained
+from smol.__main__ import main
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
+
+
+def run(argv, capsys):
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def fake_load(real_model, monkeypatch):
+    """load_pretrained answers with the session's real model instead of reading the file."""
+    calls = []
+
+    def load(source, device, dtype):
+        calls.append((source, device, dtype))
+        if dtype != torch.float32:
+            import copy
+
+            return copy.deepcopy(real_model[0]).to(dtype), real_model[1]
+        return real_model
+
+    monkeypatch.setattr(smol.pretrained, "load_pretrained", load)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", ""], "the prompt is empty"),
+        (["chat", "   "], "the message is empty"),
+        (["generate", "Hi", "--top-p", "1.5"], "--top-p must lie in (0, 1]"),
+        (["generate", "Hi", "--top-p", "0"], "--top-p must lie in (0, 1]"),
+        (["generate", "Hi", "--top-k", "0"], "--top-k must be >= 1"),
+        (["generate", "Hi", "--temperature", "-1"], "--temperature must be"),
+        (["generate", "Hi", "--temperature", "nan"], "--temperature must be"),
+        (["generate", "Hi", "--max-new-tokens", "0"], "--max-new-tokens must be >= 1"),
+        (["generate", "Hi", "--speculative", "4", "--temperature", "0.7"], "greedily"),
+        (["generate", "Hi", "--speculative", "4", "--compile"], "do not combine"),
+        (
+            ["generate", "Hi", "--quantize", "int8", "--dtype", "float16"],
+            "--quantize int8 takes",
+        ),
+        (["generate", "Hi", "--device", "tpu"], "--device must be cpu, cuda"),
+        (["chat", "--speculative", "4"], "not the interactive chat"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(argv, message, capsys, monkeypatch):
+    monkeypatch.setattr(
+        smol.pretrained,
+        "load_pretrained",
+        lambda *a, **k: pytest.fail("nothing is loaded for a bad command line"),
+    )
+    code, out, err = run(argv, capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and message in err and err.startswith("python -m smol")
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["generate"],
+        ["generate", "Hi", "--top-k", "x"],
+        ["chat", "Hi", "--quantize", "int4"],
+        ["speak", "Hi"],
+    ],
+)
+def test_argparse_errors_are_one_line_too(argv, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1 and "error:" in err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_cuda_exits_1(capsys):
+    code, out, err = run(["generate", "Hi", "--device", "cuda"], capsys)
+    assert code == 1 and err.count("\n") == 1 and "no CUDA device" in err
+
+
+def test_bad_sources_exit_1_with_one_line(tmp_path, capsys, real_model):
+    text = tmp_path / "notes.gguf"
+    text.write_text("just some text\n" * 10)
+    real = smol.pretrained.bundled_gguf_path()
+    truncated = tmp_path / "cut.gguf"
+    truncated.write_bytes(real.read_bytes()[:2_000_000])
+    for source, message in [
+        (tmp_path / "missing.gguf", "no such file"),
+        (text, "is not a GGUF file"),
+        (truncated, "truncated"),
+    ]:
+        code, out, err = run(["generate", "Hi", "--source", str(source)], capsys)
+        assert code == 1 and err.count("\n") == 1 and message in err, err
+
+
+def test_prompt_longer_than_the_context_exits_1(fake_load, capsys):
+    code, out, err = run(["generate", "hello " * 8300, "--max-new-tokens", "4"], capsys)
+    assert code == 1 and "the prompt has" in err and "context holds 8192" in err
+    assert err.strip().count("\n") == 0
+
+
+def test_fast_options_give_the_same_text(fake_load, capsys):
+    base = [
+        "generate",
+        "The capital of France is",
+        "--max-new-tokens",
+        "12",
+        "--device",
+        "cpu",
+    ]
+    code, expected, _ = run(base, capsys)
+    assert code == 0 and "Paris" in expected
+    assert run(base + ["--speculative", "4"], capsys)[1] == expected
+    code, out, err = run(base + ["--dtype", "bfloat16"], capsys)
+    assert code == 0 and out == expected and "bfloat16" in err
+    code, out, err = run(base + ["--quantize", "int8"], capsys)
+    assert (
+        code == 0
+        and "int8 weights" in err
+        and out.startswith("The capital of France is")
+    )
+
+
+def test_interactive_chat_keeps_history_and_resets(fake_load, capsys, monkeypatch):
+    monkeypatch.setattr(
+        sys,
+        "stdin",
+        io.StringIO(
+            "What is the capital of France?\n\n/help\nAnd of Germany?\n/reset\n"
+            "What is the capital of France?\n/exit\nnever read\n"
+        ),
+    )
+    code, out, err = run(["chat", "--max-new-tokens", "16"], capsys)
+    assert code == 0
+    replies = out.strip().split("\n")
+    assert len(replies) == 3 and "Paris" in replies[0] and "Berlin" in replies[1]
+    assert replies[2] == replies[0]  # after /reset the conversation starts over
+    assert "unknown command /help" in err and "starts over" in err
+
+
+def test_interactive_chat_with_stdin_piped_in_a_subprocess():
+    """The real command, its stdin a pipe: two turns, then end of input."""
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "smol",
+            "chat",
+            "--max-new-tokens",
+            "12",
+            "--device",
+            "cpu",
+        ],
+        input="What is the capital of France?\nAnd of Italy?\n",
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.strip().split("\n")
+    assert len(lines) == 2 and "Paris" in lines[0] and "Rome" in lines[1], result.stdout
