@@ -1,5 +1,6 @@
-"""Time to the first token of a chat reply at turn 10, with the KV cache kept across turns (the
-new message is all the model reads) and without (it re-reads the whole conversation).
+"""Time to the first token of a chat reply at turn 10, with the KV cache kept across
+turns (the new message is all the model reads) and without (it re-reads the whole
+conversation).
 
     python bench/chat.py [--turns 10] [--reply-tokens 32] [--threads N] [--csv FILE]
 """
