@@ -28,8 +28,9 @@ class TextStream:
     """Print tokens as they come. Decoding the whole continuation each time and printing
     what is new keeps characters that span several tokens (emoji, accents) intact."""
 
-    def __init__(self, tokenizer, skip_special_tokens: bool, out=sys.stdout):
-        self.tokenizer, self.skip, self.out = tokenizer, skip_special_tokens, out
+    def __init__(self, tokenizer, skip_special_tokens: bool, out=None):
+        self.tokenizer, self.skip = tokenizer, skip_special_tokens
+        self.out = out if out is not None else sys.stdout  # looked up now, not at import
         self.ids: list[int] = []
         self.printed = 0
 
