@@ -114,6 +114,18 @@ def main() -> None:
         "--batches", default="1,4,16", help="batch sizes of the batched part"
     )
     parser.add_argument(
+        "--batch-tokens",
+        type=int,
+        default=None,
+        help="new tokens per row in the batched part (default: --new-tokens)",
+    )
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated parts of path names to keep (transformers float32 and "
+        "smol float32 are always kept)",
+    )
+    parser.add_argument(
         "--csv", help="write the medians here (the Benchmarks page reads it)"
     )
     args = parser.parse_args()
@@ -304,7 +316,9 @@ def main() -> None:
             ]
         )
 
-    batch_rates = batched(args, model, encode, n) if args.batches else {}
+    batch_rates = (
+        batched(args, model, encode, args.batch_tokens or n) if args.batches else {}
+    )
     for size, rate in batch_rates.items():
         ratio = rate / batch_rates[1]
         print(
