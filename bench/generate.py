@@ -25,7 +25,8 @@ import time
 
 import torch
 
-from smol.generate import KVCache, generate
+from smol.generate import generate
+from smol.kv_cache import KVCache
 from smol.quantize import quantize_int8_
 from smol.speculative import SpeculativeStats, speculative_greedy
 
@@ -56,7 +57,8 @@ def load(args):
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     if args.preset == "smollm2-135m":
-        from smol.pretrained import bundled_gguf_path, load_pretrained
+        from smol.gguf import bundled_gguf_path
+        from smol.pretrained import load_pretrained
 
         model, tokenizer = load_pretrained(device=args.device)
         path = bundled_gguf_path()

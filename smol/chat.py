@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import torch
 
-from smol.generate import KVCache, generate
+from smol.generate import generate
+from smol.kv_cache import KVCache
 
 
 class ChatSession:

@@ -11,6 +11,7 @@ import torch
 
 import smol.pretrained
 from smol.__main__ import main
+from smol.gguf import bundled_gguf_path
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
 
@@ -23,7 +24,7 @@ def run(argv, capsys):
 
 @pytest.fixture
 def fake_load(real_model, monkeypatch):
-    """load_pretrained answers with the session's real model instead of reading the file."""
+    """load_pretrained answers with the session's real model, reading no file."""
     calls = []
 
     def load(source, device, dtype):
@@ -95,7 +96,7 @@ def test_cuda_without_cuda_exits_1(capsys):
 def test_bad_sources_exit_1_with_one_line(tmp_path, capsys, real_model):
     text = tmp_path / "notes.gguf"
     text.write_text("just some text\n" * 10)
-    real = smol.pretrained.bundled_gguf_path()
+    real = bundled_gguf_path()
     truncated = tmp_path / "cut.gguf"
     truncated.write_bytes(real.read_bytes()[:2_000_000])
     for source, message in [
@@ -110,7 +111,7 @@ def test_bad_sources_exit_1_with_one_line(tmp_path, capsys, real_model):
 def test_prompt_longer_than_the_context_exits_1(fake_load, capsys):
     code, out, err = run(["generate", "hello " * 8300, "--max-new-tokens", "4"], capsys)
     assert code == 1 and "the prompt has" in err and "context holds 8192" in err
-    assert err.count("error:") == 1 and err.endswith("8192\n")  # one line, after the status
+    assert err.count("error:") == 1 and err.endswith("8192\n")  # after the status line
 
 
 def test_fast_options_give_the_same_text(fake_load, capsys):

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from smol import SmolConfig, SmolLM
 from smol.chat import ChatSession
 from smol.generate import generate
+from smol.kv_cache import KVCache
 from smol.quantize import QuantLinear, quantize_int8_, quantize_per_channel
 from smol.speculative import SpeculativeStats, lookup_draft, speculative_greedy
 from smol.static_cache import StaticCache, static_cache_for
@@ -138,8 +139,6 @@ def test_compiled_generate_equals_eager_and_compiles_once(model):
     # Mutant: the growing KVCache under torch.compile is traced again as it grows.
     counters.clear()
     step = torch.compile(model, backend="eager")
-    from smol.generate import KVCache
-
     cache = KVCache(CONFIG, 2, 40)
     step(ids, kv_cache=cache)
     for i in range(4):
@@ -207,8 +206,6 @@ def test_speculative_equals_greedy(model, num_draft):
 
 
 def test_speculative_counts_and_rolls_back(model):
-    from smol.generate import KVCache
-
     ids = torch.randint(0, 211, (1, 8), generator=torch.Generator().manual_seed(5))
     ids = torch.cat([ids, ids], 1)
     stats = SpeculativeStats()
@@ -300,8 +297,6 @@ def test_real_speculative_equals_greedy_and_accepts_drafts(real_model):
     ids = ids_of(tokenizer, SUMMARY_PROMPT)
     expected = generate(model, ids, 40, temperature=0)
     stats = SpeculativeStats()
-    from smol.generate import KVCache
-
     cache = KVCache(model.config, 1, ids.shape[1] + 40 + 8)
     out = speculative_greedy(model, ids, 40, cache, num_draft=8, stats=stats)
     assert torch.equal(out, expected)
