@@ -27,12 +27,13 @@ CONFIG = SmolConfig(
     rope_theta=10000.0,
 )
 BENCH_PROMPT = "Once upon a time, in a small village by the sea, there lived"
-SUMMARY_PROMPT = (
-    "Summarise the text.\n\nText: The city council met on Monday to discuss the new "
-    "park. The new park will have a playground, a pond and a small cafe. The council "
-    "said the new park will open in the spring, and that the playground and the pond "
-    "will be ready first.\n\n"
-    "Summary: The city council"
+SUMMARY_PROMPT = (  # as in chapter 9
+    "Summarise the report in two sentences.\n\nReport: The city council met on Monday to "
+    "discuss the new park on the east side of the river. The new park will have a "
+    "playground, a pond, a small cafe and a path for bicycles. The council said that the "
+    "new park will open in the spring, that the playground and the pond will be ready "
+    "first, and that the cafe will open in the summer.\n\nSummary: The city council met "
+    "on Monday to discuss the new park"
 )
 
 
@@ -285,22 +286,41 @@ def real_bf16(real_model):
     return copy.deepcopy(real_model[0]).to(torch.bfloat16)
 
 
-def test_real_bf16_greedy_equals_float32_on_the_benchmark_prompt(real_model, real_bf16):
+PROBE = (
+    "The quick brown fox jumps over the lazy dog. Paris is the capital of France, and "
+    "Berlin is the capital of Germany. Water boils at 100 degrees Celsius at sea level."
+)
+
+
+def test_real_bf16_stays_close_to_float32(real_model, real_bf16):
+    """bfloat16 rounding moves the logits by a fraction of a unit: greedy text stays the same
+    where the choices are clear, and parts at near ties (on the benchmark prompt, after a few
+    tokens: "a wise and kind woman" becomes "a wise old wizard")."""
     model, tokenizer = real_model
-    ids = ids_of(tokenizer, BENCH_PROMPT)
-    expected = generate(model, ids, 48, temperature=0)
-    assert torch.equal(generate(real_bf16, ids, 48, temperature=0), expected)
+    ids = ids_of(tokenizer, "The capital of France is")
+    assert torch.equal(
+        generate(real_bf16, ids, 16, temperature=0),
+        generate(model, ids, 16, temperature=0),
+    )
+    probe = ids_of(tokenizer, PROBE)
+    with torch.no_grad():
+        ref, got = model(probe)[0], real_bf16(probe)[0].float()
+    assert (got - ref).abs().max().item() < 2.0
+    assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
 
 
 def test_real_speculative_equals_greedy_and_accepts_drafts(real_model):
     model, tokenizer = real_model
     ids = ids_of(tokenizer, SUMMARY_PROMPT)
-    expected = generate(model, ids, 40, temperature=0)
+    eos = tokenizer.eos_token_id
+    expected = generate(model, ids, 40, temperature=0, eos_token_id=eos)
     stats = SpeculativeStats()
     cache = KVCache(model.config, 1, ids.shape[1] + 40 + 8)
-    out = speculative_greedy(model, ids, 40, cache, num_draft=8, stats=stats)
+    out = speculative_greedy(
+        model, ids, 40, cache, num_draft=8, stats=stats, eos=torch.tensor([eos])
+    )
     assert torch.equal(out, expected)
-    assert stats.acceptance_rate > 0.3 and stats.forward_passes < 30
+    assert stats.acceptance_rate > 0.3 and stats.forward_passes < 25
 
 
 def test_real_int8_greedy_and_logits_stay_close(real_model):
