@@ -28,12 +28,12 @@ CONFIG = SmolConfig(
 )
 BENCH_PROMPT = "Once upon a time, in a small village by the sea, there lived"
 SUMMARY_PROMPT = (  # as in chapter 9
-    "Summarise the report in two sentences.\n\nReport: The city council met on Monday to "
-    "discuss the new park on the east side of the river. The new park will have a "
-    "playground, a pond, a small cafe and a path for bicycles. The council said that the "
-    "new park will open in the spring, that the playground and the pond will be ready "
-    "first, and that the cafe will open in the summer.\n\nSummary: The city council met "
-    "on Monday to discuss the new park"
+    "Summarise the report in two sentences.\n\nReport: The city council met on Monday "
+    "to discuss the new park on the east side of the river. The new park will have a "
+    "playground, a pond, a small cafe and a path for bicycles. The council said that "
+    "the new park will open in the spring, that the playground and the pond will be "
+    "ready first, and that the cafe will open in the summer.\n\nSummary: The city "
+    "council met on Monday to discuss the new park"
 )
 
 
@@ -293,8 +293,8 @@ PROBE = (
 
 
 def test_real_bf16_stays_close_to_float32(real_model, real_bf16):
-    """bfloat16 rounding moves the logits by a fraction of a unit: greedy text stays the same
-    where the choices are clear, and parts at near ties (on the benchmark prompt, after a few
+    """bfloat16 rounding moves the logits a little: greedy text stays the same where the
+    choices are clear, and parts at near ties (on the benchmark prompt, after a few
     tokens: "a wise and kind woman" becomes "a wise old wizard")."""
     model, tokenizer = real_model
     ids = ids_of(tokenizer, "The capital of France is")
