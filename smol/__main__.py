@@ -105,11 +105,9 @@ def _load(args):
     from smol.quantize import quantize_int8_
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = (
-        getattr(torch, args.dtype)
-        if args.dtype
-        else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
-    )
+    # int8 weights want bfloat16 activations: PyTorch's int8 kernel is far slower in float32
+    default = torch.bfloat16 if device.startswith("cuda") or args.quantize else torch.float32
+    dtype = getattr(torch, args.dtype) if args.dtype else default
     start = time.perf_counter()
     model, tokenizer = smol.pretrained.load_pretrained(
         args.source, device=device, dtype=dtype
@@ -271,7 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
             "--dtype",
             choices=["float32", "bfloat16", "float16"],
             default=None,
-            help="default: float32 on CPU, bfloat16 on GPU",
+            help="default: float32 on CPU, bfloat16 on GPU or with --quantize int8",
         )
         p.add_argument(
             "--quantize",
