@@ -30,7 +30,7 @@ class TextStream:
 
     def __init__(self, tokenizer, skip_special_tokens: bool, out=None):
         self.tokenizer, self.skip = tokenizer, skip_special_tokens
-        self.out = out if out is not None else sys.stdout  # looked up now, not at import
+        self.out = out if out is not None else sys.stdout  # looked up when made
         self.ids: list[int] = []
         self.printed = 0
 
@@ -105,8 +105,9 @@ def _load(args):
     from smol.quantize import quantize_int8_
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    # int8 weights want bfloat16 activations: PyTorch's int8 kernel is far slower in float32
-    default = torch.bfloat16 if device.startswith("cuda") or args.quantize else torch.float32
+    # int8 weights want bfloat16 activations: PyTorch's int8 kernel is slow in float32
+    half = device.startswith("cuda") or args.quantize
+    default = torch.bfloat16 if half else torch.float32
     dtype = getattr(torch, args.dtype) if args.dtype else default
     start = time.perf_counter()
     model, tokenizer = smol.pretrained.load_pretrained(
