@@ -324,10 +324,10 @@ def test_real_speculative_equals_greedy_and_accepts_drafts(real_model):
 
 
 def test_real_int8_logits_stay_close(real_model):
-    """int8 weights (float32 activations) move the logits by about a unit and keep the top
-    token at 9 of 10 positions. Greedy text parts at near ties, as bfloat16's does: on the
-    benchmark prompt at the third new token, so "32 equal greedy tokens on 4 of 5 prompts"
-    does not hold for per-channel int8 of these weights."""
+    """int8 weights (float32 activations) move the logits by about a unit and keep the
+    top token at 9 of 10 positions. Greedy text parts at near ties, as bfloat16's does:
+    on the benchmark prompt at the third new token, so "32 equal greedy tokens on 4 of 5
+    prompts" does not hold for per-channel int8 of these weights."""
     model, tokenizer = real_model
     int8 = quantize_int8_(copy.deepcopy(model))
     probe = ids_of(tokenizer, PROBE)
@@ -336,7 +336,7 @@ def test_real_int8_logits_stay_close(real_model):
     err = (got - ref).abs().max().item()
     assert err < 2.5, err  # logits span about 70
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.88
-    # Mutant: one scale for a whole matrix instead of one per row moves them much further.
+    # Mutant: one scale per matrix instead of one per row moves them much further.
     per_tensor = copy.deepcopy(model)
     with torch.no_grad():
         for module in per_tensor.modules():
