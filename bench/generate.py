@@ -124,7 +124,7 @@ def main() -> None:
     parser.add_argument(
         "--only",
         default=None,
-        help="comma-separated parts of path names to keep (transformers float32 and "
+        help="semicolon-separated parts of path names to keep (transformers float32 and "
         "smol float32 are always kept)",
     )
     parser.add_argument(
@@ -249,7 +249,7 @@ def main() -> None:
             )
 
     if args.only:
-        keep = args.only.split(",") + ["transformers generate", "smol, KV cache"]
+        keep = args.only.split(";") + ["transformers generate", "smol, KV cache"]
         paths = {k: v for k, v in paths.items() if any(part in k for part in keep)}
 
     def sync():

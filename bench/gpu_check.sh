@@ -48,7 +48,7 @@ else
     part train 300 "$PY" bench/train_gpu.py --preset tiny --device cpu --batch-size 2 \
         --seq-len 64 --steps 2 --warmup 1 --rounds 1 --csv "$WORK/train_gpu_cpu.csv"
     part generate 300 "$PY" bench/generate.py --preset tiny --device cpu --new-tokens 4 \
-        --runs 1 --batches 1,2 --only "smol, bf16,int8 weights, bf16,speculative (summary)" \
+        --runs 1 --batches 1,2 --only "smol, bf16;int8 weights, bf16;speculative (summary)" \
         --csv "$WORK/generate_cpu.csv"
     results=("$WORK/train_gpu_cpu.csv" "$WORK/generate_cpu.csv")
 fi
