@@ -297,8 +297,9 @@ def main() -> None:
     for name, (dtype, prompt, _) in paths.items():
         rate = statistics.median(rates[name])
         ratio = rate / (base if prompt == "story" else base_summary)
-        same = reference[prompt] is not None and torch.equal(outputs[name].cpu(),
-                                                             reference[prompt].cpu())
+        same = reference[prompt] is not None and torch.equal(
+            outputs[name].cpu(), reference[prompt].cpu()
+        )
         stats = spec_stats.get(name)
         note = f"acceptance {stats.acceptance_rate:.0%}" if stats else ""
         print(

@@ -38,8 +38,13 @@ def main() -> None:
     if not panels:
         raise SystemExit(f"no results in {RESULTS}")
     heights = [3.8 if p is forward else 0.32 * len(p) + 1.2 for p in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, sum(heights)), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        figsize=(8, sum(heights)),
+        squeeze=False,
+        gridspec_kw={"height_ratios": heights},
+    )
     axes = list(axes[:, 0])
     if forward:
         ax = axes.pop(0)
@@ -60,8 +65,14 @@ def main() -> None:
         ax = axes.pop(0)
         names = [r["path"] for r in generate]
         ratios = [float(r["vs transformers float32"]) for r in generate]
-        colors = ["#9ca3af" if n.startswith("transformers") else
-                  "#16a34a" if "batch" in n else "#2563eb" for n in names]
+        colors = [
+            "#9ca3af"
+            if n.startswith("transformers")
+            else "#16a34a"
+            if "batch" in n
+            else "#2563eb"
+            for n in names
+        ]
         bars = ax.barh(range(len(ratios)), ratios, color=colors)
         ax.bar_label(bars, labels=[f"{x:.2f}x" for x in ratios], padding=3, fontsize=9)
         ax.axvline(1.0, color="#374151", linestyle="--", linewidth=1)

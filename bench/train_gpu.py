@@ -126,7 +126,9 @@ def main():
         help="default: on CUDA only",
     )
     p.add_argument("--json", help="also write the results here")
-    p.add_argument("--csv", help="also write a table here (model, GPU, tokens/s, MFU, memory)")
+    p.add_argument(
+        "--csv", help="also write a table here (model, GPU, tokens/s, MFU, memory)"
+    )
     args = p.parse_args()
 
     device = torch.device(
@@ -198,10 +200,19 @@ def main():
         with open(args.csv, "w", newline="") as f:
             csv.writer(f).writerows(
                 [["model", "GPU", "tokens/s", "MFU", "peak memory (GiB)"]]
-                + [[k, name, f"{r['tokens_per_s']:.0f}",
-                    f"{r['mfu']:.1%}" if r["mfu"] else "n/a",
-                    f"{r['peak_memory_gib']:.1f}" if r["peak_memory_gib"] is not None else "n/a"]
-                   for k, r in results.items()])
+                + [
+                    [
+                        k,
+                        name,
+                        f"{r['tokens_per_s']:.0f}",
+                        f"{r['mfu']:.1%}" if r["mfu"] else "n/a",
+                        f"{r['peak_memory_gib']:.1f}"
+                        if r["peak_memory_gib"] is not None
+                        else "n/a",
+                    ]
+                    for k, r in results.items()
+                ]
+            )
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

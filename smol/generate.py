@@ -60,12 +60,24 @@ def sample_next_token(
 
 
 @torch.no_grad()
-def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, top_p: float | None = None, eos_token_id=None,
-             attention_mask: torch.Tensor | None = None, generator: torch.Generator | None = None,
-             use_cache: bool = True, stream=None, compile: bool | str = False,
-             compile_mode: str | None = None, speculative: int = 0,
-             kv_cache: KVCache | None = None) -> torch.Tensor:
+def generate(
+    model,
+    input_ids: torch.Tensor,
+    max_new_tokens: int,
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    eos_token_id=None,
+    attention_mask: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    use_cache: bool = True,
+    stream=None,
+    compile: bool | str = False,
+    compile_mode: str | None = None,
+    speculative: int = 0,
+    kv_cache: KVCache | None = None,
+) -> torch.Tensor:
     """Continue input_ids (B, T) by up to max_new_tokens tokens -> (B, T + new) token ids.
 
     With `use_cache` the prompt runs once (prefill) into a preallocated KVCache, then each step feeds
@@ -90,36 +102,89 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     B, T = input_ids.shape
     device = input_ids.device
-    mask = torch.ones(B, T, dtype=torch.long, device=device) if attention_mask is None \
+    vocab_size = model.config.vocab_size
+    if eos_token_id is not None:
+        ids = torch.as_tensor(eos_token_id).flatten().tolist()
+        if not ids or not all(isinstance(i, int) and 0 <= i < vocab_size for i in ids):
+            raise ValueError(
+                f"eos_token_id must be token ids in [0, {vocab_size}), got {eos_token_id!r}"
+            )
+    mask = (
+        torch.ones(B, T, dtype=torch.long, device=device)
+        if attention_mask is None
         else attention_mask.to(device=device, dtype=torch.long)
+    )
     if mask.shape != (B, T):
-        raise ValueError(f"attention_mask must have the shape of input_ids {(B, T)}, got {tuple(mask.shape)}")
+        raise ValueError(
+            f"attention_mask must have the shape of input_ids {(B, T)}, got {tuple(mask.shape)}"
+        )
+    if attention_mask is not None and not bool(
+        mask.any(-1).all()
+    ):  # one sync, before the loop
+        row = int((~mask.any(-1)).nonzero()[0])
+        raise ValueError(
+            f"attention_mask row {row} has no tokens: every prompt needs at least one"
+        )
     padded = not bool(mask.all())  # without padding the model's plain causal path does
-    eos = None if eos_token_id is None else torch.as_tensor(eos_token_id, device=device).flatten()
-    fast = _check_fast_options(compile, speculative, kv_cache, use_cache, padded, B, temperature)
+    eos = (
+        None
+        if eos_token_id is None
+        else torch.as_tensor(eos_token_id, device=device).flatten()
+    )
+    fast = _check_fast_options(
+        compile, speculative, kv_cache, use_cache, padded, B, temperature
+    )
     if fast == "compile":
-        return _generate_static(model, input_ids, mask, max_new_tokens, eos, stream, compile,
-                                compile_mode,
-                                dict(temperature=temperature, top_k=top_k, top_p=top_p,
-                                     generator=generator))
+        return _generate_static(
+            model,
+            input_ids,
+            mask,
+            max_new_tokens,
+            eos,
+            stream,
+            compile,
+            compile_mode,
+            dict(
+                temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+            ),
+        )
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     cache = kv_cache
     if use_cache and cache is None:
         dtype = next(model.parameters()).dtype
-        cache = KVCache(model.config, B, T + max_new_tokens + speculative, device=device,
-                        dtype=dtype)
+        cache = KVCache(
+            model.config,
+            B,
+            T + max_new_tokens + speculative,
+            device=device,
+            dtype=dtype,
+        )
     if fast == "speculative":
         from smol.speculative import speculative_greedy
 
         with _eval(model):
-            return speculative_greedy(model, input_ids, max_new_tokens, cache,
-                                      num_draft=speculative, eos=eos, stream=stream)
-    if cache is not None and cache.length:  # earlier turns are cached: feed only what is new
+            return speculative_greedy(
+                model,
+                input_ids,
+                max_new_tokens,
+                cache,
+                num_draft=speculative,
+                eos=eos,
+                stream=stream,
+            )
+    if (
+        cache is not None and cache.length
+    ):  # earlier turns are cached: feed only what is new
         if cache.length >= T or cache.max_len < T + max_new_tokens:
-            raise ValueError(f"kv_cache holds {cache.length} tokens of {cache.max_len}; it must "
-                             f"hold fewer than the {T} input tokens, with room for "
-                             f"{max_new_tokens} more")
-    tokens, step_ids = input_ids, input_ids[:, cache.length:] if cache is not None else input_ids
+            raise ValueError(
+                f"kv_cache holds {cache.length} tokens of {cache.max_len}; it must "
+                f"hold fewer than the {T} input tokens, with room for "
+                f"{max_new_tokens} more"
+            )
+    tokens, step_ids = (
+        input_ids,
+        input_ids[:, cache.length :] if cache is not None else input_ids,
+    )
     with _eval(model):
         for _ in range(max_new_tokens):
             position_ids = None
@@ -151,26 +216,41 @@ def generate(model, input_ids: torch.Tensor, max_new_tokens: int, *, temperature
     return tokens
 
 
-def _check_fast_options(compile, speculative, kv_cache, use_cache, padded, batch_size,
-                        temperature) -> str | None:
+def _check_fast_options(
+    compile, speculative, kv_cache, use_cache, padded, batch_size, temperature
+) -> str | None:
     """Which fast path the options ask for, or a ValueError naming a combination that has none."""
-    if not isinstance(speculative, int) or isinstance(speculative, bool) or speculative < 0:
-        raise ValueError(f"speculative must be a number of draft tokens >= 0, got {speculative!r}")
+    if (
+        not isinstance(speculative, int)
+        or isinstance(speculative, bool)
+        or speculative < 0
+    ):
+        raise ValueError(
+            f"speculative must be a number of draft tokens >= 0, got {speculative!r}"
+        )
     if kv_cache is not None and not use_cache:
         raise ValueError("kv_cache was given with use_cache=False")
     if compile and speculative:
-        raise ValueError("compile=True and speculative decoding do not combine: the verifying "
-                         "step's length changes, so a compiled step would be traced again")
+        raise ValueError(
+            "compile=True and speculative decoding do not combine: the verifying "
+            "step's length changes, so a compiled step would be traced again"
+        )
     if (compile or speculative) and (kv_cache is not None or not use_cache):
-        raise ValueError("compile and speculative decoding keep their own cache: pass neither "
-                         "kv_cache nor use_cache=False with them")
+        raise ValueError(
+            "compile and speculative decoding keep their own cache: pass neither "
+            "kv_cache nor use_cache=False with them"
+        )
     if speculative:
         if temperature != 0:
-            raise ValueError(f"speculative decoding here is greedy: use temperature=0, got "
-                             f"{temperature}")
+            raise ValueError(
+                f"speculative decoding here is greedy: use temperature=0, got "
+                f"{temperature}"
+            )
         if batch_size != 1 or padded:
-            raise ValueError(f"speculative decoding takes one unpadded sequence, got a batch of "
-                             f"{batch_size}")
+            raise ValueError(
+                f"speculative decoding takes one unpadded sequence, got a batch of "
+                f"{batch_size}"
+            )
         return "speculative"
     return "compile" if compile else None
 
@@ -188,8 +268,9 @@ class _eval:
         self.model.train(self.was_training)
 
 
-def _generate_static(model, input_ids, mask, max_new_tokens, eos, stream, compile, mode,
-                     sampling):
+def _generate_static(
+    model, input_ids, mask, max_new_tokens, eos, stream, compile, mode, sampling
+):
     """generate() through a StaticCache whose one-token step is compiled (once per model, batch
     size and cache size): no tensor changes shape from one step to the next."""
     from smol.static_cache import static_cache_for
@@ -205,7 +286,9 @@ def _generate_static(model, input_ids, mask, max_new_tokens, eos, stream, compil
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     ones = torch.ones(B, 1, dtype=torch.bool, device=device)
     with _eval(model):
-        logits = cache(input_ids, positions, torch.arange(T, device=device), mask)  # prefill
+        logits = cache(
+            input_ids, positions, torch.arange(T, device=device), mask
+        )  # prefill
         position = positions[:, -1:] + 1  # (B, 1)
         n = 0
         for n in range(max_new_tokens):
@@ -219,6 +302,8 @@ def _generate_static(model, input_ids, mask, max_new_tokens, eos, stream, compil
             if n + 1 == max_new_tokens or (eos is not None and bool(finished.all())):
                 break
             slot = torch.full((1,), T + n, dtype=torch.long, device=device)
-            logits = cache.step(next_token[:, None].clone(), position.clone(), slot, ones)
+            logits = cache.step(
+                next_token[:, None].clone(), position.clone(), slot, ones
+            )
             position += 1
-    return torch.cat([input_ids, out[:, :n + 1]], dim=1)
+    return torch.cat([input_ids, out[:, : n + 1]], dim=1)

@@ -33,6 +33,7 @@ CHAPTER_EXERCISES = {
     "06_the_assembled_model": None,
     "07_the_tokenizer": "08_bpe",
     "08_running_the_real_smollm2": "07_kv_cache_generation",
+    "09_fast_generation": None,
     "10_training": "06_training_loop",
     "11_sdpa_on_a_gpu": None,
 }

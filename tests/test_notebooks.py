@@ -35,13 +35,23 @@ SHOWN = {
         "# smol/model.py",
     ],
     "07_the_tokenizer": ["# smol/bpe.py"],
-    "08_running_the_real_smollm2": ["# smol/kv_cache.py: KVCache",
-                                    "# smol/generate.py: filter_top_k, filter_top_p, sample_next_token"],
-    "09_fast_generation": ["# smol/quantize.py", "# smol/static_cache.py",
-                           "# smol/speculative.py"],
-    "10_training": ["# smol/optim.py: lr_schedule, param_groups", "# smol/train.py: Trainer.train_step"],
-    "11_sdpa_on_a_gpu": ["# smol/flops.py: num_params, flops_per_token, peak_flops",
-                         "# smol/optim.py: amp_dtype"],
+    "08_running_the_real_smollm2": [
+        "# smol/kv_cache.py: KVCache",
+        "# smol/generate.py: filter_top_k, filter_top_p, sample_next_token",
+    ],
+    "09_fast_generation": [
+        "# smol/quantize.py",
+        "# smol/static_cache.py",
+        "# smol/speculative.py",
+    ],
+    "10_training": [
+        "# smol/optim.py: lr_schedule, param_groups",
+        "# smol/train.py: Trainer.train_step",
+    ],
+    "11_sdpa_on_a_gpu": [
+        "# smol/flops.py: num_params, flops_per_token, peak_flops",
+        "# smol/optim.py: amp_dtype",
+    ],
 }
 
 # Modules of smol that no chapter shows, on purpose. Every other module is shown
