@@ -1,4 +1,5 @@
-"""LoRA by hand equals peft's LoRA on LlamaForCausalLM: logits, gradients, merging, adapter files."""
+"""LoRA by hand equals peft's LoRA on LlamaForCausalLM: logits, gradients, merging,
+adapter files."""
 
 import copy
 import json
@@ -27,10 +28,12 @@ ALL = list(TARGETS)
 
 
 def peft_pair(config, r=4, alpha=8.0, targets=("q_proj", "v_proj"), seed=0):
-    """peft's LoRA on a LlamaForCausalLM and smol's on a SmolLM with the same base weights and
-    the same (random, nonzero) A and B."""
+    """peft's LoRA on a LlamaForCausalLM and smol's on a SmolLM with the same base
+    weights and the same (random, nonzero) A and B."""
     ref, model = llama_pair(config, seed=seed)
-    config = LoraConfig(r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0)
+    config = LoraConfig(
+        r=r, lora_alpha=alpha, target_modules=list(targets), lora_dropout=0.0
+    )
     peft_model = get_peft_model(ref, config)
     apply_lora(model, r, alpha, targets)
     theirs = dict(peft_model.named_parameters())
@@ -45,7 +48,9 @@ def peft_pair(config, r=4, alpha=8.0, targets=("q_proj", "v_proj"), seed=0):
 
 
 def ids_for(config, shape=(2, 11), seed=3):
-    return torch.randint(0, config.vocab_size, shape, generator=torch.Generator().manual_seed(seed))
+    return torch.randint(
+        0, config.vocab_size, shape, generator=torch.Generator().manual_seed(seed)
+    )
 
 
 @pytest.mark.parametrize("targets", [("q_proj", "v_proj"), ALL])
@@ -103,14 +108,18 @@ def test_starts_as_the_base_model_and_merged_equals_unmerged(tiny_config):
     assert set(merged.state_dict()) == set(base.state_dict())
     assert all(p.requires_grad for p in merged.parameters())
     assert merged.model.layers[0].mlp.down_proj.scaled_init  # flags survive the merge
-    assert merged.lm_head.weight is merged.model.embed_tokens.weight or \
-        not tiny_config.tie_word_embeddings
+    assert (
+        merged.lm_head.weight is merged.model.embed_tokens.weight
+        or not tiny_config.tie_word_embeddings
+    )
 
 
 def test_a_is_kaiming_uniform_as_peft_and_b_is_zero():
     torch.manual_seed(0)
     layer = LoRALinear(nn.Linear(256, 64, bias=False), r=16, alpha=32)
-    bound = 1 / 256**0.5  # kaiming_uniform_(a=sqrt(5)) on fan_in 256, as nn.Linear's default
+    bound = (
+        1 / 256**0.5
+    )  # kaiming_uniform_(a=sqrt(5)) on fan_in 256, as nn.Linear's default
     assert layer.lora_A.abs().max() <= bound and layer.lora_A.abs().max() > 0.9 * bound
     assert torch.equal(layer.lora_B, torch.zeros(64, 16))
     assert layer.scaling == 2.0
@@ -178,15 +187,18 @@ def test_adapter_written_by_peft_loads_in_smol(tmp_path, tiny_config):
         torch.testing.assert_close(fresh(ids)[0], model(ids)[0], atol=0, rtol=0)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(targets=("q_proj", "qproj")), "unknown LoRA targets ['qproj']"),
-    (dict(targets=("lm_head",)), "unknown LoRA targets ['lm_head']"),
-    (dict(targets=()), "targets is empty"),
-    (dict(r=0), "the rank r must be an int >= 1, got 0"),
-    (dict(r=2.0), "the rank r must be an int >= 1, got 2.0"),
-    (dict(alpha=0), "alpha must be a positive number"),
-    (dict(dropout=1.0), "dropout must lie in [0, 1)"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(targets=("q_proj", "qproj")), "unknown LoRA targets ['qproj']"),
+        (dict(targets=("lm_head",)), "unknown LoRA targets ['lm_head']"),
+        (dict(targets=()), "targets is empty"),
+        (dict(r=0), "the rank r must be an int >= 1, got 0"),
+        (dict(r=2.0), "the rank r must be an int >= 1, got 2.0"),
+        (dict(alpha=0), "alpha must be a positive number"),
+        (dict(dropout=1.0), "dropout must lie in [0, 1)"),
+    ],
+)
 def test_apply_lora_rejects_bad_arguments(tiny_config, kwargs, message):
     model = SmolLM(tiny_config)
     with pytest.raises(ValueError) as info:
