@@ -27,7 +27,7 @@ TINY = SmolConfig(
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from smol.pretrained import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
+    from smol.gguf import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
 
     return tokenizer_from_gguf(GGUFFile(bundled_gguf_path()))
 
