@@ -1,10 +1,10 @@
-"""LoRA (Hu et al., 2021) by hand: low-rank adapters beside frozen linear layers, and
-merging.
+"""LoRA (Hu et al., 2021) by hand: low-rank adapters beside frozen linear layers.
 
 A frozen weight W (out, in) gets a trainable update of rank r, W + (alpha / r) * B @ A,
 with A (r, in) and B (out, r). B starts at zero, so the adapted model starts as the
-model itself. Parameter names follow `peft`'s: a wrapped layer holds `base_layer`,
-`lora_A` and `lora_B`."""
+model itself; merging folds the update back into W. Parameter names follow `peft`'s: a
+wrapped layer holds `base_layer`, `lora_A` and `lora_B`.
+"""
 
 from __future__ import annotations
 
@@ -22,8 +22,7 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 
 
 class LoRALinear(nn.Module):
-    """y = base_layer(x) + (alpha / r) * dropout(x) @ A.T @ B.T, with base_layer frozen.
-    """
+    """base_layer(x) + (alpha / r) * B A dropout(x), with base_layer frozen."""
 
     def __init__(
         self, base_layer: nn.Linear, r: int, alpha: float, dropout: float = 0.0
@@ -48,20 +47,16 @@ class LoRALinear(nn.Module):
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
-        """A as nn.Linear (and peft) initialise a weight, Kaiming-uniform; B zero: B @ A
-        = 0."""
+        """A Kaiming-uniform, as nn.Linear (and peft) initialise a weight; B zero."""
         nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
         nn.init.zeros_(self.lora_B)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
-        update = F.linear(
-            F.linear(self.lora_dropout(x), self.lora_A), self.lora_B
-        )  # (..., out)
-        return self.base_layer(x) + update * self.scaling
+        h = F.linear(self.lora_dropout(x), self.lora_A)  # (..., r)
+        return self.base_layer(x) + F.linear(h, self.lora_B) * self.scaling
 
     def delta_weight(self) -> torch.Tensor:
-        """The update this adapter adds to the weight: (alpha / r) * B @ A, (out, in).
-        """
+        """(alpha / r) * B @ A, (out, in): what the adapter adds to the weight."""
         return (self.lora_B @ self.lora_A) * self.scaling
 
     def merged(self) -> nn.Linear:
@@ -99,8 +94,7 @@ def _check_hyperparameters(r, alpha, dropout) -> None:
 
 
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
-    """Every LoRALinear of the model, by its name (`model.layers.0.self_attn.q_proj`).
-    """
+    """Every LoRALinear of the model by name, e.g. `model.layers.0.self_attn.q_proj`."""
     return {name: m for name, m in model.named_modules() if isinstance(m, LoRALinear)}
 
 
@@ -164,20 +158,17 @@ def merge_lora(model: nn.Module) -> nn.Module:
 def count_trainable(model: nn.Module) -> tuple[int, int]:
     """(trainable, total) parameters; a shared (tied) tensor counts once."""
     params = list(model.parameters())
-    return sum(p.numel() for p in params if p.requires_grad), sum(
-        p.numel() for p in params
-    )
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    return trainable, sum(p.numel() for p in params)
 
 
 # --- peft's adapter folder ---------------------------------------------------------
-PEFT_PREFIX = (
-    "base_model.model."  # what peft's PeftModel puts before the wrapped model's names
-)
+# What peft's PeftModel puts before the wrapped model's parameter names.
+PEFT_PREFIX = "base_model.model."
 
 
 def lora_config(model: nn.Module) -> dict:
-    """r, alpha, dropout and target names of a model's adapters (which must all agree).
-    """
+    """r, alpha, dropout and target names of a model's adapters (which must agree)."""
     layers = lora_layers(model)
     if not layers:
         raise ValueError("this model holds no LoRA layers (apply_lora first)")
@@ -232,8 +223,7 @@ def save_peft_adapter(
 
 
 def load_peft_adapter(model: nn.Module, folder: str | Path) -> nn.Module:
-    """Apply LoRA to `model` as a peft adapter folder describes it and load its A and B.
-    """
+    """Apply LoRA to `model` as a peft adapter folder describes it; load its A and B."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -271,10 +261,8 @@ def load_peft_adapter(model: nn.Module, folder: str | Path) -> nn.Module:
         f"{PEFT_PREFIX}{n}.{p}.weight" for n in layers for p in ("lora_A", "lora_B")
     }
     if set(tensors) != wanted:
-        missing, unexpected = (
-            sorted(wanted - set(tensors)),
-            sorted(set(tensors) - wanted),
-        )
+        missing = sorted(wanted - set(tensors))
+        unexpected = sorted(set(tensors) - wanted)
         raise ValueError(
             f"{folder}: adapter weights do not fit this model: "
             f"{len(missing)} missing (e.g. {missing[:2]}), "
