@@ -143,7 +143,7 @@ def test_batches_visit_every_example_each_epoch_and_resume(tokenizer):
     assert all(torch.equal(a, b) for a, b in zip(next(again), after))
 
 
-def _trainer(tokenizer, tmp_path, lora, steps=12, lr=3e-3):
+def _trainer(tokenizer, tmp_path, lora, steps=12, lr=3e-3, resume=False):
     torch.manual_seed(0)
     model = SmolLM(TINY)
     if lora:
@@ -161,6 +161,7 @@ def _trainer(tokenizer, tmp_path, lora, steps=12, lr=3e-3):
         device="cpu",
         out_dir=str(tmp_path),
         progress=False,
+        resume=resume,
     )
     return SFTTrainer(cfg, model, tokenizer, CONVERSATIONS, CONVERSATIONS[:2])
 
@@ -187,8 +188,9 @@ def test_the_trainer_fine_tunes_on_the_replies(tokenizer, tmp_path, lora):
     else:
         assert not frozen
     # the checkpoint resumes
-    resumed = _trainer(tokenizer, tmp_path, lora, lr=3e-2 if lora else 3e-3)
-    resumed.load_checkpoint()
+    resumed = _trainer(
+        tokenizer, tmp_path, lora, lr=3e-2 if lora else 3e-3, resume=True
+    )
     assert resumed.step == trainer.step
     assert resumed.train_batches.position == trainer.train_batches.position
 
