@@ -233,7 +233,12 @@ class Trainer:
         config: TrainConfig,
         train_tokens: torch.Tensor | None = None,
         val_tokens: torch.Tensor | None = None,
+        *,
+        model: SmolLM | None = None,
     ):
+        """`model`: train this model (pretrained, say, or with LoRA adapters) in place of a
+        fresh SmolLM of config.preset; its parameters that do not require grad stay frozen.
+        """
         if config.tokenizer == "auto":
             vocab = config.model_config().vocab_size
             config = dataclasses.replace(
@@ -243,14 +248,14 @@ class Trainer:
         self.cfg = cfg = config
         self.rank, self.world_size, local_rank = setup_distributed(cfg.device)
         self.device = training_device(cfg.device, local_rank)
-        self.model_config = mc = cfg.model_config()
+        self.model_config = mc = cfg.model_config() if model is None else model.config
         self._on_main_rank(
             self._prepare_out_dir
         )  # before any work, not when the first save fails
         self._load_data(train_tokens, val_tokens)
 
         torch.manual_seed(cfg.seed)  # every rank builds the same initial weights
-        self.model = SmolLM(mc).to(self.device)
+        self.model = (SmolLM(mc) if model is None else model).to(self.device)
         self.amp_dtype = amp_dtype(self.device, cfg.dtype)
         self.scaler = torch.amp.GradScaler(
             self.device.type, enabled=self.amp_dtype == torch.float16
@@ -546,9 +551,9 @@ class Trainer:
         self.model.train()
         total = torch.zeros((), device=self.device)
         for micro in range(self.cfg.grad_accum):
-            x, y = (
+            x, y, *mask = (
                 t.to(self.device, non_blocking=True) for t in next(self.train_batches)
-            )  # (B, T) each
+            )  # (B, T) each; a mask (B, T) with padded batches
             last = micro == self.cfg.grad_accum - 1
             # DDP averages gradients across ranks during backward; skip it until the last micro-batch.
             sync = (
@@ -558,7 +563,7 @@ class Trainer:
             )
             with sync:
                 with self.autocast():
-                    _, loss = self.train_model(x, y)
+                    _, loss = self.train_model(x, y, *mask)
                 loss = (
                     loss / self.cfg.grad_accum
                 )  # the sum over micro-batches is the mean over the batch

@@ -36,6 +36,7 @@ CHAPTER_EXERCISES = {
     "09_fast_generation": None,
     "10_training": "06_training_loop",
     "11_sdpa_on_a_gpu": None,
+    "12_fine_tuning_with_lora": "09_lora",
 }
 
 

@@ -177,6 +177,7 @@ def test_each_bug_hunt_shows_a_bug_that_fails_one_check(path):
 def test_smols_reference_implementations_score_full_marks():
     from smol.attention import repeat_kv
     from smol.generate import filter_top_k, filter_top_p
+    from smol.lora import LoRALinear
     from smol.mlp import MLP
     from smol.rope import apply_rope, rotate_half
 
@@ -190,6 +191,14 @@ def test_smols_reference_implementations_score_full_marks():
         ("init_weights", lambda m: m.reset_parameters()),
         ("filter_top_k", filter_top_k),
         ("filter_top_p", filter_top_p),
+        ("lora_linear", LoRALinear),
+        ("lora_merge", lambda layer: layer.merged()),
+        (
+            "lora_init",
+            lambda A, B: LoRALinear.reset_parameters(
+                type("Adapter", (), {"lora_A": A, "lora_B": B})()
+            ),
+        ),
     ]:
         assert not failed(task, obj), task
 
@@ -349,6 +358,32 @@ def init_that_misses_v_proj(model):  # v_proj keeps whatever it held before
             nn.init.normal_(p, std=std)
 
 
+def init_b_random(A, B):
+    nn.init.kaiming_uniform_(A, a=math.sqrt(5))
+    nn.init.normal_(B, std=0.02)
+
+
+class UnscaledLoRALinear(nn.Module):
+    def __init__(self, base_layer, r, alpha):
+        super().__init__()
+        self.base_layer = base_layer.requires_grad_(False)
+        self.lora_A = nn.Parameter(torch.randn(r, base_layer.in_features) * 0.1)
+        self.lora_B = nn.Parameter(torch.zeros(base_layer.out_features, r))
+
+    def forward(self, x):
+        return self.base_layer(x) + x @ self.lora_A.T @ self.lora_B.T
+
+
+def merge_in_place(layer):
+    with torch.no_grad():
+        layer.base_layer.weight += layer.scaling * layer.lora_B @ layer.lora_A
+    return layer.base_layer
+
+
+def sft_targets_on_the_prompt(ids, prompt_lens):
+    return ids[:, :-1], ids[:, 1:].clone()
+
+
 MUTANTS = {  # bug class: (task, mutant, the check written for it)
     "a gradient that overflows where the value does not": (
         "silu",
@@ -409,6 +444,22 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it)
         "merge_step",
         first_seen_tie_step,
         "ties go to the smallest",
+    ),
+    "LoRA's B initialised randomly": ("lora_init", init_b_random, "B is zero"),
+    "LoRA update not scaled by alpha / r": (
+        "lora_linear",
+        UnscaledLoRALinear,
+        "forward is base(x)",
+    ),
+    "merge adds into the frozen weight": (
+        "lora_merge",
+        merge_in_place,
+        "the adapted layer is left",
+    ),
+    "fine-tuning loss on the prompt": (
+        "sft_targets_bug",
+        sft_targets_on_the_prompt,
+        "the prompt's tokens",
     ),
 }
 

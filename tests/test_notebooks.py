@@ -52,6 +52,7 @@ SHOWN = {
         "# smol/flops.py: num_params, flops_per_token, peak_flops",
         "# smol/optim.py: amp_dtype",
     ],
+    "12_fine_tuning_with_lora": ["# smol/lora.py", "# smol/sft.py"],
 }
 
 # Modules of smol that no chapter shows, on purpose. Every other module is shown
@@ -67,6 +68,7 @@ NOT_SHOWN = {
     "smol/checkpoint.py": "file I/O; chapter 10 shows a resume that is exact",
     "smol/distributed.py": "torchrun plumbing",
     "smol/train_cli.py": "the command line around Trainer",
+    "smol/finetune.py": "the command line, and Trainer on smol.sft's batches; chapter 12 runs it",
     "smol/grade.py": "the grader's command line",
     "smol/reference.py": "transformers' twin of a config, for parity tests and benchmarks",
     "smol/chat.py": "the command line's conversation around generate and its KV cache",

@@ -43,6 +43,7 @@ NOTEBOOKS = {  # topic -> file stem, in course order
     "training_loop": "06_training_loop",
     "kv_cache_generation": "07_kv_cache_generation",
     "bpe": "08_bpe",
+    "lora": "09_lora",
 }
 
 __all__ = [

@@ -1,0 +1,295 @@
+"""Supervised fine-tuning: the loss on the assistant's tokens only, padded batches, the
+trainer running it (full and LoRA), and the command line with its errors."""
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from smol import SmolConfig, SmolLM
+from smol.finetune import SFTTrainer, main, read_conversations
+from smol.lora import apply_lora, lora_layers
+from smol.sft import ConversationBatches, check_messages, collate, encode_conversation
+from smol.train import TrainConfig
+
+# A model small enough for a CPU, with SmolLM2's vocabulary so that its tokenizer fits.
+TINY = SmolConfig(
+    vocab_size=49152,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from smol.gguf import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
+
+    return tokenizer_from_gguf(GGUFFile(bundled_gguf_path()))
+
+
+def chat(question, answer, system=None):
+    head = [{"role": "system", "content": system}] if system else []
+    return head + [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": answer},
+    ]
+
+
+CONVERSATIONS = [
+    chat(f"What is {a} + {b}?", str(a + b), "Answer with the number only.")
+    for a, b in [(2, 3), (10, 7), (41, 1), (5, 5), (13, 29), (8, 0)]
+]
+
+
+def test_only_the_assistants_tokens_are_targets(tokenizer):
+    messages = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello!"},
+        {"role": "user", "content": "And 2 + 2?"},
+        {"role": "assistant", "content": "4"},
+    ]
+    ids, labels = encode_conversation(tokenizer, messages)
+    assert ids == tokenizer.encode(tokenizer.apply_chat_template(messages, False))
+    kept = [i for i, label in zip(ids, labels) if label != -100]
+    assert tokenizer.decode(kept) == "Hello!<|im_end|>4<|im_end|>"
+    assert all(label in (-100, i) for i, label in zip(ids, labels))
+    # the default system prompt, the user's turns and the headers are context only
+    text = tokenizer.decode([i for i, label in zip(ids, labels) if label == -100])
+    assert (
+        "You are a helpful AI assistant" in text and "<|im_start|>assistant\n" in text
+    )
+    short, short_labels = encode_conversation(tokenizer, messages, max_len=5)
+    assert short == ids[:5] and short_labels == labels[:5]
+
+
+@pytest.mark.parametrize(
+    "messages, message",
+    [
+        ([], "non-empty list"),
+        ("hello", "non-empty list"),
+        ([{"role": "user", "content": "hi"}], "no assistant message"),
+        (
+            [{"role": "user"}, {"role": "assistant", "content": "x"}],
+            "message 0 has no 'content'",
+        ),
+        ([{"role": "bot", "content": "x"}], "message 0 has role 'bot'"),
+        (
+            [{"role": "user", "content": 3}, {"role": "assistant", "content": "x"}],
+            "must be a string",
+        ),
+        (
+            [{"role": "user", "content": "q"}, {"role": "system", "content": "s"}],
+            "only the first",
+        ),
+        (["hi"], "message 0 must be a dict"),
+    ],
+)
+def test_malformed_conversations_are_refused(messages, message):
+    with pytest.raises(ValueError, match=message):
+        check_messages(messages)
+
+
+def test_collate_pads_right_and_shifts(tokenizer):
+    examples = [encode_conversation(tokenizer, c) for c in CONVERSATIONS[:3]]
+    x, y, mask = collate(examples, tokenizer.pad_token_id)
+    T = max(len(ids) for ids, _ in examples) - 1
+    assert x.shape == y.shape == mask.shape == (3, T)
+    for b, (ids, labels) in enumerate(examples):
+        n = len(ids) - 1
+        assert x[b, :n].tolist() == ids[:-1] and y[b, :n].tolist() == labels[1:]
+        assert mask[b, :n].all() and not mask[b, n:].any()
+        assert (y[b, n:] == -100).all() and (x[b, n:] == tokenizer.pad_token_id).all()
+
+
+def test_the_loss_ignores_minus_100_and_padding(tokenizer):
+    torch.manual_seed(0)
+    model = SmolLM(TINY).eval()
+    examples = [encode_conversation(tokenizer, c) for c in CONVERSATIONS[:4]]
+    x, y, mask = collate(examples, tokenizer.pad_token_id)
+    with torch.no_grad():
+        logits, loss = model(x, y, mask)
+        kept = y != -100
+        by_hand = F.cross_entropy(logits[kept], y[kept])  # only the assistant's tokens
+        torch.testing.assert_close(loss, by_hand)
+        # each reply alone, unpadded, gives the same per-token losses
+        total, count = 0.0, 0
+        for ids, labels in examples:
+            xi, yi = torch.tensor([ids[:-1]]), torch.tensor([labels[1:]])
+            li, lossi = model(xi, yi)
+            n = (yi != -100).sum()
+            total, count = total + lossi * n, count + n
+        torch.testing.assert_close(loss, total / count, atol=1e-5, rtol=1e-5)
+        # right padding under causal attention: real tokens never see it, mask or not
+        no_mask, _ = model(x, y)
+        torch.testing.assert_close(
+            no_mask[mask.bool()], logits[mask.bool()], atol=1e-5, rtol=0
+        )
+
+
+def test_batches_visit_every_example_each_epoch_and_resume(tokenizer):
+    examples = [encode_conversation(tokenizer, c) for c in CONVERSATIONS]
+    batches = ConversationBatches(examples, 2, tokenizer.pad_token_id, seed=1)
+    seen = [tuple(row.tolist()) for _ in range(3) for row in next(batches)[0]]
+    assert len(set(seen)) == 6
+    state = batches.state_dict()
+    after = next(batches)
+    again = ConversationBatches(examples, 2, tokenizer.pad_token_id, seed=1)
+    again.load_state_dict(state)
+    assert all(torch.equal(a, b) for a, b in zip(next(again), after))
+
+
+def _trainer(tokenizer, tmp_path, lora, steps=12, lr=3e-3, resume=False):
+    torch.manual_seed(0)
+    model = SmolLM(TINY)
+    if lora:
+        apply_lora(model, 4, 8.0, ("q_proj", "v_proj", "down_proj"))
+    cfg = TrainConfig(
+        steps=steps,
+        batch_size=3,
+        seq_len=64,
+        lr=lr,
+        min_lr=lr,
+        warmup_steps=1,
+        weight_decay=0.0,
+        eval_every=steps,
+        eval_batches=2,
+        device="cpu",
+        out_dir=str(tmp_path),
+        progress=False,
+        resume=resume,
+    )
+    return SFTTrainer(cfg, model, tokenizer, CONVERSATIONS, CONVERSATIONS[:2])
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_the_trainer_fine_tunes_on_the_replies(tokenizer, tmp_path, lora):
+    trainer = _trainer(tokenizer, tmp_path, lora, lr=3e-2 if lora else 3e-3)
+    frozen = {
+        n: p.detach().clone()
+        for n, p in trainer.model.named_parameters()
+        if not p.requires_grad
+    }
+    before = trainer.evaluate()
+    history = trainer.fit()
+    assert history["val_loss"][-1] < before - 0.5, (before, history["val_loss"])
+    for name, p in trainer.model.named_parameters():
+        if name in frozen:
+            assert torch.equal(p, frozen[name]), f"{name} is frozen and changed"
+    if lora:
+        assert frozen and all(
+            layer.lora_B.abs().sum() > 0
+            for layer in lora_layers(trainer.model).values()
+        )
+    else:
+        assert not frozen
+    # the checkpoint resumes
+    resumed = _trainer(
+        tokenizer, tmp_path, lora, lr=3e-2 if lora else 3e-3, resume=True
+    )
+    assert resumed.step == trainer.step
+    assert resumed.train_batches.position == trainer.train_batches.position
+
+
+def _jsonl(path, lines):
+    path.write_text(
+        "\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n"
+    )
+    return path
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ("{not json", "line 2: not valid JSON"),
+        ('["messages"]', 'line 2: expected an object {"messages": [...]}'),
+        ({"conversation": []}, 'line 2: expected an object {"messages": [...]}'),
+        (
+            {"messages": [{"role": "user", "content": "hi"}]},
+            "line 2: the conversation has no assistant",
+        ),
+        (
+            {"messages": [{"role": "robot", "content": "hi"}]},
+            "line 2: message 0 has role 'robot'",
+        ),
+    ],
+)
+def test_malformed_lines_name_their_line_and_fault(tmp_path, bad, message):
+    path = _jsonl(tmp_path / "data.jsonl", [{"messages": CONVERSATIONS[0]}, bad])
+    with pytest.raises(ValueError) as info:
+        read_conversations(path)
+    assert message in str(info.value) and str(path) in str(info.value)
+
+
+def test_blank_lines_are_skipped_and_empty_files_refused(tmp_path):
+    path = _jsonl(
+        tmp_path / "ok.jsonl", [{"messages": c} for c in CONVERSATIONS[:2]] + [""]
+    )
+    assert read_conversations(path) == CONVERSATIONS[:2]
+    with pytest.raises(ValueError, match="holds no conversations"):
+        read_conversations(_jsonl(tmp_path / "empty.jsonl", [""]))
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        read_conversations(tmp_path / "missing.jsonl")
+
+
+def test_command_line_writes_a_merged_model_that_transformers_loads(
+    tokenizer, tmp_path, capsys
+):
+    from transformers import AutoModelForCausalLM
+
+    from smol.pretrained import load_pretrained, save_pretrained
+
+    torch.manual_seed(0)
+    save_pretrained(SmolLM(TINY), tokenizer, tmp_path / "base")
+    data = _jsonl(tmp_path / "train.jsonl", [{"messages": c} for c in CONVERSATIONS])
+    out = tmp_path / "out"
+    code = main(
+        [
+            "--data",
+            str(data),
+            "--val-data",
+            str(data),
+            "--model",
+            str(tmp_path / "base"),
+            "--lora-r",
+            "2",
+            "--lora-targets",
+            "q_proj,v_proj",
+            "--steps",
+            "3",
+            "--batch-size",
+            "2",
+            "--max-len",
+            "64",
+            "--eval-every",
+            "3",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
+    printed = capsys.readouterr().out
+    assert code == 0, printed
+    assert "LoRA r=2" in printed and "the merged model is in" in printed
+    assert json.loads((out / "adapter" / "adapter_config.json").read_text())["r"] == 2
+    model, tok = load_pretrained(out, device="cpu")
+    assert not lora_layers(model) and tok.chat_template == tokenizer.chat_template
+    ids = torch.tensor([tokenizer.encode("What is 2 + 2?")])
+    ref = AutoModelForCausalLM.from_pretrained(out).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(ref(ids).logits, model(ids)[0], atol=1e-5, rtol=0)
+
+
+def test_command_line_reports_a_bad_line_and_exits_1(tmp_path, capsys):
+    data = _jsonl(tmp_path / "bad.jsonl", [{"messages": CONVERSATIONS[0]}, "{oops"])
+    assert main(["--data", str(data), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "error:" in err and "line 2: not valid JSON" in err
+    with pytest.raises(SystemExit):
+        main(["--data", str(data), "--lora-r", "-1"])
