@@ -996,6 +996,92 @@ def rope_by_slices(x, cos, sin):
     return torch.addcmul(h * cos, rotated, sin).type_as(x)
 
 
+def byte_map_by_filling():
+    printable = {*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)}
+    table, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            table[b] = chr(b)
+        else:
+            table[b], extra = chr(256 + extra), extra + 1
+    return table
+
+
+def merge_step_with_a_counter(word_counts, new_id):
+    from collections import Counter
+
+    pairs = Counter()
+    for word, count in word_counts.items():
+        for i in range(len(word) - 1):
+            pairs[word[i], word[i + 1]] += count
+    top = max(pairs.values())
+    best = min(p for p, c in pairs.items() if c == top)
+    merged = Counter()
+    for word, count in word_counts.items():
+        out, i = [], 0
+        while i < len(word):
+            if tuple(word[i : i + 2]) == best:
+                out.append(new_id)
+                i += 2
+            else:
+                out.append(word[i])
+                i += 1
+        merged[tuple(out)] += count
+    return best, dict(merged)
+
+
+def encode_one_pair_at_a_time(ids, ranks):  # merges only the lowest-ranked occurrence
+    ids = list(ids)
+    while True:
+        ranked = [
+            (ranks[p][0], i) for i, p in enumerate(zip(ids, ids[1:])) if p in ranks
+        ]
+        if not ranked:
+            return ids
+        _, i = min(ranked)
+        ids[i : i + 2] = [ranks[ids[i], ids[i + 1]][1]]
+
+
+def init_lora_by_bound(A, B):  # Kaiming-uniform with a = sqrt(5) is U(+-1/sqrt(in))
+    with torch.no_grad():
+        A.uniform_(-(A.shape[1] ** -0.5), A.shape[1] ** -0.5)
+        B.zero_()
+
+
+class LoRAByFLinear(nn.Module):  # B declared before A, F.linear instead of matmuls
+    def __init__(self, base_layer, r, alpha):
+        super().__init__()
+        out_features, in_features = base_layer.weight.shape
+        like = dict(dtype=base_layer.weight.dtype, device=base_layer.weight.device)
+        self.lora_B = nn.Parameter(torch.zeros(out_features, r, **like))
+        self.lora_A = nn.Parameter(torch.empty(r, in_features, **like))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        for p in base_layer.parameters():
+            p.requires_grad = False
+        self.base_layer, self.scaling = base_layer, alpha / r
+
+    def forward(self, x):
+        delta = F.linear(F.linear(x, self.lora_A), self.lora_B)
+        return self.base_layer(x) + self.scaling * delta
+
+
+def merge_into_a_copy(layer):
+    import copy
+
+    out = copy.deepcopy(layer.base_layer).requires_grad_(True)
+    with torch.no_grad():
+        out.weight += (
+            torch.einsum("or,ri->oi", layer.lora_B, layer.lora_A) * layer.scaling
+        )
+    return out
+
+
+def sft_targets_by_mask(ids, prompt_lens):
+    positions = torch.arange(1, ids.shape[1])[None, :]  # the position each target has
+    prompt = positions < torch.tensor(prompt_lens)[:, None]
+    return ids[:, :-1], ids[:, 1:].masked_fill(prompt, -100)
+
+
 def _variants():
     from einops import repeat
 
@@ -1053,18 +1139,18 @@ def _variants():
         "filter_top_p": hf_style_top_p,
         "kv_generate": generate_without_no_grad,
         "attention_mask_bug": mask_causal_of_visible,
+        "byte_map": byte_map_by_filling,
+        "merge_step": merge_step_with_a_counter,
+        "bpe_encode": encode_one_pair_at_a_time,
+        "bpe_bug": encode_one_pair_at_a_time,
+        "lora_init": init_lora_by_bound,
+        "lora_linear": LoRAByFLinear,
+        "lora_merge": merge_into_a_copy,
+        "sft_targets_bug": sft_targets_by_mask,
     }
 
 
-COURSE_TOPICS = (
-    "rmsnorm",
-    "rope",
-    "gqa_repeat_kv",
-    "swiglu",
-    "tying_and_init",
-    "training_loop",
-    "kv_cache_generation",
-)
+COURSE_TOPICS = tuple(NOTEBOOKS)  # every exercise of the course
 
 
 def test_every_task_has_a_correct_variant_written_differently():
