@@ -1,9 +1,8 @@
 """Forward and forward+backward time of SmolLM vs transformers' LlamaForCausalLM (sdpa),
 same weights.
 
-Runs alternate between the two models; the medians and the ratio smol / transformers
-are printed
-(below 1.0: smol is faster).
+Runs alternate between the two models; the medians and the ratio smol / transformers are
+printed (below 1.0: smol is faster).
 
     python bench/forward.py [--repeats 15] [--threads N] [--csv
     bench/results/forward.csv]

@@ -1,10 +1,9 @@
 """Draw the book's benchmark figure from the measured numbers in bench/results/*.csv.
 
-The CSV files hold what the benchmark scripts printed (the book's Benchmarks page
-shows them as
-tables); this script turns them into book/images/benchmarks.svg, a vector picture
-drawn at the width the
-book shows it, so its labels stay legible. Run it after updating a CSV:
+The CSV files hold what the benchmark scripts printed (the book's Benchmarks page shows
+them as tables); this script turns them into book/images/benchmarks.svg, a vector
+picture drawn at the width the book shows it, so its labels stay legible. Run it after
+updating a CSV:
 
     python bench/plot_results.py
 """

@@ -2,16 +2,12 @@
 and weights.
 
 Each model trains the same way (AdamW, autocast, torch.compile, random tokens: speed
-does not
-depend on what they say) for a fixed number of steps, in alternating rounds; the
-script prints
-tokens/s, MFU (6N + 12*L*H*Q*T FLOPs per token over the GPU's dense peak) and peak
-memory.
+does not depend on what they say) for a fixed number of steps, in alternating rounds;
+the script prints tokens/s, MFU (6N + 12*L*H*Q*T FLOPs per token over the GPU's dense
+peak) and peak memory.
 
-    python bench/train_gpu.py                                  # SmolLM2-135M,
-    T=2048, bf16, compiled
-    python bench/train_gpu.py --preset tiny --device cpu        # a quick check that
-    it runs
+    python bench/train_gpu.py                            # SmolLM2-135M, T=2048, bf16
+    python bench/train_gpu.py --preset tiny --device cpu  # a quick check that it runs
 """
 
 from __future__ import annotations

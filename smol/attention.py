@@ -16,10 +16,8 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     // n_rep.
 
     Each key/value head is repeated in place (k0 k0 k0 k1 k1 k1 ...), as
-    `repeat_interleave`
-    does. Tiling (k0 k1 k2 k0 k1 k2 ...) runs and trains, but pairs pretrained heads
-    wrongly.
-    """
+    `repeat_interleave` does. Tiling (k0 k1 k2 k0 k1 k2 ...) runs and trains, but pairs
+    pretrained heads wrongly."""
     if n_rep == 1:
         return x
     return repeat(x, "b h t d -> b (h r) t d", r=n_rep)
@@ -43,9 +41,8 @@ def eager_attention(q, k, v, mask=None, is_causal=False):
 
 def sdpa_uses_gqa(q: torch.Tensor) -> bool:
     """SDPA's enable_gqa skips the copy on CPU and in the fused CUDA kernels (half
-    precision on
-    Ampere or newer); elsewhere (fp32 on CUDA, a T4) it falls back to the slow math
-    kernel."""
+    precision on Ampere or newer); elsewhere (fp32 on CUDA, a T4) it falls back to the
+    slow math kernel."""
     if q.device.type == "cpu":
         return True
     return (

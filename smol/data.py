@@ -64,8 +64,8 @@ def train_bpe(texts: list[str], vocab_size: int = 4096):
 
 def load_tokenizer(name: str = "shakespeare") -> Tokenizer:
     """ "shakespeare": the shipped 4096-token BPE (the `tiny` preset); "smollm2":
-    SmolLM2's own
-    49,152-token BPE (the `smollm2-135m` preset), read from the bundled GGUF file."""
+    SmolLM2's own 49,152-token BPE (the `smollm2-135m` preset), read from the bundled
+    GGUF file."""
     if name == "shakespeare":
         from tokenizers import Tokenizer as Backend
 
@@ -142,8 +142,7 @@ def hf_dataset_tokens(
     config: str | None = None,
 ) -> torch.Tensor:
     """A larger corpus, streamed from the Hugging Face Hub with `datasets` (online, e.g.
-    in Colab;
-    `pip install datasets`): documents joined with the end-of-text id, up to
+    in Colab; `pip install datasets`): documents joined with the end-of-text id, up to
     `max_tokens`."""
     from datasets import load_dataset
 
@@ -163,12 +162,9 @@ def next_token_targets(window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 class PackedWindows:
     """Non-overlapping windows of seq_len + 1 tokens cut from one stream of documents
-    (consecutive
-    windows share one token: the last target of one is the first input of the next),
-    visited in a
-    fresh random order each epoch. Window g of the endless sequence is a pure
-    function of
-    (seed, g), so a data position is one integer."""
+    (consecutive windows share one token: the last target of one is the first input of
+    the next), visited in a fresh random order each epoch. Window g of the endless
+    sequence is a pure function of (seed, g), so a data position is one integer."""
 
     def __init__(
         self, tokens: torch.Tensor, seq_len: int, seed: int = 0, shuffle: bool = True
@@ -215,12 +211,10 @@ class PackedWindows:
 
 class Batches:
     """Batches (x, y) of packed windows for one rank. Every call takes the next
-    `batch_size *
-    world_size` windows of the sequence and gives this rank its `batch_size` of them,
-    so ranks
-    never overlap, and one process with batch_size * world_size sees what all ranks
-    see together.
-    `position` (windows consumed, all ranks) is the exact point to resume from."""
+    `batch_size * world_size` windows of the sequence and gives this rank its
+    `batch_size` of them, so ranks never overlap, and one process with batch_size *
+    world_size sees what all ranks see together. `position` (windows consumed, all
+    ranks) is the exact point to resume from."""
 
     def __init__(
         self,

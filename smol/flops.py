@@ -12,8 +12,7 @@ from smol.config import SmolConfig
 
 def num_params(config: SmolConfig) -> int:
     """SmolLM(config).count_params(), from the shapes alone: embedding (+ head if
-    untied), per layer
-    q/k/v/o, gate/up/down and two norms, and the final norm."""
+    untied), per layer q/k/v/o, gate/up/down and two norms, and the final norm."""
     C, I, D = config.hidden_size, config.intermediate_size, config.head_dim
     attn = C * D * (2 * config.num_attention_heads + 2 * config.num_key_value_heads)
     per_layer = attn + 3 * C * I + 2 * C
@@ -23,10 +22,9 @@ def num_params(config: SmolConfig) -> int:
 
 def flops_per_token(config: SmolConfig, seq_len: int) -> int:
     """Training FLOPs per token, 6N + 12*L*H*Q*T (Chowdhery et al., 2022, appendix B):
-    6N for the
-    matrix multiplies forward and backward (N includes the tied embedding, as the
-    head's matmul
-    costs it), plus attention's scores and weighted sum over T positions."""
+    6N for the matrix multiplies forward and backward (N includes the tied embedding, as
+    the head's matmul costs it), plus attention's scores and weighted sum over T
+    positions."""
     return (
         6 * num_params(config)
         + 12
@@ -72,8 +70,7 @@ def mfu(
     flops_per_token: float, tokens_per_s: float, peak: float | None, n_devices: int = 1
 ) -> float | None:
     """Model FLOPs utilisation: achieved training FLOP/s over the devices' dense peak
-    (None
-    without a known peak)."""
+    (None without a known peak)."""
     if not peak:
         return None
     return flops_per_token * tokens_per_s / (peak * n_devices)

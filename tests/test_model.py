@@ -177,10 +177,8 @@ def test_bad_inputs_get_clear_errors():
 
 def test_token_ids_are_range_checked_on_cpu_without_reading_back_other_devices():
     """On a CPU out-of-range ids get a clear error; elsewhere the check must not read
-    values back
-    (on a GPU that is a host sync per forward). A meta tensor has no values: a check
-    that read them
-    (`.item()` on every device) raises here."""
+    values back (on a GPU that is a host sync per forward). A meta tensor has no values:
+    a check that read them (`.item()` on every device) raises here."""
     with torch.device("meta"):
         model = SmolLM(SmolConfig.preset("tiny"))
         logits, _ = model(torch.zeros(2, 5, dtype=torch.long))

@@ -174,10 +174,8 @@ def parse(source: str) -> ast.AST:
 @pytest.mark.parametrize("path", chapters(), ids=lambda p: p.stem)
 def test_shown_cells_run_where_they_stand(path):
     """Every name a shown cell uses is a builtin, or bound in the cell, in an earlier
-    cell, or in
-    the shown cells right after it (a class and its helper shown in a row): the
-    reader can call
-    what the cells define, right there."""
+    cell, or in the shown cells right after it (a class and its helper shown in a row):
+    the reader can call what the cells define, right there."""
     code = [c.source for c in nbtools.read(path).cells if c.cell_type == "code"]
     cells, shown = [parse(c) for c in code], [c.startswith("# smol/") for c in code]
     known = set(dir(builtins))
@@ -225,9 +223,8 @@ def _markdown(path) -> str:
 )
 def test_markdown_reads_the_same_in_colab(path):
     """MyST roles ({cite}, {doc}, ...) show as raw text in Colab and Jupyter: notebooks
-    use plain
-    markdown links, which the book resolves too. A link to a paper names an entry of
-    book/references.bib (its url, or its doi)."""
+    use plain markdown links, which the book resolves too. A link to a paper names an
+    entry of book/references.bib (its url, or its doi)."""
     text = _markdown(path)
     roles = re.findall(r"\{[a-z:]+\}`[^`]*`", text)
     assert not roles, f"{path.name}: MyST roles that Colab shows as raw text: {roles}"
@@ -273,8 +270,7 @@ def test_chapter_and_exercise_link_each_other(chapter):
 )
 def test_chapter_title_is_numbered_and_ends_with_a_summary(path):
     """The navigation shows each chapter's title: it carries the chapter's number, as
-    the text
-    refers to chapters by number."""
+    the text refers to chapters by number."""
     nb = nbtools.read(path)
     title = next(
         c.source.splitlines()[0] for c in nb.cells if c.cell_type == "markdown"
@@ -287,8 +283,7 @@ def test_chapter_title_is_numbered_and_ends_with_a_summary(path):
 
 def test_no_stored_output_mentions_iprogress():
     """smol quiets tqdm's "IProgress not found" notice itself (smol/__init__.py); no
-    notebook
-    needs an environment variable or a warnings filter of its own for it."""
+    notebook needs an environment variable or a warnings filter of its own for it."""
     for path in nbtools.notebooks():
         nb = nbtools.read(path)
         for cell in nb.cells:
@@ -337,8 +332,8 @@ def test_reference_titles_keep_their_capitals():
 )
 def test_long_closing_source_cells_are_folded(path):
     """A closing `# smol/...` cell of more than FOLD_LINES lines repeats what the
-    chapter showed in
-    pieces: the book folds it (hide-input) rather than repeating it in full."""
+    chapter showed in pieces: the book folds it (hide-input) rather than repeating it in
+    full."""
     for cell in nbtools.read(path).cells:
         if cell.cell_type == "code" and cell.source.startswith("# smol/"):
             long = cell.source.count("\n") + 1 > nbtools.FOLD_LINES

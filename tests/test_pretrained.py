@@ -1,7 +1,6 @@
 """The real SmolLM2 weights: smol equals transformers reading the same GGUF; save/load
-round trips;
-clear errors for broken sources. The real model is loaded once per run (conftest's
-real_model)."""
+round trips; clear errors for broken sources. The real model is loaded once per run
+(conftest's real_model)."""
 
 import json
 import logging

@@ -2,12 +2,9 @@
 safely.
 
 A check is a function of the student's object that returns normally when the object
-passes and
-raises (usually `AssertionError` with a message for the student) when it does not.
-`grade` runs
-every check of a task with a per-check time limit, catches everything the student's
-code can throw
-(including `SystemExit`), prints a table and never raises.
+passes and raises (usually `AssertionError` with a message for the student) when it does
+not. `grade` runs every check of a task with a per-check time limit, catches everything
+the student's code can throw (including `SystemExit`), prints a table and never raises.
 
 Where the platform can fork (Linux; see `ISOLATE`), every check runs in a forked child process:
 the time limit then kills the child, so it stops even a check stuck in one long torch call, and
@@ -216,10 +213,8 @@ def _describe(exc: BaseException) -> str:
 
 def _run_with_timeout(fn: Callable[[], None], timeout: float) -> None:
     """Run fn; raise CheckTimeout after `timeout` seconds. On the main thread of a POSIX
-    process (a
-    Jupyter kernel, a script) a SIGALRM timer interrupts the check; elsewhere the
-    check runs in a
-    daemon thread that is abandoned when it overruns."""
+    process (a Jupyter kernel, a script) a SIGALRM timer interrupts the check; elsewhere
+    the check runs in a daemon thread that is abandoned when it overruns."""
     message = f"timed out after {timeout:g} s (an endless loop?)"
     main = threading.current_thread() is threading.main_thread()
     if main and hasattr(signal, "setitimer"):
@@ -488,8 +483,8 @@ def _in_ipython() -> bool:
 
 def _show(result: Result, counted: bool) -> None:
     """The table of a graded result, or of a preview: a preview shows which checks fail
-    and how,
-    but not their hints, which would give away the bug the student is asked to find."""
+    and how, but not their hints, which would give away the bug the student is asked to
+    find."""
     payload = {**result.to_json(), "counted": counted}
     note = "(a preview: not counted in your score; hints are shown when you grade)"
     text = result.table(hints=counted) + ("" if counted else f"\n  {note}")

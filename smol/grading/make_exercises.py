@@ -8,11 +8,9 @@ nbgrader). It becomes
     raise NotImplementedError
 
 at the indentation of the BEGIN line, so a region inside a function body leaves a
-function that runs
-and raises when called. Cells that change lose their outputs, and the whole exercise
-notebook is
-executed so that its stored outputs show the unsolved state (every check failing, a
-zero total).
+function that runs and raises when called. Cells that change lose their outputs, and the
+whole exercise notebook is executed so that its stored outputs show the unsolved state
+(every check failing, a zero total).
 
     python -m smol.grading.make_exercises            # write and execute exercises/
     python -m smol.grading.make_exercises --check    # exit 1 if exercises/ is stale
@@ -122,8 +120,8 @@ def execute(
     record_timing: bool = False,
 ) -> None:
     """Run a notebook top to bottom in a fresh kernel of this environment, in place
-    (outputs stored,
-    as nbval compares them); cells run with `cwd` as their working directory."""
+    (outputs stored, as nbval compares them); cells run with `cwd` as their working
+    directory."""
     from nbclient import NotebookClient
 
     NotebookClient(

@@ -1,6 +1,5 @@
 """07 KV-cache generation: top-k and top-p filters, greedy decoding with a cache, and an
-attention
-mask that stops being causal when a padding mask is passed."""
+attention mask that stops being causal when a padding mask is passed."""
 
 import torch
 

@@ -1,11 +1,9 @@
 """06 Training loop: next-token batches, the learning-rate schedule, weight-decay
-groups, and a
-train step whose loss is not shifted.
+groups, and a train step whose loss is not shifted.
 
 The checks are properties (warmup ends at max_lr, cosine midpoint, ...) rather than a
-comparison
-with one implementation, so either off-by-one convention of the warmup passes.
-"""
+comparison with one implementation, so either off-by-one convention of the warmup
+passes."""
 
 import copy
 import math
