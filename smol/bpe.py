@@ -2,8 +2,8 @@
 
 Text becomes token ids in four steps. Special tokens (`<|im_start|>`, ...) are cut out
 whole. The rest is split into pre-tokens: every digit on its own, then GPT-2's pattern
-(words with their leading space, numbers, runs of punctuation, runs of whitespace).
-Each pre-token's UTF-8 bytes start as one symbol each, written as printable characters
+(words with their leading space, numbers, runs of punctuation, runs of whitespace). Each
+pre-token's UTF-8 bytes start as one symbol each, written as printable characters
 (GPT-2's byte map), and the merges are applied, lowest rank first, until none applies.
 Training learns the merges: again and again, the most frequent adjacent pair becomes a
 new token.

@@ -4,8 +4,7 @@ Each turn renders the whole conversation with the chat template, as the model wa
 trained to read it. Without a cache kept across turns, every reply would first re-read
 the whole conversation; a ChatSession instead keeps the keys and values of every token
 it has already run, and feeds the model only the tokens after the longest prefix that
-the cache and the new rendering share (usually just the new message).
-"""
+the cache and the new rendering share (usually just the new message)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,13 @@
-"""Checkpoints that resume training exactly: weights (safetensors), optimizer, schedule, data
-position and RNG, with integrity checks.
+"""Checkpoints that resume training exactly: weights (safetensors), optimizer, schedule,
+data position and RNG, with integrity checks.
 
-A run keeps its checkpoints in root/step_NNNNNNN/{model.safetensors, state.pt, manifest.json},
-with a file `latest` naming the newest. manifest.json records the run's id and the sha256 of
-every other file: a checkpoint whose files do not match it is damaged, and a resume falls back
-to the newest intact one. Each is written to a temporary folder, then renamed into place
-(atomic), then `latest` is replaced (atomic): a crash mid-save never damages a checkpoint.
-Rotation deletes only older checkpoints of the same run (the same run id), never another run's.
-"""
+A run keeps its checkpoints in root/step_NNNNNNN/{model.safetensors, state.pt,
+manifest.json}, with a file `latest` naming the newest. manifest.json records the run's
+id and the sha256 of every other file: a checkpoint whose files do not match it is
+damaged, and a resume falls back to the newest intact one. Each is written to a
+temporary folder, then renamed into place (atomic), then `latest` is replaced (atomic):
+a crash mid-save never damages a checkpoint. Rotation deletes only older checkpoints of
+the same run (the same run id), never another run's."""
 
 from __future__ import annotations
 
@@ -27,8 +27,9 @@ class CheckpointError(RuntimeError):
 
 
 def weights_to_save(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's state dict as contiguous CPU tensors, without a tied head: it is the embedding
-    matrix itself, saved once (as transformers does; SmolLM.load_state_dict re-ties it)."""
+    """The model's state dict as contiguous CPU tensors, without a tied head: it is the
+    embedding matrix itself, saved once (as transformers does; SmolLM.load_state_dict
+    re-ties it)."""
     tied = getattr(model.config, "tie_word_embeddings", False)
     return {
         k: v.detach().contiguous().cpu()
@@ -86,9 +87,9 @@ def save(
     keep: int = 2,
     run_id: str = "",
 ) -> Path:
-    """Write root/step_NNNNNNN (model.safetensors, state.pt and manifest.json, which records
-    `run_id` and every file's sha256), point `latest` at it and delete all but the `keep` newest
-    checkpoints of the same run."""
+    """Write root/step_NNNNNNN (model.safetensors, state.pt and manifest.json, which
+    records `run_id` and every file's sha256), point `latest` at it and delete all but
+    the `keep` newest checkpoints of the same run."""
     from safetensors.torch import save_file
 
     root = Path(root)
@@ -149,8 +150,8 @@ def _run_id(path: Path) -> str | None:
 
 
 def verify(path: str | Path) -> dict:
-    """The manifest of checkpoint `path`, after checking every file against its sha256 in it;
-    a CheckpointError names what is missing or damaged."""
+    """The manifest of checkpoint `path`, after checking every file against its sha256
+    in it; a CheckpointError names what is missing or damaged."""
     path = Path(path)
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} does not exist")
@@ -167,8 +168,8 @@ def verify(path: str | Path) -> dict:
 
 
 def newest_intact(root: str | Path) -> tuple[Path, list[CheckpointError]]:
-    """(the newest checkpoint under root whose files all match their manifest, the errors of the
-    newer damaged ones skipped on the way)."""
+    """(the newest checkpoint under root whose files all match their manifest, the
+    errors of the newer damaged ones skipped on the way)."""
     found = checkpoints(root)
     if not found:
         raise FileNotFoundError(
@@ -189,8 +190,8 @@ def newest_intact(root: str | Path) -> tuple[Path, list[CheckpointError]]:
 
 
 def clear(root: str | Path) -> list[Path]:
-    """Delete every checkpoint under root, `latest` and leftovers of crashed saves; returns the
-    checkpoint folders removed."""
+    """Delete every checkpoint under root, `latest` and leftovers of crashed saves;
+    returns the checkpoint folders removed."""
     root = Path(root)
     gone = checkpoints(root)
     for p in gone + list(root.glob(".step_*.tmp-*")):
@@ -200,7 +201,8 @@ def clear(root: str | Path) -> list[Path]:
 
 
 def check_writable(folder: str | Path, what: str) -> None:
-    """Create `folder` if needed and write a file into it; an OSError names `what` and why not."""
+    """Create `folder` if needed and write a file into it; an OSError names `what` and
+    why not."""
     folder = Path(folder)
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -212,8 +214,8 @@ def check_writable(folder: str | Path, what: str) -> None:
 
 
 def load(path: str | Path, device="cpu") -> tuple[dict[str, torch.Tensor], dict]:
-    """(weights on device, training state) of a checkpoint folder, after checking every file
-    against the sha256 that manifest.json records for it."""
+    """(weights on device, training state) of a checkpoint folder, after checking every
+    file against the sha256 that manifest.json records for it."""
     from safetensors.torch import load_file
 
     path = Path(path)
@@ -226,10 +228,11 @@ def load(path: str | Path, device="cpu") -> tuple[dict[str, torch.Tensor], dict]
     return weights, {**state, "run_id": manifest.get("run_id", "")}
 
 
-# Train-config fields a resume may change: what is logged, evaluated, sampled and saved, and
-# where and how fast it runs (another device or torch.compile gives the same training up to
-# floating-point rounding, not bit for bit). Every other field, the model's config and the number
-# of processes change what is trained: a resume refuses them unless allow_changed_settings.
+# Train-config fields a resume may change: what is logged, evaluated, sampled and saved,
+# and where and how fast it runs (another device or torch.compile gives the same
+# training up to floating-point rounding, not bit for bit). Every other field, the
+# model's config and the number of processes change what is trained: a resume refuses
+# them unless allow_changed_settings.
 MAY_CHANGE = (
     "log_every",
     "eval_every",
@@ -260,8 +263,9 @@ SCHEDULE_FIELDS = (
 
 
 def save_trainer(trainer, root: str | Path) -> Path:
-    """Checkpoint a smol.train.Trainer: the weights, optimizer, scaler, schedule, data position,
-    RNG, both configurations and the history (call it on the main rank only)."""
+    """Checkpoint a smol.train.Trainer: the weights, optimizer, scaler, schedule, data
+    position, RNG, both configurations and the history (call it on the main rank only).
+    """
     cfg = trainer.cfg
     state = {
         "step": trainer.step,
@@ -306,15 +310,18 @@ def changed_settings(state: dict, trainer) -> list[str]:
 def restore_trainer(
     trainer, path: str | Path, allow_changed: bool = False
 ) -> list[str]:
-    """Put a Trainer back where save_trainer left it. Refuses settings that would not continue the
-    same run (changed_settings), unless allow_changed; returns them."""
+    """Put a Trainer back where save_trainer left it. Refuses settings that would not
+    continue the same run (changed_settings), unless allow_changed; returns them."""
     weights, state = load(path, trainer.device)
     changed = changed_settings(state, trainer)
     if changed and not allow_changed:
         raise ValueError(
-            f"checkpoint {path} was saved with other settings, so resuming would not continue "
-            f"the same run: {'; '.join(changed)}; resume with the checkpoint's settings, or "
-            f"pass --allow-changed-settings (allow_changed_settings=True) to continue anyway"
+            f"checkpoint {path} was saved with other settings, so resuming would not "
+            "continue "
+            f"the same run: {'; '.join(changed)}; resume with the checkpoint's "
+            "settings, or "
+            "pass --allow-changed-settings (allow_changed_settings=True) to continue "
+            "anyway"
         )
     trainer.model.load_state_dict(weights)
     trainer.optimizer.load_state_dict(state["optimizer"])

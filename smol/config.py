@@ -1,4 +1,5 @@
-"""The model's hyperparameters: one dataclass, with presets, named as Hugging Face's LlamaConfig."""
+"""The model's hyperparameters: one dataclass, with presets, named as Hugging Face's
+LlamaConfig."""
 
 from __future__ import annotations
 
@@ -48,12 +49,14 @@ class SmolConfig:
             )
         if self.num_attention_heads % self.num_key_value_heads:
             raise ValueError(
-                f"num_attention_heads ({self.num_attention_heads}) must be divisible by "
+                f"num_attention_heads ({self.num_attention_heads}) must be divisible "
+                "by "
                 f"num_key_value_heads ({self.num_key_value_heads})"
             )
         if self.head_dim % 2:
             raise ValueError(
-                f"head_dim ({self.head_dim}) must be even: RoPE rotates pairs of features"
+                f"head_dim ({self.head_dim}) must be even: RoPE rotates pairs of "
+                "features"
             )
         for name in ("rope_theta", "rms_norm_eps", "initializer_range"):
             value = getattr(self, name)
@@ -68,11 +71,13 @@ class SmolConfig:
                 )
         if not isinstance(self.tie_word_embeddings, bool):
             raise ValueError(
-                f"tie_word_embeddings must be True or False, got {self.tie_word_embeddings!r}"
+                "tie_word_embeddings must be True or False, got "
+                f"{self.tie_word_embeddings!r}"
             )
         if self.attn_implementation not in ("sdpa", "eager"):
             raise ValueError(
-                f"attn_implementation must be 'sdpa' or 'eager', got {self.attn_implementation!r}"
+                "attn_implementation must be 'sdpa' or 'eager', got "
+                f"{self.attn_implementation!r}"
             )
 
     @property
@@ -110,10 +115,12 @@ class SmolConfig:
 
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any]) -> SmolConfig:
-        """Read a Hugging Face Llama `config.json` (as a dict), refusing what smol does not model."""
+        """Read a Hugging Face Llama `config.json` (as a dict), refusing what smol does
+        not model."""
         if d.get("model_type", "llama") != "llama":
             raise ValueError(
-                f"expected a Llama config (model_type 'llama'), got {d.get('model_type')!r}"
+                "expected a Llama config (model_type 'llama'), got "
+                f"{d.get('model_type')!r}"
             )
         if (
             d.get("hidden_act", "silu") != "silu"
@@ -133,7 +140,8 @@ class SmolConfig:
             and head_dim * d["num_attention_heads"] != d["hidden_size"]
         ):
             raise ValueError(
-                f"head_dim {head_dim} * heads {d['num_attention_heads']} != hidden_size {d['hidden_size']}"
+                f"head_dim {head_dim} * heads {d['num_attention_heads']} != "
+                f"hidden_size {d['hidden_size']}"
             )
         names = {f.name for f in dataclasses.fields(cls)} - {
             "rope_theta",
@@ -146,8 +154,8 @@ class SmolConfig:
 
 PRESETS: dict[str, SmolConfig] = {
     "smollm2-135m": SmolConfig(),
-    # Small enough to train on a laptop CPU in a minute; the vocabulary fits a BPE trained on the
-    # bundled corpus.
+    # Small enough to train on a laptop CPU in a minute; the vocabulary fits a BPE
+    # trained on the bundled corpus.
     "tiny": SmolConfig(
         vocab_size=4096,
         hidden_size=128,

@@ -8,7 +8,8 @@ from smol.kv_cache import KVCache
 
 
 def filter_top_k(logits: torch.Tensor, k: int | None) -> torch.Tensor:
-    """Keep the k largest logits of each row (B, V); set the rest to -inf. None or k >= V keeps all."""
+    """Keep the k largest logits of each row (B, V); set the rest to -inf. None or k >=
+    V keeps all."""
     if k is None or k >= logits.shape[-1]:
         return logits
     if k < 1:
@@ -18,8 +19,9 @@ def filter_top_k(logits: torch.Tensor, k: int | None) -> torch.Tensor:
 
 
 def filter_top_p(logits: torch.Tensor, p: float | None) -> torch.Tensor:
-    """Nucleus filtering (Holtzman et al., 2020): keep the smallest set of most likely tokens whose
-    probabilities sum to at least p (always the most likely one); set the rest to -inf."""
+    """Nucleus filtering (Holtzman et al., 2020): keep the smallest set of most likely
+    tokens whose probabilities sum to at least p (always the most likely one); set the
+    rest to -inf."""
     if p is None or p >= 1.0:
         return logits
     if p < 0:
@@ -39,7 +41,8 @@ def sample_next_token(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Pick one token per row of logits (B, V) -> (B,). temperature 0 is greedy (argmax)."""
+    """Pick one token per row of logits (B, V) -> (B,). temperature 0 is greedy
+    (argmax)."""
     if not (
         isinstance(temperature, (int, float)) and 0 <= temperature < float("inf")
     ):  # not NaN
@@ -78,22 +81,24 @@ def generate(
     speculative: int = 0,
     kv_cache: KVCache | None = None,
 ) -> torch.Tensor:
-    """Continue input_ids (B, T) by up to max_new_tokens tokens -> (B, T + new) token ids.
+    """Continue input_ids (B, T) by up to max_new_tokens tokens -> (B, T + new) token
+    ids.
 
-    With `use_cache` the prompt runs once (prefill) into a preallocated KVCache, then each step feeds
-    only the newest token; without it every step reruns the whole sequence (same tokens, slower).
-    Batched prompts of different lengths are left-padded: attention_mask (B, T) holds 0 on the
-    padding, and positions count real tokens only. A row that emits eos_token_id (an int or a list)
-    is finished and padded with eos; generation stops early once every row is. `stream(tokens)` is
-    called with each step's new tokens (B,).
+    With `use_cache` the prompt runs once (prefill) into a preallocated KVCache, then
+    each step feeds only the newest token; without it every step reruns the whole
+    sequence (same tokens, slower). Batched prompts of different lengths are
+    left-padded: attention_mask (B, T) holds 0 on the padding, and positions count real
+    tokens only. A row that emits eos_token_id (an int or a list) is finished and padded
+    with eos; generation stops early once every row is. `stream(tokens)` is called with
+    each step's new tokens (B,).
 
-    Faster paths, same tokens: `compile=True` runs each step through a StaticCache compiled with
-    torch.compile (`compile_mode="reduce-overhead"` adds CUDA graphs on a GPU; a string names
-    the compile backend, e.g. "aot_eager"); `speculative=k`
-    (greedy, batch 1) drafts up to k tokens per step by prompt lookup and verifies them in one pass.
-    `kv_cache`: a KVCache already holding the keys and values of input_ids[:, :kv_cache.length]
-    (a chat's earlier turns); only the rest is prefilled, and the cache keeps the new tokens.
-    """
+    Faster paths, same tokens: `compile=True` runs each step through a StaticCache
+    compiled with torch.compile (`compile_mode="reduce-overhead"` adds CUDA graphs on a
+    GPU; a string names the compile backend, e.g. "aot_eager"); `speculative=k` (greedy,
+    batch 1) drafts up to k tokens per step by prompt lookup and verifies them in one
+    pass. `kv_cache`: a KVCache already holding the keys and values of input_ids[:,
+    :kv_cache.length] (a chat's earlier turns); only the rest is prefilled, and the
+    cache keeps the new tokens."""
     if input_ids.dim() != 2:
         raise ValueError(
             f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}"
@@ -107,7 +112,8 @@ def generate(
         ids = torch.as_tensor(eos_token_id).flatten().tolist()
         if not ids or not all(isinstance(i, int) and 0 <= i < vocab_size for i in ids):
             raise ValueError(
-                f"eos_token_id must be token ids in [0, {vocab_size}), got {eos_token_id!r}"
+                f"eos_token_id must be token ids in [0, {vocab_size}), got "
+                f"{eos_token_id!r}"
             )
     mask = (
         torch.ones(B, T, dtype=torch.long, device=device)
@@ -116,7 +122,8 @@ def generate(
     )
     if mask.shape != (B, T):
         raise ValueError(
-            f"attention_mask must have the shape of input_ids {(B, T)}, got {tuple(mask.shape)}"
+            f"attention_mask must have the shape of input_ids {(B, T)}, got "
+            f"{tuple(mask.shape)}"
         )
     if attention_mask is not None and not bool(
         mask.any(-1).all()
@@ -219,7 +226,8 @@ def generate(
 def _check_fast_options(
     compile, speculative, kv_cache, use_cache, padded, batch_size, temperature
 ) -> str | None:
-    """Which fast path the options ask for, or a ValueError naming a combination that has none."""
+    """Which fast path the options ask for, or a ValueError naming a combination that
+    has none."""
     if (
         not isinstance(speculative, int)
         or isinstance(speculative, bool)
@@ -271,8 +279,9 @@ class _eval:
 def _generate_static(
     model, input_ids, mask, max_new_tokens, eos, stream, compile, mode, sampling
 ):
-    """generate() through a StaticCache whose one-token step is compiled (once per model, batch
-    size and cache size): no tensor changes shape from one step to the next."""
+    """generate() through a StaticCache whose one-token step is compiled (once per
+    model, batch size and cache size): no tensor changes shape from one step to the
+    next."""
     from smol.static_cache import static_cache_for
 
     B, T = input_ids.shape

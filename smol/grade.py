@@ -5,18 +5,18 @@ are added up.
     python -m smol.grade exercises/02_rope.ipynb --strict  # exit 1 below full marks
     python -m smol.grade solutions/ --json report.json
 
-Each notebook runs top to bottom (errors do not stop it) under a time limit of its own. After each
-cell that calls `grade("task", obj)`, the grader takes `obj` out of the kernel (pickled) and runs
-the task's checks itself, in processes of its own, one per check, each killed at `--check-timeout`.
-What the notebook prints or displays is never read, and nothing a notebook does to the grading
-code in its kernel changes its score. The points at stake are every task of the notebook's topic
-(known from its file name) and every task its `grade` calls name: a task whose check cell never
-ran, a notebook that hangs, or one whose kernel dies scores zero on what it did not finish, and
-costs no other notebook anything. A file that is not a notebook is reported as an error (its
-tasks score zero) and the others are graded. Exit status: 2 for a usage error (found before any
-grading), 1 when a notebook could not be read, the report could not be written, or (with
---strict) below full marks, else 0.
-"""
+Each notebook runs top to bottom (errors do not stop it) under a time limit of its own.
+After each cell that calls `grade("task", obj)`, the grader takes `obj` out of the
+kernel (pickled) and runs the task's checks itself, in processes of its own, one per
+check, each killed at `--check-timeout`. What the notebook prints or displays is never
+read, and nothing a notebook does to the grading code in its kernel changes its score.
+The points at stake are every task of the notebook's topic (known from its file name)
+and every task its `grade` calls name: a task whose check cell never ran, a notebook
+that hangs, or one whose kernel dies scores zero on what it did not finish, and costs no
+other notebook anything. A file that is not a notebook is reported as an error (its
+tasks score zero) and the others are graded. Exit status: 2 for a usage error (found
+before any grading), 1 when a notebook could not be read, the report could not be
+written, or (with --strict) below full marks, else 0."""
 
 from __future__ import annotations
 
@@ -97,8 +97,9 @@ def topic_tasks(path: Path | None) -> list[str]:
 
 
 def expected_tasks(nb, path: Path | None = None) -> list[str]:
-    """The tasks a notebook is graded on, in order: its topic's (by file name), then those its
-    `grade("task", ...)` calls name. Deleting a check cell does not lower the total."""
+    """The tasks a notebook is graded on, in order: its topic's (by file name), then
+    those its `grade("task", ...)` calls name. Deleting a check cell does not lower the
+    total."""
     names = topic_tasks(path)
     for cell in nb.cells:
         if cell.cell_type == "code":
@@ -109,8 +110,9 @@ def expected_tasks(nb, path: Path | None = None) -> list[str]:
 
 
 def collected_results(nb) -> dict[str, dict]:
-    """The grade results a notebook's stored outputs show (the last one per task). For the
-    student's eyes and the course's tests: `python -m smol.grade` never counts them."""
+    """The grade results a notebook's stored outputs show (the last one per task). For
+    the student's eyes and the course's tests: `python -m smol.grade` never counts them.
+    """
     results = {}
     for cell in nb.cells:
         for output in cell.get("outputs", []):
@@ -196,8 +198,8 @@ def run_notebook(
     cell_timeout: float,
     check_timeout: float = DEFAULT_TIMEOUT,
 ) -> tuple[dict[str, dict], str]:
-    """Execute a copy of the notebook in a fresh kernel and grade each task after its check
-    cell; return the results (task -> Result.to_json()) and a status line."""
+    """Execute a copy of the notebook in a fresh kernel and grade each task after its
+    check cell; return the results (task -> Result.to_json()) and a status line."""
     from nbclient import NotebookClient
     from nbclient.exceptions import CellTimeoutError, DeadKernelError
 
@@ -220,7 +222,8 @@ def run_notebook(
     errors, deadline = 0, time.monotonic() + timeout
     env = {**os.environ, DEFERRED: "1"}
     try:
-        # The kernel's own stderr holds only its logs (cell output comes over its channels).
+        # The kernel's own stderr holds only its logs (cell output comes over its
+        # channels).
         with (
             tempfile.TemporaryDirectory(prefix="smol-grade-") as tmp,
             client.setup_kernel(stderr=subprocess.DEVNULL, env=env),
@@ -312,7 +315,8 @@ def score_notebook(
 def grade_notebook(
     path: Path, timeout: float, cell_timeout: float, check_timeout: float
 ) -> dict:
-    """The report of one notebook; an unreadable file gives an error row, never an exception."""
+    """The report of one notebook; an unreadable file gives an error row, never an
+    exception."""
     start = time.monotonic()
     try:
         nb = read_notebook(path)
@@ -327,7 +331,8 @@ def grade_notebook(
 
 
 def notebook_paths(args: list[str]) -> list[Path]:
-    """The notebooks named, folders expanded; ValueError for an argument that names none."""
+    """The notebooks named, folders expanded; ValueError for an argument that names
+    none."""
     paths = []
     for arg in args:
         p = Path(arg)
@@ -375,7 +380,8 @@ def table(reports: list[dict], verbose: bool = True) -> str:
     lines = [f"{'notebook':<{width}}  {'points':>9}  {'time':>6}  status"]
     for r in reports:
         lines.append(
-            f"{_name(r['notebook']):<{width}}  {r['score']:>4}/{r['total']:<4}  {r['seconds']:>5.1f}s  {r['status']}"
+            f"{_name(r['notebook']):<{width}}  {r['score']:>4}/{r['total']:<4}  "
+            f"{r['seconds']:>5.1f}s  {r['status']}"
         )
         if verbose:
             for t in r["tasks"]:

@@ -3,8 +3,7 @@
 A frozen weight W (out, in) gets a trainable update of rank r, W + (alpha / r) * B @ A,
 with A (r, in) and B (out, r). B starts at zero, so the adapted model starts as the
 model itself; merging folds the update back into W. Parameter names follow `peft`'s: a
-wrapped layer holds `base_layer`, `lora_A` and `lora_B`.
-"""
+wrapped layer holds `base_layer`, `lora_A` and `lora_B`."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""SmolLM: the decoder layer and the model, with weight tying, scaled init and the loss."""
+"""SmolLM: the decoder layer and the model, with weight tying, scaled init and the
+loss."""
 
 from __future__ import annotations
 
@@ -38,7 +39,8 @@ class DecoderLayer(nn.Module):
 
 
 class SmolModel(nn.Module):
-    """The decoder stack; named `model` inside SmolLM, as in Hugging Face's LlamaForCausalLM."""
+    """The decoder stack; named `model` inside SmolLM, as in Hugging Face's
+    LlamaForCausalLM."""
 
     def __init__(self, config: SmolConfig):
         super().__init__()
@@ -63,14 +65,16 @@ class SmolLM(nn.Module):
         self.reset_parameters()
 
     def tie_weights(self) -> None:
-        """Share one matrix between the token embedding and the output head (Press & Wolf, 2017)."""
+        """Share one matrix between the token embedding and the output head (Press &
+        Wolf, 2017)."""
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
     def reset_parameters(self) -> None:
-        """N(0, std) everywhere; projections into the residual stream get std / sqrt(2 * n_layers)
-        (GPT-2), since each layer adds two of them; norms start at one. A tied head is the embedding
-        matrix itself, so it is initialised once, as the embedding."""
+        """N(0, std) everywhere; projections into the residual stream get std / sqrt(2 *
+        n_layers) (GPT-2), since each layer adds two of them; norms start at one. A tied
+        head is the embedding matrix itself, so it is initialised once, as the
+        embedding."""
         std = self.config.initializer_range
         for module in self.modules():
             if isinstance(module, nn.Linear):
@@ -88,7 +92,8 @@ class SmolLM(nn.Module):
                 nn.init.ones_(module.weight)
 
     def count_params(self, non_embedding: bool = False) -> int:
-        """Parameters, each shared tensor counted once; non_embedding leaves out the token embedding."""
+        """Parameters, each shared tensor counted once; non_embedding leaves out the
+        token embedding."""
         n = sum(p.numel() for p in self.parameters())
         return n - self.model.embed_tokens.weight.numel() if non_embedding else n
 
@@ -100,15 +105,16 @@ class SmolLM(nn.Module):
         position_ids=None,
         kv_cache=None,
     ):
-        """input_ids (B, T) -> logits (B, T, V), and the mean cross-entropy against targets (B, T)
-        (already shifted: targets[:, t] is the token after input_ids[:, t]; -100 is ignored) or None.
+        """input_ids (B, T) -> logits (B, T, V), and the mean cross-entropy against
+        targets (B, T) (already shifted: targets[:, t] is the token after input_ids[:,
+        t]; -100 is ignored) or None.
 
-        attention_mask (B, Tk) holds 1 for real tokens and 0 for padding, as transformers takes it
-        (bool, or integers or floats that are all 0 or 1; values are checked on CPU tensors only);
-        Tk = T, plus the cached length when a kv_cache is given. A row of zeros is all padding: its
-        logits are finite but meaningless, and targets of -100 leave it out of the loss.
-        position_ids (B, T), if given, are each token's position (default: offset + 0..T-1).
-        """
+        attention_mask (B, Tk) holds 1 for real tokens and 0 for padding, as
+        transformers takes it (bool, or integers or floats that are all 0 or 1; values
+        are checked on CPU tensors only); Tk = T, plus the cached length when a kv_cache
+        is given. A row of zeros is all padding: its logits are finite but meaningless,
+        and targets of -100 leave it out of the loss. position_ids (B, T), if given, are
+        each token's position (default: offset + 0..T-1)."""
         B, T = self._check_input_ids(input_ids)
         if position_ids is not None:
             if position_ids.shape != (B, T):
@@ -118,7 +124,8 @@ class SmolLM(nn.Module):
                 )
             if position_ids.is_floating_point() or position_ids.is_complex():
                 raise TypeError(
-                    f"position_ids must hold integer positions, got {position_ids.dtype}"
+                    "position_ids must hold integer positions, got "
+                    f"{position_ids.dtype}"
                 )
         offset = kv_cache.length if kv_cache is not None else 0
         mask, is_causal = self._attention_mask(
@@ -151,7 +158,8 @@ class SmolLM(nn.Module):
     def _check_input_ids(self, input_ids) -> tuple[int, int]:
         if not isinstance(input_ids, torch.Tensor):
             raise TypeError(
-                f"input_ids must be a torch.Tensor of token ids, got {type(input_ids).__name__}"
+                "input_ids must be a torch.Tensor of token ids, got "
+                f"{type(input_ids).__name__}"
             )
         if input_ids.dtype not in (
             torch.long,
@@ -161,18 +169,21 @@ class SmolLM(nn.Module):
             torch.int8,
         ):
             raise TypeError(
-                f"input_ids must hold integer token ids (torch.long), got {input_ids.dtype}"
+                "input_ids must hold integer token ids (torch.long), got "
+                f"{input_ids.dtype}"
             )
         if input_ids.dim() != 2:
             raise ValueError(
-                f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}"
+                "input_ids must have shape (batch, seq_len), got "
+                f"{tuple(input_ids.shape)}"
             )
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids is empty: need at least one token per sequence")
-        # Reading min and max back is free on a CPU, but on a GPU it is a host sync per forward,
-        # which would stall the trainer's queue of kernels: check CPU tensors only. On a GPU an
-        # out-of-range id still stops the embedding lookup (a device-side assert, less clear).
-        # Compiled graphs skip this data-dependent check too.
+        # Reading min and max back is free on a CPU, but on a GPU it is a host sync per
+        # forward, which would stall the trainer's queue of kernels: check CPU tensors
+        # only. On a GPU an out-of-range id still stops the embedding lookup (a
+        # device-side assert, less clear). Compiled graphs skip this data-dependent
+        # check too.
         if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
             lo, hi = input_ids.min().item(), input_ids.max().item()
             if lo < 0 or hi >= self.config.vocab_size:
@@ -183,8 +194,9 @@ class SmolLM(nn.Module):
         return input_ids.shape
 
     def _attention_mask(self, attention_mask, B, T, offset, device):
-        """(mask, is_causal) for SDPA: no mask and is_causal when plain causal attention will do,
-        else a bool mask (B, 1, T, offset + T) that is causal and hides padded keys."""
+        """(mask, is_causal) for SDPA: no mask and is_causal when plain causal attention
+        will do, else a bool mask (B, 1, T, offset + T) that is causal and hides padded
+        keys."""
         Tk = offset + T
         if attention_mask is None:
             if offset == 0:
@@ -193,12 +205,14 @@ class SmolLM(nn.Module):
                 return None, False  # one new token sees every cached one
         elif attention_mask.shape != (B, Tk):
             raise ValueError(
-                f"attention_mask must have shape (batch, {'cached + ' if offset else ''}seq_len) "
+                "attention_mask must have shape (batch, "
+                f"{'cached + ' if offset else ''}seq_len) "
                 f"= {(B, Tk)}, got {tuple(attention_mask.shape)}"
             )
         elif attention_mask.is_complex():
             raise TypeError(
-                f"attention_mask must be a bool, integer or float tensor of 0 and 1, got {attention_mask.dtype}"
+                "attention_mask must be a bool, integer or float tensor of 0 and 1, "
+                f"got {attention_mask.dtype}"
             )
         elif (
             attention_mask.dtype != torch.bool
@@ -208,20 +222,23 @@ class SmolLM(nn.Module):
             odd = attention_mask[(attention_mask != 0) & (attention_mask != 1)]
             if odd.numel():
                 raise ValueError(
-                    f"attention_mask must hold 0 (padding) and 1 (token), got {odd[0].item()}"
+                    "attention_mask must hold 0 (padding) and 1 (token), got "
+                    f"{odd[0].item()}"
                 )
         q_pos = torch.arange(offset, Tk, device=device)[:, None]  # (T, 1)
         k_pos = torch.arange(Tk, device=device)[None, :]  # (1, Tk)
         mask = (k_pos <= q_pos)[None, None]  # (1, 1, T, Tk): causal
         if attention_mask is not None:
-            # Hide padded keys, but let every query see itself, so that a padding query's row is
-            # never all -inf (which makes softmax return NaN). Real tokens are unaffected.
+            # Hide padded keys, but let every query see itself, so that a padding
+            # query's row is never all -inf (which makes softmax return NaN). Real
+            # tokens are unaffected.
             mask = mask & attention_mask.bool()[:, None, None, :] | (k_pos == q_pos)
         return mask, False
 
     def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        """PyTorch's load, with an error that names every missing, unexpected and mis-shaped key.
-        A tied model accepts a state dict without `lm_head.weight` (as tied checkpoints are saved)."""
+        """PyTorch's load, with an error that names every missing, unexpected and
+        mis-shaped key. A tied model accepts a state dict without `lm_head.weight` (as
+        tied checkpoints are saved)."""
         state_dict = dict(state_dict)
         if (
             self.config.tie_word_embeddings
@@ -237,8 +254,8 @@ class SmolLM(nn.Module):
 
 
 def check_state_dict(model: nn.Module, state_dict) -> None:
-    """Raise a ValueError listing how `state_dict` differs from the model's keys and shapes, or
-    naming its tensors that hold NaN or inf."""
+    """Raise a ValueError listing how `state_dict` differs from the model's keys and
+    shapes, or naming its tensors that hold NaN or inf."""
     own = model.state_dict()
     missing = sorted(set(own) - set(state_dict))
     unexpected = sorted(set(state_dict) - set(own))
@@ -254,7 +271,8 @@ def check_state_dict(model: nn.Module, state_dict) -> None:
     ]  # once per load: a host sync is fine here
     if nonfinite:
         raise ValueError(
-            f"state dict values are not finite (NaN or inf) in {len(nonfinite)} tensors: "
+            f"state dict values are not finite (NaN or inf) in {len(nonfinite)} "
+            "tensors: "
             f"{', '.join(nonfinite[:8])}{' ...' if len(nonfinite) > 8 else ''}"
         )
     if not (missing or unexpected or shapes):
@@ -273,6 +291,6 @@ def check_state_dict(model: nn.Module, state_dict) -> None:
     )
     parts += [f"{len(shapes)} shape mismatches:{show(shapes)}"] if shapes else []
     raise ValueError(
-        "state dict does not fit this model's config (was it saved from another config?)\n"
-        + "\n".join(parts)
+        "state dict does not fit this model's config (was it saved from another "
+        "config?)\n" + "\n".join(parts)
     )

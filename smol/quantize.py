@@ -4,8 +4,7 @@ channel.
 At batch size 1 a decode step reads every weight once and does two FLOPs with it, so its
 time is set by how many bytes the weights take. Storing them as int8 reads a quarter of
 float32's bytes (half of bfloat16's); the activations stay in floating point, and the
-product is rescaled.
-"""
+product is rescaled."""
 
 from __future__ import annotations
 

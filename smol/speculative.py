@@ -7,8 +7,7 @@ a cheap guess (the *draft*) of what comes next; no second model is needed. One f
 pass over the newest token and the draft gives the model's greedy choice after each of
 them: the draft is kept up to its first wrong token, and that position's choice is the
 next token. So the output is exactly what greedy decoding gives, token for token, in
-fewer (slightly larger) forward passes.
-"""
+fewer (slightly larger) forward passes."""
 
 from __future__ import annotations
 

@@ -7,8 +7,7 @@ attention the whole preallocated cache and hides the slots not written yet with 
 which slot a token goes to and which position RoPE gives it arrive as tensors, not
 Python ints. Every decode step then has the same shapes and the same code path: one
 graph, compiled once (and on CUDA, replayed as a CUDA graph with
-mode="reduce-overhead").
-"""
+mode="reduce-overhead")."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""Training: the loop around the optimisation recipe (smol.optim), with evaluation, samples,
-checkpoints that resume exactly (smol.checkpoint), throughput and MFU (smol.flops), and DDP.
+"""Training: the loop around the optimisation recipe (smol.optim), with evaluation,
+samples, checkpoints that resume exactly (smol.checkpoint), throughput and MFU
+(smol.flops), and DDP.
 
     python -m smol.train --preset tiny --steps 300 --out runs/tiny
     torchrun --nproc_per_node=2 -m smol.train --preset tiny --steps 300 --out runs/ddp
@@ -37,7 +38,8 @@ class TrainingDiverged(FloatingPointError):
 
 
 class TrainingInterrupted(Exception):
-    """SIGTERM or SIGINT (Ctrl-C) stopped training at a step boundary, after saving a checkpoint."""
+    """SIGTERM or SIGINT (Ctrl-C) stopped training at a step boundary, after saving a
+    checkpoint."""
 
     def __init__(self, signal_name: str, step: int, path: Path):
         self.signal_name, self.step, self.path = signal_name, step, path
@@ -81,16 +83,18 @@ def _is_number(value) -> bool:
 
 @dataclass
 class TrainConfig:
-    """Every setting of a run, checked when made (validate). A resume must keep those that decide
-    what is trained; it may change log_every, eval_every, eval_batches, sample_*, ckpt_every,
-    keep_checkpoints, out_dir, device, compile and progress (smol.checkpoint.MAY_CHANGE); another
-    device or compile gives the same run up to floating-point rounding, not bit for bit."""
+    """Every setting of a run, checked when made (validate). A resume must keep those
+    that decide what is trained; it may change log_every, eval_every, eval_batches,
+    sample_*, ckpt_every, keep_checkpoints, out_dir, device, compile and progress
+    (smol.checkpoint.MAY_CHANGE); another device or compile gives the same run up to
+    floating-point rounding, not bit for bit."""
 
     preset: str = "tiny"
     model_overrides: dict = field(
         default_factory=dict
     )  # SmolConfig fields, e.g. {"num_hidden_layers": 2}
-    tokenizer: str = "auto"  # "shakespeare" (vocab 4096), "smollm2" (49152), or auto from the vocab size
+    # "shakespeare" (vocab 4096), "smollm2" (49152), or "auto" from the vocab size
+    tokenizer: str = "auto"
     steps: int = 300
     batch_size: int = 16  # sequences per micro-batch per rank
     seq_len: int = 128
@@ -132,8 +136,8 @@ class TrainConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Raise a ValueError, one line, for the first setting that cannot work; the command line
-        and the Python API both check here, before any work."""
+        """Raise a ValueError, one line, for the first setting that cannot work; the
+        command line and the Python API both check here, before any work."""
         for name in POSITIVE_INTS:
             if not _is_int(value := getattr(self, name)) or value < 1:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
@@ -151,7 +155,8 @@ class TrainConfig:
             )
         if self.warmup_steps > self.steps:
             raise ValueError(
-                f"warmup_steps ({self.warmup_steps}) must lie in [0, steps ({self.steps})]"
+                f"warmup_steps ({self.warmup_steps}) must lie in [0, steps "
+                f"({self.steps})]"
             )
         if self.schedule not in ("cosine", "wsd"):
             raise ValueError(
@@ -169,7 +174,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must lie in [0, 1), got {value!r}")
         if self.tokenizer not in ("auto", "shakespeare", "smollm2"):
             raise ValueError(
-                f"tokenizer must be one of 'auto', 'shakespeare', 'smollm2'; got {self.tokenizer!r}"
+                "tokenizer must be one of 'auto', 'shakespeare', 'smollm2'; got "
+                f"{self.tokenizer!r}"
             )
         if self.dtype not in ("auto", "bf16", "fp16", "fp32"):
             raise ValueError(
@@ -191,11 +197,13 @@ class TrainConfig:
             and str(self.resume)
         ):
             raise ValueError(
-                f"resume must be True, False, 'latest' or a checkpoint's path, got {self.resume!r}"
+                "resume must be True, False, 'latest' or a checkpoint's path, got "
+                f"{self.resume!r}"
             )
         if self.resume and self.overwrite:
             raise ValueError(
-                "resume and overwrite exclude each other: continue the run, or start over"
+                "resume and overwrite exclude each other: continue the run, or start "
+                "over"
             )
         if not isinstance(self.sample_prompt, str):
             raise ValueError(f"sample_prompt must be a str, got {self.sample_prompt!r}")
@@ -213,7 +221,8 @@ class TrainConfig:
             )
         if not isinstance(self.model_overrides, dict):
             raise ValueError(
-                f"model_overrides must be a dict of SmolConfig fields, got {self.model_overrides!r}"
+                "model_overrides must be a dict of SmolConfig fields, got "
+                f"{self.model_overrides!r}"
             )
         fields = {f.name for f in dataclasses.fields(SmolConfig)}
         for key in self.model_overrides:
@@ -226,7 +235,8 @@ class TrainConfig:
 
 
 class Trainer:
-    """Trains a SmolLM on packed windows of a token stream (the Shakespeare plays by default)."""
+    """Trains a SmolLM on packed windows of a token stream (the Shakespeare plays by
+    default)."""
 
     def __init__(
         self,
@@ -287,7 +297,8 @@ class Trainer:
             self.load_checkpoint(None if cfg.resume in (True, "latest") else cfg.resume)
 
     def _on_main_rank(self, check) -> None:
-        """Run `check` on the main rank; under DDP every rank raises its error, if any."""
+        """Run `check` on the main rank; under DDP every rank raises its error, if
+        any."""
         error = None
         if self.is_main:
             try:
@@ -302,8 +313,9 @@ class Trainer:
             raise error
 
     def _prepare_out_dir(self) -> None:
-        """Check that out_dir and its checkpoint folder can be written, and that they hold no
-        other run: continuing one takes resume, starting over in its place takes overwrite."""
+        """Check that out_dir and its checkpoint folder can be written, and that they
+        hold no other run: continuing one takes resume, starting over in its place takes
+        overwrite."""
         cfg, root = self.cfg, self.checkpoint_root
         checkpoint.check_writable(cfg.out_dir, "out_dir")
         checkpoint.check_writable(root, "the checkpoint folder")
@@ -319,19 +331,21 @@ class Trainer:
             )
         gone = checkpoint.clear(root)
         log(
-            f"overwrite: deleted the {len(gone)} checkpoint(s) of the previous run in {root}"
+            f"overwrite: deleted the {len(gone)} checkpoint(s) of the previous run in "
+            f"{root}"
         )
 
     def _load_data(self, train_tokens, val_tokens) -> None:
-        """This rank's training batches and the validation windows; the corpus (tokenized with
-        cfg.tokenizer) stands in for a stream not given."""
+        """This rank's training batches and the validation windows; the corpus
+        (tokenized with cfg.tokenizer) stands in for a stream not given."""
         cfg, vocab_size = self.cfg, self.model_config.vocab_size
         self.tokenizer = None
         if train_tokens is None or val_tokens is None:
             self.tokenizer = data.load_tokenizer(cfg.tokenizer)
             if self.tokenizer.vocab_size > vocab_size:
                 raise ValueError(
-                    f"the {cfg.tokenizer!r} tokenizer has {self.tokenizer.vocab_size} tokens; "
+                    f"the {cfg.tokenizer!r} tokenizer has {self.tokenizer.vocab_size} "
+                    "tokens; "
                     f"the model's vocab_size is {vocab_size}"
                 )
             train_tokens = (
@@ -353,8 +367,9 @@ class Trainer:
         self.val_windows = data.PackedWindows(val_tokens, cfg.seq_len, shuffle=False)
 
     def _wrap_model(self, local_rank: int) -> None:
-        """Training runs through DDP (and compile) when used; eval through the compiled model;
-        generation through the plain model, whose KV-cache steps would only recompile."""
+        """Training runs through DDP (and compile) when used; eval through the compiled
+        model; generation through the plain model, whose KV-cache steps would only
+        recompile."""
         self.ddp = None
         if self.world_size > 1:
             from torch.nn.parallel import DistributedDataParallel
@@ -393,12 +408,14 @@ class Trainer:
         )
 
     def fit(self, until: int | None = None) -> dict:
-        """Train to cfg.steps from wherever a resume left off, with logs, evals, samples and
-        checkpoints; `until` stops (with a checkpoint) after that step, as a preempted job would.
+        """Train to cfg.steps from wherever a resume left off, with logs, evals, samples
+        and checkpoints; `until` stops (with a checkpoint) after that step, as a
+        preempted job would.
 
-        SIGTERM (a preempted job) or SIGINT (Ctrl-C) saves a checkpoint after the step under way
-        and raises TrainingInterrupted, which says where it went (a second signal stops at once;
-        the last checkpoint stays intact). Under DDP the ranks agree on it at the next log step."""
+        SIGTERM (a preempted job) or SIGINT (Ctrl-C) saves a checkpoint after the step
+        under way and raises TrainingInterrupted, which says where it went (a second
+        signal stops at once; the last checkpoint stays intact). Under DDP the ranks
+        agree on it at the next log step."""
         with self._stop_on_signals() as caught:
             return self._fit(until, caught)
 
@@ -486,8 +503,9 @@ class Trainer:
 
     @contextlib.contextmanager
     def _stop_on_signals(self):
-        """While training, SIGTERM and SIGINT only note that they came (in `caught`); the loop
-        stops at the next step boundary. A second one raises KeyboardInterrupt at once."""
+        """While training, SIGTERM and SIGINT only note that they came (in `caught`);
+        the loop stops at the next step boundary. A second one raises KeyboardInterrupt
+        at once."""
         caught: list[str] = []
         if (
             threading.current_thread() is not threading.main_thread()
@@ -503,7 +521,8 @@ class Trainer:
             caught.append(signal.Signals(signum).name)
             if self.is_main:
                 log(
-                    f"{caught[0]} received: saving a checkpoint after step {self.step + 1}, then stopping "
+                    f"{caught[0]} received: saving a checkpoint after step "
+                    f"{self.step + 1}, then stopping "
                     f"(send it again to stop at once)"
                 )
 
@@ -539,12 +558,15 @@ class Trainer:
             else "no checkpoint was saved before it"
         )
         return (
-            f"training diverged: {what} is {value} at step {step or self.step}; stopping ({kept}). "
-            f"Try a lower learning rate (lr={self.cfg.lr}) or gradient clipping (grad_clip={self.cfg.grad_clip})."
+            f"training diverged: {what} is {value} at step {step or self.step}; "
+            f"stopping ({kept}). "
+            f"Try a lower learning rate (lr={self.cfg.lr}) or gradient clipping "
+            f"(grad_clip={self.cfg.grad_clip})."
         )
 
     def train_step(self) -> torch.Tensor:
-        """One optimizer step over grad_accum micro-batches; returns the mean loss (a 0-d tensor)."""
+        """One optimizer step over grad_accum micro-batches; returns the mean loss (a
+        0-d tensor)."""
         lr = self.lr(self.step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -555,7 +577,8 @@ class Trainer:
                 t.to(self.device, non_blocking=True) for t in next(self.train_batches)
             )  # (B, T) each; a mask (B, T) with padded batches
             last = micro == self.cfg.grad_accum - 1
-            # DDP averages gradients across ranks during backward; skip it until the last micro-batch.
+            # DDP averages gradients across ranks during backward; skip it until the
+            # last micro-batch.
             sync = (
                 self.ddp.no_sync()
                 if self.ddp is not None and not last
@@ -587,8 +610,9 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean loss over the first eval_batches global batches of the validation windows, in order
-        (the same windows for any number of ranks, which share the micro-batches)."""
+        """Mean loss over the first eval_batches global batches of the validation
+        windows, in order (the same windows for any number of ranks, which share the
+        micro-batches)."""
         self.model.eval()
         B = self.cfg.batch_size
         n = min(self.cfg.eval_batches * B * self.world_size, len(self.val_windows))
@@ -627,7 +651,8 @@ class Trainer:
         top_k: int | None = 50,
         seed: int = 0,
     ) -> str:
-        """A generation from the current weights, with its own random generator (training's RNG is untouched)."""
+        """A generation from the current weights, with its own random generator
+        (training's RNG is untouched)."""
         from smol.generate import generate
 
         if self.tokenizer is None:
@@ -650,7 +675,8 @@ class Trainer:
         return self.tokenizer.decode(out[0])
 
     def mfu(self, tokens_per_s: float) -> float | None:
-        """Model FLOPs utilisation: achieved training FLOP/s over the GPUs' dense peak."""
+        """Model FLOPs utilisation: achieved training FLOP/s over the GPUs' dense
+        peak."""
         return flops.mfu(self.flops_per_token, tokens_per_s, self.peak, self.world_size)
 
     @property
@@ -658,7 +684,8 @@ class Trainer:
         return Path(self.cfg.out_dir) / "checkpoints"
 
     def save_checkpoint(self) -> Path | None:
-        """Write the model (safetensors), optimizer, scaler, schedule, RNG and data position (rank 0)."""
+        """Write the model (safetensors), optimizer, scaler, schedule, RNG and data
+        position (rank 0)."""
         if self.is_main:
             checkpoint.save_trainer(self, self.checkpoint_root)
         if self.world_size > 1:
@@ -667,9 +694,10 @@ class Trainer:
         return self.last_checkpoint
 
     def load_checkpoint(self, path: str | Path | None = None) -> Path:
-        """Restore everything save_checkpoint wrote. `path`: a checkpoint folder, taken as it is
-        (a damaged one is an error); or a folder of checkpoints (None: out_dir's), whose newest
-        intact one is taken, saying which damaged ones it skipped."""
+        """Restore everything save_checkpoint wrote. `path`: a checkpoint folder, taken
+        as it is (a damaged one is an error); or a folder of checkpoints (None:
+        out_dir's), whose newest intact one is taken, saying which damaged ones it
+        skipped."""
         path = self.checkpoint_root if path is None else Path(path)
         if (
             not (path / checkpoint.MANIFEST).exists()
@@ -680,7 +708,8 @@ class Trainer:
             path, damaged = checkpoint.newest_intact(path)
             if damaged and self.is_main:
                 log(
-                    f"warning: {'; '.join(map(str, damaged))}; resuming from {path.name}, "
+                    f"warning: {'; '.join(map(str, damaged))}; resuming from "
+                    f"{path.name}, "
                     f"the newest intact checkpoint"
                 )
         changed = checkpoint.restore_trainer(
@@ -688,14 +717,16 @@ class Trainer:
         )
         if changed and self.is_main:
             log(
-                f"warning: resuming with changed settings, so the run no longer matches an uninterrupted "
+                "warning: resuming with changed settings, so the run no longer "
+                "matches an uninterrupted "
                 f"one: {'; '.join(changed)}"
             )
         self.last_checkpoint = Path(path)
         return self.last_checkpoint
 
     def summary(self) -> dict:
-        """Final numbers; under DDP also every rank's weights digest (all equal when replicas agree)."""
+        """Final numbers; under DDP also every rank's weights digest (all equal when
+        replicas agree)."""
         digest = checkpoint.weights_digest(self.model)
         digests = [digest]
         if self.world_size > 1:
@@ -717,7 +748,8 @@ class Trainer:
 
 
 def log(message: str) -> None:
-    """One line on stderr: warnings and notes that must not mix with the progress output."""
+    """One line on stderr: warnings and notes that must not mix with the progress
+    output."""
     print(message, file=sys.stderr, flush=True)
 
 

@@ -4,13 +4,12 @@
     python -m smol.train --preset tiny --steps 300 --out-dir runs/tiny --resume
     torchrun --nproc_per_node=2 -m smol.train --preset tiny --steps 300 --out-dir runs/ddp
 
-Every error is one line on stderr, never a traceback. Exit status: 0 when training finished;
-2 for a usage error (a bad flag or setting), found before any work; 1 for a failure while
-running (an unwritable or occupied out-dir, a damaged checkpoint, divergence); 143 (SIGTERM) or
-130 (SIGINT, Ctrl-C) when a signal stopped training after saving a checkpoint, as a process
-stopped by that signal reports it, so that a scheduler knows the run is not finished and can
-start it again with --resume.
-"""
+Every error is one line on stderr, never a traceback. Exit status: 0 when training
+finished; 2 for a usage error (a bad flag or setting), found before any work; 1 for a
+failure while running (an unwritable or occupied out-dir, a damaged checkpoint,
+divergence); 143 (SIGTERM) or 130 (SIGINT, Ctrl-C) when a signal stopped training after
+saving a checkpoint, as a process stopped by that signal reports it, so that a scheduler
+knows the run is not finished and can start it again with --resume."""
 
 from __future__ import annotations
 
@@ -59,14 +58,16 @@ def _model_override(item: str) -> tuple[str, object]:
     kinds = {f.name: f.type for f in dataclasses.fields(SmolConfig)}
     if key not in kinds:
         raise UsageError(
-            f"--set {item}: unknown model setting {key!r} (one of {', '.join(sorted(kinds))})"
+            f"--set {item}: unknown model setting {key!r} (one of "
+            f"{', '.join(sorted(kinds))})"
         )
     parse = {"int": int, "float": float, "bool": _parse_bool, "str": str}[kinds[key]]
     try:
         return key, parse(text)
     except ValueError:
         raise UsageError(
-            f"--set {item}: expected {'true or false' if parse is _parse_bool else 'an ' + kinds[key]}"
+            f"--set {item}: expected "
+            f"{'true or false' if parse is _parse_bool else 'an ' + kinds[key]}"
         )
 
 
@@ -118,8 +119,10 @@ def main(argv=None) -> int:
         trainer = Trainer(cfg)
         if trainer.is_main:
             print(
-                f"{trainer.model.count_params():,} parameters, {trainer.device}, {trainer.amp_dtype}, "
-                f"world size {trainer.world_size}, {trainer.tokens_per_step:,} tokens/step, "
+                f"{trainer.model.count_params():,} parameters, {trainer.device}, "
+                f"{trainer.amp_dtype}, "
+                f"world size {trainer.world_size}, {trainer.tokens_per_step:,} "
+                "tokens/step, "
                 f"from step {trainer.step}",
                 flush=True,
             )
@@ -162,7 +165,8 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         saved = trainer.last_checkpoint if trainer is not None else None
         print(
-            f"interrupted; {'the last checkpoint is ' + str(saved) if saved else 'nothing was saved'}",
+            "interrupted; "
+            f"{'the last checkpoint is ' + str(saved) if saved else 'nothing was saved'}",
             file=sys.stderr,
             flush=True,
         )
