@@ -99,73 +99,22 @@ def generate(
     pass. `kv_cache`: a KVCache already holding the keys and values of input_ids[:,
     :kv_cache.length] (a chat's earlier turns); only the rest is prefilled, and the
     cache keeps the new tokens."""
-    if input_ids.dim() != 2:
-        raise ValueError(
-            f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}"
-        )
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
-    B, T = input_ids.shape
-    device = input_ids.device
-    vocab_size = model.config.vocab_size
-    if eos_token_id is not None:
-        ids = torch.as_tensor(eos_token_id).flatten().tolist()
-        if not ids or not all(isinstance(i, int) and 0 <= i < vocab_size for i in ids):
-            raise ValueError(
-                f"eos_token_id must be token ids in [0, {vocab_size}), got "
-                f"{eos_token_id!r}"
-            )
-    mask = (
-        torch.ones(B, T, dtype=torch.long, device=device)
-        if attention_mask is None
-        else attention_mask.to(device=device, dtype=torch.long)
-    )
-    if mask.shape != (B, T):
-        raise ValueError(
-            f"attention_mask must have the shape of input_ids {(B, T)}, got "
-            f"{tuple(mask.shape)}"
-        )
-    if attention_mask is not None and not bool(
-        mask.any(-1).all()
-    ):  # one sync, before the loop
-        row = int((~mask.any(-1)).nonzero()[0])
-        raise ValueError(
-            f"attention_mask row {row} has no tokens: every prompt needs at least one"
-        )
-    padded = not bool(mask.all())  # without padding the model's plain causal path does
-    eos = (
-        None
-        if eos_token_id is None
-        else torch.as_tensor(eos_token_id, device=device).flatten()
-    )
+    B, T = _check_input_ids(input_ids, max_new_tokens)
+    mask, padded = _prompt_mask(input_ids, attention_mask)
+    eos = _eos_ids(eos_token_id, model.config.vocab_size, input_ids.device)
     fast = _check_fast_options(
         compile, speculative, kv_cache, use_cache, padded, B, temperature
     )
+    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+    sampling["generator"] = generator
+    steps = (max_new_tokens, eos, stream, sampling)
     if fast == "compile":
-        return _generate_static(
-            model,
-            input_ids,
-            mask,
-            max_new_tokens,
-            eos,
-            stream,
-            compile,
-            compile_mode,
-            dict(
-                temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
-            ),
-        )
-    finished = torch.zeros(B, dtype=torch.bool, device=device)
+        return _generate_static(model, input_ids, mask, *steps, compile, compile_mode)
     cache = kv_cache
     if use_cache and cache is None:
         dtype = next(model.parameters()).dtype
-        cache = KVCache(
-            model.config,
-            B,
-            T + max_new_tokens + speculative,
-            device=device,
-            dtype=dtype,
-        )
+        size = T + max_new_tokens + speculative
+        cache = KVCache(model.config, B, size, device=input_ids.device, dtype=dtype)
     if fast == "speculative":
         from smol.speculative import speculative_greedy
 
@@ -179,48 +128,96 @@ def generate(
                 eos=eos,
                 stream=stream,
             )
-    if (
-        cache is not None and cache.length
-    ):  # earlier turns are cached: feed only what is new
-        if cache.length >= T or cache.max_len < T + max_new_tokens:
-            raise ValueError(
-                f"kv_cache holds {cache.length} tokens of {cache.max_len}; it must "
-                f"hold fewer than the {T} input tokens, with room for "
-                f"{max_new_tokens} more"
-            )
-    tokens, step_ids = (
-        input_ids,
-        input_ids[:, cache.length :] if cache is not None else input_ids,
-    )
+    if cache is not None and cache.length:
+        _check_kv_cache(cache, T, max_new_tokens)
     with _eval(model):
-        for _ in range(max_new_tokens):
-            position_ids = None
-            if padded:
-                position_ids = (mask.cumsum(-1) - 1).clamp(
-                    min=0
-                )  # (B, T'): padding does not count
-                if use_cache:
-                    position_ids = position_ids[:, cache.length :]
-            logits, _ = model(
-                step_ids,
-                attention_mask=mask if padded else None,
-                position_ids=position_ids,
-                kv_cache=cache,
-            )
-            next_token = sample_next_token(
-                logits[:, -1], temperature, top_k, top_p, generator
-            )  # (B,)
-            if eos is not None:
-                next_token = torch.where(finished, eos[0], next_token)
-                finished |= torch.isin(next_token, eos)
-            tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        return _decode(model, input_ids, mask if padded else None, cache, *steps)
+
+
+def _decode(model, input_ids, mask, cache, max_new_tokens, eos, stream, sampling):
+    """The plain decoding loop: with a cache, the prompt runs once (prefill), then each
+    step feeds only the newest token; without, every step reruns the whole sequence.
+    mask (B, T) or None when no row is padded."""
+    B = input_ids.shape[0]
+    finished = torch.zeros(B, dtype=torch.bool, device=input_ids.device)
+    # earlier turns of a chat may be cached already: feed only what is new
+    tokens = input_ids
+    step_ids = input_ids[:, cache.length :] if cache is not None else input_ids
+    for _ in range(max_new_tokens):
+        position_ids = None
+        if mask is not None:  # (B, T'): padding does not count
+            position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+            if cache is not None:
+                position_ids = position_ids[:, cache.length :]
+        logits, _ = model(
+            step_ids, attention_mask=mask, position_ids=position_ids, kv_cache=cache
+        )
+        next_token = sample_next_token(logits[:, -1], **sampling)  # (B,)
+        if eos is not None:
+            next_token = torch.where(finished, eos[0], next_token)
+            finished |= torch.isin(next_token, eos)
+        tokens = torch.cat([tokens, next_token[:, None]], dim=1)
+        if mask is not None:
             mask = torch.cat([mask, mask.new_ones(B, 1)], dim=1)
-            step_ids = next_token[:, None] if use_cache else tokens
-            if stream is not None:
-                stream(next_token)
-            if eos is not None and bool(finished.all()):
-                break
+        step_ids = next_token[:, None] if cache is not None else tokens
+        if stream is not None:
+            stream(next_token)
+        if eos is not None and bool(finished.all()):
+            break
     return tokens
+
+
+def _check_input_ids(input_ids: torch.Tensor, max_new_tokens: int) -> tuple[int, int]:
+    if input_ids.dim() != 2:
+        raise ValueError(
+            f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}"
+        )
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+    return input_ids.shape
+
+
+def _prompt_mask(input_ids, attention_mask) -> tuple[torch.Tensor, bool]:
+    """The prompt's mask as (B, T) longs of 0 (padding) and 1, and whether any row is
+    padded. A mask of other values (0.5, say) is an error, not rounded to padding."""
+    B, T = input_ids.shape
+    if attention_mask is None:
+        return torch.ones(B, T, dtype=torch.long, device=input_ids.device), False
+    if attention_mask.shape != (B, T):
+        raise ValueError(
+            f"attention_mask must have the shape of input_ids {(B, T)}, got "
+            f"{tuple(attention_mask.shape)}"
+        )
+    # one sync, before the loop
+    if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        raise ValueError("attention_mask must hold only 0 (padding) and 1 (tokens)")
+    mask = attention_mask.to(device=input_ids.device, dtype=torch.long)
+    if not bool(mask.any(-1).all()):
+        row = int((~mask.any(-1)).nonzero()[0])
+        raise ValueError(
+            f"attention_mask row {row} has no tokens: every prompt needs at least one"
+        )
+    return mask, not bool(mask.all())
+
+
+def _eos_ids(eos_token_id, vocab_size: int, device) -> torch.Tensor | None:
+    """eos_token_id (an int or a list of them) as a 1-d tensor, each id checked."""
+    if eos_token_id is None:
+        return None
+    ids = torch.as_tensor(eos_token_id).flatten().tolist()
+    if not ids or not all(isinstance(i, int) and 0 <= i < vocab_size for i in ids):
+        raise ValueError(
+            f"eos_token_id must be token ids in [0, {vocab_size}), got {eos_token_id!r}"
+        )
+    return torch.tensor(ids, device=device)
+
+
+def _check_kv_cache(cache: KVCache, T: int, max_new_tokens: int) -> None:
+    if cache.length >= T or cache.max_len < T + max_new_tokens:
+        raise ValueError(
+            f"kv_cache holds {cache.length} tokens of {cache.max_len}; it must hold "
+            f"fewer than the {T} input tokens, with room for {max_new_tokens} more"
+        )
 
 
 def _check_fast_options(
@@ -277,7 +274,7 @@ class _eval:
 
 
 def _generate_static(
-    model, input_ids, mask, max_new_tokens, eos, stream, compile, mode, sampling
+    model, input_ids, mask, max_new_tokens, eos, stream, sampling, compile, mode
 ):
     """generate() through a StaticCache whose one-token step is compiled (once per
     model, batch size and cache size): no tensor changes shape from one step to the

@@ -241,3 +241,26 @@ def test_generate_checks_eos_ids_and_empty_rows(model):
             temperature=0,
             attention_mask=torch.tensor([[1, 1, 1, 1], [0, 0, 0, 0]]),
         )
+
+
+@pytest.mark.parametrize(
+    "mask",
+    [
+        [[1.0, 1.0, 1.0, 1.0], [0.5, 1.0, 1.0, 1.0]],  # cast to long, 0.5 was padding
+        [[1, 1, 1, 1], [2, 1, 1, 1]],
+        [[1, 1, 1, 1], [-1, 1, 1, 1]],
+    ],
+)
+def test_generate_refuses_masks_of_other_values_than_0_and_1(model, mask):
+    ids = torch.randint(0, CONFIG.vocab_size, (2, 4))
+    with pytest.raises(ValueError, match="must hold only 0 .padding. and 1"):
+        generate(model, ids, 2, temperature=0, attention_mask=torch.tensor(mask))
+
+
+def test_generate_takes_a_bool_or_float_mask_of_0_and_1(model):
+    ids = torch.randint(0, CONFIG.vocab_size, (2, 4))
+    mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]])
+    want = generate(model, ids, 3, temperature=0, attention_mask=mask)
+    for same in (mask.bool(), mask.float()):
+        got = generate(model, ids, 3, temperature=0, attention_mask=same)
+        assert torch.equal(got, want)
