@@ -27,17 +27,22 @@ class KVCache:
                 f"a cache of {max_len} positions is longer than the context "
                 f"(max_position_embeddings={config.max_position_embeddings})"
             )
-        shape = (
-            config.num_hidden_layers,
-            batch_size,
-            config.num_key_value_heads,
-            max_len,
-            config.head_dim,
-        )
+        shape = self.shape(config, batch_size, max_len)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
         self.max_len = max_len
         self.length = 0
+
+    @staticmethod
+    def shape(config: SmolConfig, batch_size: int, max_len: int) -> tuple[int, ...]:
+        """(layers, B, H_kv, max_len, D): one tensor holds every layer's keys (and one
+        their values)."""
+        L, H_kv, D = (
+            config.num_hidden_layers,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
+        return (L, batch_size, H_kv, max_len, D)
 
     def update(self, layer_idx: int, k: torch.Tensor, v: torch.Tensor):
         """Store k, v (B, H_kv, T, D) after the cached tokens; return (B, H_kv, length +

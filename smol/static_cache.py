@@ -14,6 +14,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from smol.kv_cache import KVCache
+
 
 class StaticCache(nn.Module):
     """Runs `model` against a cache of `max_len` slots for `batch_size` sequences.
@@ -43,13 +45,7 @@ class StaticCache(nn.Module):
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         weight = model.model.embed_tokens.weight
-        shape = (
-            config.num_hidden_layers,
-            batch_size,
-            config.num_key_value_heads,
-            max_len,
-            config.head_dim,
-        )
+        shape = KVCache.shape(config, batch_size, max_len)
         self.model = model
         self.batch_size, self.max_len = batch_size, max_len
         self.register_buffer(
