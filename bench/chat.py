@@ -8,10 +8,10 @@ conversation).
 from __future__ import annotations
 
 import argparse
-import csv
 import time
 
 import torch
+from common import write_csv
 
 from smol.chat import ChatSession
 from smol.pretrained import load_pretrained
@@ -70,19 +70,9 @@ def main() -> None:
             flush=True,
         )
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            csv.writer(f).writerows(
-                [
-                    [
-                        "chat",
-                        "turn",
-                        "tokens in the conversation",
-                        "tokens read for the reply",
-                        "time to first token (ms)",
-                    ]
-                ]
-                + rows
-            )
+        header = ["chat", "turn", "tokens in the conversation"]
+        header += ["tokens read for the reply", "time to first token (ms)"]
+        write_csv(args.csv, header, rows)
 
 
 if __name__ == "__main__":

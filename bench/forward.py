@@ -9,11 +9,9 @@ printed (below 1.0: smol is faster).
 """
 
 import argparse
-import csv
-import statistics
-import time
 
 import torch
+from common import alternate, write_csv
 
 from smol import SmolConfig, SmolLM
 from smol.reference import llama_twin
@@ -38,18 +36,6 @@ def forward_backward(model, ids, is_smol):
         loss = model(ids, labels=ids).loss
     loss.backward()
     model.zero_grad(set_to_none=True)
-
-
-def measure(step, models, ids, repeats):
-    times = {name: [] for name in models}
-    for name, (m, is_smol) in models.items():  # warm-up
-        step(m, ids, is_smol)
-    for _ in range(repeats):
-        for name, (m, is_smol) in models.items():  # alternate
-            start = time.perf_counter()
-            step(m, ids, is_smol)
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def main():
@@ -82,38 +68,22 @@ def main():
         ):
             for m in (model, ref):
                 m.train(mode == "train")
-            med = measure(
-                step, {"smol": (model, True), "hf": (ref, False)}, ids, args.repeats
+            med, _ = alternate(
+                {
+                    "smol": lambda: step(model, ids, True),
+                    "hf": lambda: step(ref, ids, False),
+                },
+                args.repeats,
             )
+            ms = [f"{med['smol'] * 1e3:.1f}", f"{med['hf'] * 1e3:.1f}"]
+            ratio = f"{med['smol'] / med['hf']:.2f}"
             print(
-                f"{name:<14}{f'{b} x {t}':>10}{label:>18}{med['smol'] * 1e3:>10.1f}{med['hf'] * 1e3:>10.1f}"
-                f"{med['smol'] / med['hf']:>8.2f}"
+                f"{name:<14}{f'{b} x {t}':>10}{label:>18}{ms[0]:>10}{ms[1]:>10}{ratio:>8}"
             )
-            table.append(
-                [
-                    name,
-                    f"{b} x {t}",
-                    label,
-                    f"{med['smol'] * 1e3:.1f}",
-                    f"{med['hf'] * 1e3:.1f}",
-                    f"{med['smol'] / med['hf']:.2f}",
-                ]
-            )
+            table.append([name, f"{b} x {t}", label, *ms, ratio])
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            csv.writer(f).writerows(
-                [
-                    [
-                        "preset",
-                        "B x T",
-                        "pass",
-                        "smol (ms)",
-                        "transformers (ms)",
-                        "smol / transformers",
-                    ],
-                    *table,
-                ]
-            )
+        header = ["preset", "B x T", "pass", "smol (ms)", "transformers (ms)"]
+        write_csv(args.csv, [*header, "smol / transformers"], table)
 
 
 if __name__ == "__main__":

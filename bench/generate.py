@@ -18,14 +18,14 @@ from __future__ import annotations
 
 import argparse
 import copy
-import csv
 import statistics
 import sys
 import time
 
 import torch
+from common import write_csv
 
-from smol.generate import generate
+from smol.generate import generate, left_pad
 from smol.kv_cache import KVCache
 from smol.quantize import quantize_int8_
 from smol.speculative import SpeculativeStats, speculative_greedy
@@ -82,55 +82,161 @@ def load(args):
     return model, None, ref
 
 
-def main() -> None:
+def parse_args():
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--new-tokens", type=int, default=200)
-    parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch threads (default: torch's choice)",
-    )
-    parser.add_argument(
-        "--device", default="cuda" if torch.cuda.is_available() else "cpu"
-    )
-    parser.add_argument(
+    add = parser.add_argument
+    add("--new-tokens", type=int, default=200)
+    add("--runs", type=int, default=3)
+    add("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    add("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    add(
         "--preset",
         default="smollm2-135m",
         help="smollm2-135m: the real weights; tiny: random weights, a quick check",
     )
-    parser.add_argument(
+    add(
         "--compile",
         action="store_true",
         help="add the compiled paths (torch.compile; CUDA graphs on a GPU)",
     )
-    parser.add_argument(
-        "--no-cache-path",
-        action="store_true",
-        help="add smol without its KV cache (slow)",
-    )
-    parser.add_argument(
-        "--batches", default="1,4,16", help="batch sizes of the batched part"
-    )
-    parser.add_argument(
+    add("--no-cache-path", action="store_true", help="add smol without its KV cache")
+    add("--batches", default="1,4,16", help="batch sizes of the batched part")
+    add(
         "--batch-tokens",
         type=int,
         default=None,
         help="new tokens per row in the batched part (default: --new-tokens)",
     )
-    parser.add_argument(
+    add(
         "--only",
         default=None,
         help="semicolon-separated parts of path names to keep (transformers float32 and "
         "smol float32 are always kept)",
     )
-    parser.add_argument(
-        "--csv", help="write the medians here (the Benchmarks page reads it)"
+    add("--csv", help="write the medians here (the Benchmarks page reads it)")
+    return parser.parse_args()
+
+
+def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
+    """name -> (dtype label, prompt label, a function generating k tokens)."""
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    int8 = quantize_int8_(copy.deepcopy(model))
+    int8_bf16 = quantize_int8_(copy.deepcopy(model).to(torch.bfloat16))
+    ref_bf16 = copy.deepcopy(ref).to(torch.bfloat16)
+    for m in (ref, ref_bf16):
+        m.generation_config.eos_token_id = None  # always exactly n tokens
+
+    def hf(m, x):
+        mask, kw = torch.ones_like(x), {"do_sample": False, "pad_token_id": 0}
+        return lambda k: m.generate(x, attention_mask=mask, max_new_tokens=k, **kw)
+
+    def smol(m, x, **kw):
+        return lambda k: generate(m, x, k, temperature=0, **kw)
+
+    def spec(m, x, name):
+        def run(k):
+            stats = spec_stats.setdefault(name, SpeculativeStats())
+            dtype = m.model.embed_tokens.weight.dtype
+            size = x.shape[1] + k + 8
+            cache = KVCache(m.config, 1, size, device=args.device, dtype=dtype)
+            return speculative_greedy(m, x, k, cache, num_draft=8, stats=stats)
+
+        return run
+
+    table = [
+        ("transformers generate", "float32", "story", hf(ref, ids)),
+        ("transformers generate, bf16", "bfloat16", "story", hf(ref_bf16, ids)),
+        ("smol, KV cache", "float32", "story", smol(model, ids)),
+        ("smol, bf16", "bfloat16", "story", smol(bf16, ids)),
+        ("smol, int8 weights", "int8 / float32", "story", smol(int8, ids)),
+        ("smol, int8 weights, bf16", "int8 / bfloat16", "story", smol(int8_bf16, ids)),
+        ("smol, speculative", "float32", "story", None),
+        ("smol, speculative, bf16", "bfloat16", "story", None),
+        ("transformers generate (summary)", "float32", "summary", hf(ref, summary)),
+        ("smol, KV cache (summary)", "float32", "summary", smol(model, summary)),
+        ("smol, speculative (summary)", "float32", "summary", None),
+        ("smol, speculative, bf16 (summary)", "bfloat16", "summary", None),
+    ]
+    if args.no_cache_path:
+        table.append(
+            ("smol, no cache", "float32", "story", smol(model, ids, use_cache=False))
+        )
+    if args.compile:
+        mode = "reduce-overhead" if args.device.startswith("cuda") else None
+        for name, m, dtype in [
+            ("smol, compiled", model, "float32"),
+            ("smol, compiled, bf16", bf16, "bfloat16"),
+            ("smol, compiled, int8 weights, bf16", int8_bf16, "int8 / bfloat16"),
+        ]:
+            run = smol(m, ids, compile=True, compile_mode=mode)
+            table.append((name, dtype, "story", run))
+    paths = {}
+    for name, dtype, prompt, run in table:
+        if run is None:  # speculative: the weights by dtype, the prompt by label
+            weights = bf16 if dtype == "bfloat16" else model
+            run = spec(weights, ids if prompt == "story" else summary, name)
+        paths[name] = (dtype, prompt, run)
+    if args.only:
+        keep = args.only.split(";") + ["transformers generate", "smol, KV cache"]
+        paths = {k: v for k, v in paths.items() if any(part in k for part in keep)}
+    return paths
+
+
+def measure(paths: dict, n: int, runs: int, sync, after_warm_up):
+    """Tokens/s of every path (each round runs each path once) and its last output."""
+    for name, (_, _, run) in paths.items():  # warm-up (and compilation)
+        start = time.perf_counter()
+        run(8)
+        print(f"  warm-up {name}: {time.perf_counter() - start:.1f} s", flush=True)
+    after_warm_up()
+    rates, outputs = {name: [] for name in paths}, {}
+    for r in range(runs):
+        for name, (_, _, run) in paths.items():
+            sync()
+            start = time.perf_counter()
+            outputs[name] = run(n)
+            sync()
+            rates[name].append(n / (time.perf_counter() - start))
+        print(
+            f"  round {r + 1}: "
+            + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items()),
+            flush=True,
+        )
+    return {k: statistics.median(v) for k, v in rates.items()}, outputs
+
+
+def report(paths, rates, outputs, spec_stats) -> list[list]:
+    """Print every path's median tokens/s, its ratio to transformers' float32 generate
+    on the same prompt, and whether its tokens equal smol's float32 tokens."""
+    base = {
+        "story": rates["transformers generate"],
+        "summary": rates.get("transformers generate (summary)"),
+    }
+    reference = {
+        "story": outputs["smol, KV cache"],
+        "summary": outputs.get("smol, KV cache (summary)"),
+    }
+    print(
+        f"\n{'path':40s} {'dtype':16s} {'tokens/s':>9s} {'vs transformers':>16s}  same"
     )
-    args = parser.parse_args()
+    rows = []
+    for name, (dtype, prompt, _) in paths.items():
+        ratio = rates[name] / base[prompt]
+        same = torch.equal(outputs[name].cpu(), reference[prompt].cpu())
+        stats = spec_stats.get(name)
+        note = f"acceptance {stats.acceptance_rate:.0%}" if stats else ""
+        print(
+            f"{name:40s} {dtype:16s} {rates[name]:9.1f} {ratio:15.2f}x  {same}  {note}"
+        )
+        row = [name, dtype, 1, prompt, f"{rates[name]:.1f}", f"{ratio:.2f}"]
+        rows.append([*row, "yes" if same else "no", note])
+    return rows
+
+
+def main() -> None:
+    args = parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     cuda = args.device.startswith("cuda")
@@ -142,223 +248,34 @@ def main() -> None:
             return [b % vocab for b in text.encode()][:48]
         return tokenizer.encode(text)
 
-    bf16 = copy.deepcopy(model).to(torch.bfloat16)
-    int8 = quantize_int8_(copy.deepcopy(model))
-    int8_bf16 = quantize_int8_(copy.deepcopy(model).to(torch.bfloat16))
-    ref_bf16 = copy.deepcopy(ref).to(torch.bfloat16)
-    for m in (ref, ref_bf16):
-        m.generation_config.eos_token_id = None  # always exactly n tokens
     ids = torch.tensor([encode(PROMPT)], device=args.device)
     summary = torch.tensor([encode(SUMMARY)], device=args.device)
-    n = args.new_tokens
     spec_stats = {}
-
-    def hf(m, x):
-        return lambda k: m.generate(
-            x,
-            attention_mask=torch.ones_like(x),
-            max_new_tokens=k,
-            do_sample=False,
-            pad_token_id=0,
-        )
-
-    def spec(m, x, name):
-        def run(k):
-            stats = spec_stats.setdefault(name, SpeculativeStats())
-            cache = KVCache(
-                m.config,
-                1,
-                x.shape[1] + k + 8,
-                device=args.device,
-                dtype=m.model.embed_tokens.weight.dtype,
-            )
-            return speculative_greedy(m, x, k, cache, num_draft=8, stats=stats)
-
-        return run
-
-    # name -> (dtype label, prompt label, a function generating k tokens)
-    paths = {
-        "transformers generate": ("float32", "story", hf(ref, ids)),
-        "transformers generate, bf16": ("bfloat16", "story", hf(ref_bf16, ids)),
-        "smol, KV cache": (
-            "float32",
-            "story",
-            lambda k: generate(model, ids, k, temperature=0),
-        ),
-        "smol, bf16": (
-            "bfloat16",
-            "story",
-            lambda k: generate(bf16, ids, k, temperature=0),
-        ),
-        "smol, int8 weights": (
-            "int8 / float32",
-            "story",
-            lambda k: generate(int8, ids, k, temperature=0),
-        ),
-        "smol, int8 weights, bf16": (
-            "int8 / bfloat16",
-            "story",
-            lambda k: generate(int8_bf16, ids, k, temperature=0),
-        ),
-        "smol, speculative": (
-            "float32",
-            "story",
-            spec(model, ids, "smol, speculative"),
-        ),
-        "smol, speculative, bf16": (
-            "bfloat16",
-            "story",
-            spec(bf16, ids, "smol, speculative, bf16"),
-        ),
-        "transformers generate (summary)": ("float32", "summary", hf(ref, summary)),
-        "smol, KV cache (summary)": (
-            "float32",
-            "summary",
-            lambda k: generate(model, summary, k, temperature=0),
-        ),
-        "smol, speculative (summary)": (
-            "float32",
-            "summary",
-            spec(model, summary, "smol, speculative (summary)"),
-        ),
-        "smol, speculative, bf16 (summary)": (
-            "bfloat16",
-            "summary",
-            spec(bf16, summary, "smol, speculative, bf16 (summary)"),
-        ),
-    }
-    if args.no_cache_path:
-        paths["smol, no cache"] = (
-            "float32",
-            "story",
-            lambda k: generate(model, ids, k, temperature=0, use_cache=False),
-        )
-    if args.compile:
-        mode = "reduce-overhead" if cuda else None
-        for name, m, dtype in [
-            ("smol, compiled", model, "float32"),
-            ("smol, compiled, bf16", bf16, "bfloat16"),
-            ("smol, compiled, int8 weights, bf16", int8_bf16, "int8 / bfloat16"),
-        ]:
-            paths[name] = (
-                dtype,
-                "story",
-                lambda k, m=m: generate(
-                    m, ids, k, temperature=0, compile=True, compile_mode=mode
-                ),
-            )
-
-    if args.only:
-        keep = args.only.split(";") + ["transformers generate", "smol, KV cache"]
-        paths = {k: v for k, v in paths.items() if any(part in k for part in keep)}
-
-    def sync():
-        if cuda:
-            torch.cuda.synchronize()
-
-    def timed(run, k):
-        sync()
-        start = time.perf_counter()
-        out = run(k)
-        sync()
-        return out, time.perf_counter() - start
-
+    paths = build_paths(args, model, ref, ids, summary, spec_stats)
     print(
         f"device {args.device}, {args.preset}, "
-        f"torch threads {torch.get_num_threads()}, "
-        f"{n} new tokens, greedy, median of {args.runs} alternating runs",
+        f"torch threads {torch.get_num_threads()}, {args.new_tokens} new tokens, "
+        f"greedy, median of {args.runs} alternating runs",
         flush=True,
     )
-    for name, (_, _, run) in paths.items():  # warm-up (and compilation)
-        _, seconds = timed(run, 8)
-        print(f"  warm-up {name}: {seconds:.1f} s", flush=True)
-    spec_stats.clear()
-    rates, outputs = {name: [] for name in paths}, {}
-    for r in range(args.runs):
-        for name, (_, _, run) in paths.items():
-            outputs[name], seconds = timed(run, n)
-            rates[name].append(n / seconds)
-        print(
-            f"  round {r + 1}: "
-            + ", ".join(f"{k} {v[-1]:.1f}" for k, v in rates.items()),
-            flush=True,
-        )
-    base = statistics.median(rates["transformers generate"])
-    base_summary = statistics.median(rates.get("transformers generate (summary)", [0]))
-    reference = {
-        "story": outputs["smol, KV cache"],
-        "summary": outputs["smol, KV cache (summary)"],
-    }
-    rows = []
-    print(
-        f"\n{'path':40s} {'dtype':16s} {'tokens/s':>9s} "
-        f"{'vs transformers':>16s}  same tokens"
-    )
-    for name, (dtype, prompt, _) in paths.items():
-        rate = statistics.median(rates[name])
-        ratio = rate / (base if prompt == "story" else base_summary)
-        same = reference[prompt] is not None and torch.equal(
-            outputs[name].cpu(), reference[prompt].cpu()
-        )
-        stats = spec_stats.get(name)
-        note = f"acceptance {stats.acceptance_rate:.0%}" if stats else ""
-        print(
-            f"{name:40s} {dtype:16s} {rate:9.1f} {ratio:15.2f}x  {same}  {note}",
-            flush=True,
-        )
-        rows.append(
-            [
-                name,
-                dtype,
-                1,
-                prompt,
-                f"{rate:.1f}",
-                f"{ratio:.2f}",
-                "yes" if same else "no",
-                note,
-            ]
-        )
-
-    batch_rates = (
-        batched(args, model, encode, args.batch_tokens or n) if args.batches else {}
-    )
-    for size, rate in batch_rates.items():
-        ratio = rate / batch_rates[1]
-        print(
-            f"smol, batch {size:<3d} float32: {rate:9.1f} tokens/s, "
-            f"{ratio:.2f}x batch 1",
-            flush=True,
-        )
-        rows.append(
-            [
-                f"smol, batch {size}",
-                "float32",
-                size,
-                "mixed, left-padded",
-                f"{rate:.1f}",
-                f"{rate / base:.2f}",
-                "",
-                f"{ratio:.2f}x batch 1",
-            ]
-        )
-    if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            csv.writer(f).writerows(
-                [
-                    [
-                        "path",
-                        "weights / activations",
-                        "batch",
-                        "prompt",
-                        "tokens/s",
-                        "vs transformers float32",
-                        "same tokens as float32",
-                        "note",
-                    ]
-                ]
-                + rows
+    sync = torch.cuda.synchronize if cuda else lambda: None
+    # the speculative paths' acceptance counts the measured runs only
+    rates, outputs = measure(paths, args.new_tokens, args.runs, sync, spec_stats.clear)
+    rows = report(paths, rates, outputs, spec_stats)
+    if args.batches:
+        batch_rates = batched(args, model, encode, args.batch_tokens or args.new_tokens)
+        for size, rate in batch_rates.items():
+            ratio = rate / batch_rates[1]
+            print(
+                f"smol, batch {size:<3d} float32: {rate:9.1f} tok/s, {ratio:.2f}x batch 1"
             )
-        print("wrote", args.csv)
+            row = [f"smol, batch {size}", "float32", size, "mixed, left-padded"]
+            row += [f"{rate:.1f}", f"{rate / rates['transformers generate']:.2f}"]
+            rows.append([*row, "", f"{ratio:.2f}x batch 1"])
+    if args.csv:
+        header = ["path", "weights / activations", "batch", "prompt", "tokens/s"]
+        header += ["vs transformers float32", "same tokens as float32", "note"]
+        write_csv(args.csv, header, rows)
 
 
 def batched(args, model, encode, n) -> dict[int, float]:
@@ -367,12 +284,7 @@ def batched(args, model, encode, n) -> dict[int, float]:
     sizes = [int(b) for b in args.batches.split(",")]
     for size in sizes:
         seqs = [encode(BATCH_PROMPTS[i % len(BATCH_PROMPTS)]) for i in range(size)]
-        width = max(len(s) for s in seqs)
-        ids = torch.zeros(size, width, dtype=torch.long, device=args.device)
-        mask = torch.zeros(size, width, dtype=torch.long, device=args.device)
-        for i, s in enumerate(seqs):
-            ids[i, width - len(s) :] = torch.tensor(s)
-            mask[i, width - len(s) :] = 1
+        ids, mask = left_pad(seqs, device=args.device)
         generate(model, ids, 4, temperature=0, attention_mask=mask)  # warm-up
         times = []
         for _ in range(args.runs):

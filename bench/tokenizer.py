@@ -10,12 +10,12 @@ machine slows both alike; medians are reported. Ids and merges are checked equal
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import os
 import statistics
 import time
 
+from common import write_csv
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
 from smol.bpe import BPE, pre_tokenize, train
@@ -128,15 +128,8 @@ def main() -> None:
         f"{t_ours / t_theirs:.2f}x the time (median of {args.train_runs})"
     )
     if args.csv:
-        with open(args.csv, "w", newline="") as f:
-            header = [
-                "case",
-                "unit",
-                "smol.bpe",
-                "tokenizers",
-                "time ratio (smol.bpe / tokenizers)",
-            ]
-            csv.writer(f).writerows([header] + rows)
+        header = ["case", "unit", "smol.bpe", "tokenizers"]
+        write_csv(args.csv, [*header, "time ratio (smol.bpe / tokenizers)"], rows)
 
 
 if __name__ == "__main__":

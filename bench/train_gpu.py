@@ -19,6 +19,7 @@ import time
 
 import torch
 import torch.nn.functional as F
+from common import write_csv
 
 from smol import SmolConfig, SmolLM
 from smol.flops import flops_per_token, mfu, num_params, peak_flops
@@ -84,6 +85,17 @@ def timed(run: Run, batches, device) -> tuple[float, float | None]:
         else None
     )
     return seconds, peak
+
+
+def table_row(model: str, gpu: str, r: dict) -> list[str]:
+    mem = r["peak_memory_gib"]
+    return [
+        model,
+        gpu,
+        f"{r['tokens_per_s']:.0f}",
+        f"{r['mfu']:.1%}" if r["mfu"] else "n/a",
+        f"{mem:.1f}" if mem is not None else "n/a",
+    ]
 
 
 def main():
@@ -191,24 +203,8 @@ def main():
     ratio = results["smol"]["tokens_per_s"] / results["transformers"]["tokens_per_s"]
     print(f"smol / transformers tokens/s: {ratio:.2f}")
     if args.csv:
-        import csv
-
-        with open(args.csv, "w", newline="") as f:
-            csv.writer(f).writerows(
-                [["model", "GPU", "tokens/s", "MFU", "peak memory (GiB)"]]
-                + [
-                    [
-                        k,
-                        name,
-                        f"{r['tokens_per_s']:.0f}",
-                        f"{r['mfu']:.1%}" if r["mfu"] else "n/a",
-                        f"{r['peak_memory_gib']:.1f}"
-                        if r["peak_memory_gib"] is not None
-                        else "n/a",
-                    ]
-                    for k, r in results.items()
-                ]
-            )
+        header = ["model", "GPU", "tokens/s", "MFU", "peak memory (GiB)"]
+        write_csv(args.csv, header, [table_row(k, name, r) for k, r in results.items()])
     if args.json:
         with open(args.json, "w") as f:
             json.dump(

@@ -62,6 +62,21 @@ def sample_next_token(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+def left_pad(seqs, pad_id: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts of different lengths (lists of ids or 1-d tensors) -> (ids (B, T), mask
+    (B, T)), each row right-aligned after pad_id padding, the mask 0 on the padding:
+    what generate takes as input_ids and attention_mask."""
+    seqs = [torch.as_tensor(s, dtype=torch.long).flatten() for s in seqs]
+    if not seqs or min(len(s) for s in seqs) == 0:
+        raise ValueError("left_pad needs at least one prompt, and no empty prompt")
+    width = max(len(s) for s in seqs)
+    ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, width - len(s) :], mask[i, width - len(s) :] = s, 1
+    return ids.to(device), mask.to(device)
+
+
 @torch.no_grad()
 def generate(
     model,

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from smol import SmolConfig, SmolLM
 from smol.chat import ChatSession
-from smol.generate import generate
+from smol.generate import generate, left_pad
 from smol.kv_cache import KVCache
 from smol.quantize import QuantLinear, quantize_int8_, quantize_per_channel
 from smol.speculative import SpeculativeStats, lookup_draft, speculative_greedy
@@ -47,15 +47,6 @@ def model():
         for p in m.parameters():
             p.mul_(8 if p.dim() > 1 else 1)
     return m
-
-
-def left_pad(seqs, pad=0):
-    width = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), width), pad)
-    mask = torch.zeros(len(seqs), width, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, width - len(s) :], mask[i, width - len(s) :] = torch.tensor(s), 1
-    return ids, mask
 
 
 def static_greedy(cache, ids, mask, n):

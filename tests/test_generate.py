@@ -4,7 +4,13 @@ import pytest
 import torch
 
 from smol import SmolConfig, SmolLM
-from smol.generate import filter_top_k, filter_top_p, generate, sample_next_token
+from smol.generate import (
+    filter_top_k,
+    filter_top_p,
+    generate,
+    left_pad,
+    sample_next_token,
+)
 from smol.kv_cache import KVCache
 from smol.reference import llama_twin
 
@@ -35,15 +41,6 @@ def model():
 def prompts(lengths, seed=1):
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, CONFIG.vocab_size, (1, n), generator=g) for n in lengths]
-
-
-def left_pad(seqs, pad=0):
-    width = max(s.shape[1] for s in seqs)
-    ids = torch.full((len(seqs), width), pad)
-    mask = torch.zeros(len(seqs), width, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, width - s.shape[1] :], mask[i, width - s.shape[1] :] = s[0], 1
-    return ids, mask
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
@@ -264,3 +261,12 @@ def test_generate_takes_a_bool_or_float_mask_of_0_and_1(model):
     for same in (mask.bool(), mask.float()):
         got = generate(model, ids, 3, temperature=0, attention_mask=same)
         assert torch.equal(got, want)
+
+
+def test_left_pad_right_aligns_prompts_and_refuses_empty_ones():
+    ids, mask = left_pad([[5, 6, 7], [8]], pad_id=2)
+    assert ids.tolist() == [[5, 6, 7], [2, 2, 8]]
+    assert mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    for bad in ([], [[1, 2], []]):
+        with pytest.raises(ValueError, match="no empty prompt"):
+            left_pad(bad)
