@@ -8,13 +8,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from smol import SmolConfig, SmolLM
+from smol import SmolConfig
 from smol.chat import ChatSession
 from smol.generate import generate, left_pad
 from smol.kv_cache import KVCache
 from smol.quantize import QuantLinear, quantize_int8_, quantize_per_channel
 from smol.speculative import SpeculativeStats, lookup_draft, speculative_greedy
 from smol.static_cache import StaticCache, static_cache_for
+from tests.tiny_models import peaked
 
 CONFIG = SmolConfig(
     vocab_size=211,
@@ -39,14 +40,7 @@ SUMMARY_PROMPT = (  # as in chapter 9
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    m = SmolLM(CONFIG).eval()
-    with (
-        torch.no_grad()
-    ):  # larger weights: peaked, varied predictions instead of near-uniform
-        for p in m.parameters():
-            p.mul_(8 if p.dim() > 1 else 1)
-    return m
+    return peaked(CONFIG)
 
 
 def static_greedy(cache, ids, mask, n):

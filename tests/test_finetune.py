@@ -7,22 +7,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from smol import SmolConfig, SmolLM
+from smol import SmolLM
 from smol.finetune import SFTTrainer, main, read_conversations
 from smol.lora import apply_lora, lora_layers
 from smol.sft import ConversationBatches, check_messages, collate, encode_conversation
 from smol.train import TrainConfig
+from tests.tiny_models import with_real_vocab
 
-# A model small enough for a CPU, with SmolLM2's vocabulary so that its tokenizer fits.
-TINY = SmolConfig(
-    vocab_size=49152,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-)
+TINY = with_real_vocab()
 
 
 @pytest.fixture(scope="module")

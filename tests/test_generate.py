@@ -13,6 +13,7 @@ from smol.generate import (
 )
 from smol.kv_cache import KVCache
 from smol.reference import llama_twin
+from tests.tiny_models import peaked
 
 CONFIG = SmolConfig(
     vocab_size=211,
@@ -28,14 +29,7 @@ CONFIG = SmolConfig(
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    m = SmolLM(CONFIG).eval()
-    with (
-        torch.no_grad()
-    ):  # larger weights: peaked, varied predictions instead of near-uniform ones
-        for p in m.parameters():
-            p.mul_(8 if p.dim() > 1 else 1)
-    return m
+    return peaked(CONFIG)
 
 
 def prompts(lengths, seed=1):

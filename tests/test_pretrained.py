@@ -15,6 +15,7 @@ from smol import SmolConfig, SmolLM
 from smol.generate import generate
 from smol.gguf import GGUFFile, bundled_gguf_path, dequantize, permute_qk, unpermute_qk
 from smol.pretrained import build_model, load_pretrained, save_pretrained
+from tests.tiny_models import with_real_vocab
 
 PROMPTS = [
     "The capital of France is",
@@ -180,15 +181,7 @@ def test_save_pretrained_loads_in_transformers_and_back(real_model, tmp_path):
 
 def tiny_folder(real_model, folder):
     """A small random model in the hub's layout, with the real tokenizer."""
-    config = SmolConfig(
-        vocab_size=49152,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=128,
-    )
+    config = with_real_vocab(max_position_embeddings=128)
     torch.manual_seed(0)
     model = SmolLM(config).eval()
     save_pretrained(model, real_model[1], folder)
