@@ -253,19 +253,13 @@ class Batches:
         if batch_size * world_size > len(windows):
             raise ValueError(
                 f"a batch of {batch_size} x {world_size} rank(s) windows of "
-                f"{windows.seq_len + 1} "
-                f"tokens needs {batch_size * world_size * windows.seq_len + 1} tokens; "
-                "the data has "
+                f"{windows.seq_len + 1} tokens needs "
+                f"{batch_size * world_size * windows.seq_len + 1} tokens; the data has "
                 f"{len(windows.tokens)} ({len(windows)} windows): lower batch_size or "
                 "seq_len"
             )
-        self.windows, self.batch_size, self.rank, self.world_size = (
-            windows,
-            batch_size,
-            rank,
-            world_size,
-        )
-        self.position = position
+        self.windows, self.batch_size = windows, batch_size
+        self.rank, self.world_size, self.position = rank, world_size, position
 
     def __iter__(self):
         return self
