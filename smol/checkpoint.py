@@ -11,7 +11,6 @@ the same run (the same run id), never another run's."""
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import json
 import os
@@ -56,7 +55,7 @@ def file_sha256(path: Path) -> str:
 
 
 def rng_state() -> dict:
-    """Every random generator a training step draws from: torch's, Python's and CUDA's."""
+    """Every random generator a training step draws from: torch, Python, CUDA."""
     return {
         "torch": torch.get_rng_state(),
         "python": random.getstate(),
@@ -228,107 +227,19 @@ def load(path: str | Path, device="cpu") -> tuple[dict[str, torch.Tensor], dict]
     return weights, {**state, "run_id": manifest.get("run_id", "")}
 
 
-# Train-config fields a resume may change: what is logged, evaluated, sampled and saved,
-# and where and how fast it runs (another device or torch.compile gives the same
-# training up to floating-point rounding, not bit for bit). Every other field, the
-# model's config and the number of processes change what is trained: a resume refuses
-# them unless allow_changed_settings.
-MAY_CHANGE = (
-    "log_every",
-    "eval_every",
-    "eval_batches",
-    "sample_every",
-    "sample_prompt",
-    "sample_tokens",
-    "ckpt_every",
-    "keep_checkpoints",
-    "out_dir",
-    "device",
-    "compile",
-    "progress",
-    "resume",
-    "overwrite",
-    "allow_changed_settings",
-    "preset",
-    "model_overrides",
-)  # (the model: compared whole)
-SCHEDULE_FIELDS = (
-    "lr",
-    "min_lr",
-    "warmup_steps",
-    "steps",
-    "schedule",
-    "decay_fraction",
+# A Trainer's part of a checkpoint lives in smol.resume; its names import from here too.
+_IN_RESUME = (
+    "MAY_CHANGE",
+    "SCHEDULE_FIELDS",
+    "save_trainer",
+    "changed_settings",
+    "restore_trainer",
 )
 
 
-def save_trainer(trainer, root: str | Path) -> Path:
-    """Checkpoint a smol.train.Trainer: the weights, optimizer, scaler, schedule, data
-    position, RNG, both configurations and the history (call it on the main rank only).
-    """
-    cfg = trainer.cfg
-    state = {
-        "step": trainer.step,
-        "optimizer": trainer.optimizer.state_dict(),
-        "scaler": trainer.scaler.state_dict(),
-        "schedule": {k: getattr(cfg, k) for k in SCHEDULE_FIELDS},
-        "data": trainer.train_batches.state_dict(),
-        "rng": rng_state(),
-        "model_config": dataclasses.asdict(trainer.model_config),
-        "train_config": {
-            k: str(v) if isinstance(v, os.PathLike) else v
-            for k, v in dataclasses.asdict(cfg).items()
-        },
-        "history": trainer.history,
-        "world_size": trainer.world_size,
-    }
-    return save(
-        root, trainer.step, trainer.model, state, cfg.keep_checkpoints, trainer.run_id
-    )
+def __getattr__(name: str):
+    if name in _IN_RESUME:
+        from smol import resume
 
-
-def changed_settings(state: dict, trainer) -> list[str]:
-    """'name: checkpoint X, now Y' for every setting that differs from the checkpoint's and would
-    make the resumed run differ from an uninterrupted one."""
-
-    def differ(saved: dict, now: dict) -> list[str]:
-        return [
-            f"{k}: checkpoint {saved[k]!r}, now {now.get(k)!r}"
-            for k in saved
-            if k not in MAY_CHANGE and saved[k] != now.get(k)
-        ]
-
-    return (
-        differ(state["model_config"], dataclasses.asdict(trainer.model_config))
-        + differ(state["train_config"], dataclasses.asdict(trainer.cfg))
-        + differ(
-            {"world_size": state["world_size"]}, {"world_size": trainer.world_size}
-        )
-    )
-
-
-def restore_trainer(
-    trainer, path: str | Path, allow_changed: bool = False
-) -> list[str]:
-    """Put a Trainer back where save_trainer left it. Refuses settings that would not
-    continue the same run (changed_settings), unless allow_changed; returns them."""
-    weights, state = load(path, trainer.device)
-    changed = changed_settings(state, trainer)
-    if changed and not allow_changed:
-        raise ValueError(
-            f"checkpoint {path} was saved with other settings, so resuming would not "
-            "continue "
-            f"the same run: {'; '.join(changed)}; resume with the checkpoint's "
-            "settings, or "
-            "pass --allow-changed-settings (allow_changed_settings=True) to continue "
-            "anyway"
-        )
-    trainer.model.load_state_dict(weights)
-    trainer.optimizer.load_state_dict(state["optimizer"])
-    trainer.scaler.load_state_dict(state["scaler"])
-    trainer.train_batches.load_state_dict(state["data"])
-    trainer.step = state["step"]
-    trainer.history = state["history"]
-    trainer.run_id = state["run_id"]
-    set_rng_state(state["rng"])
-    return changed
+        return getattr(resume, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -160,6 +160,30 @@ def next_token_targets(window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return window[..., :-1], window[..., 1:]
 
 
+def corpus_streams(
+    tokenizer_name: str,
+    vocab_size: int,
+    train_tokens: torch.Tensor | None = None,
+    val_tokens: torch.Tensor | None = None,
+) -> tuple[Tokenizer | None, torch.Tensor, torch.Tensor]:
+    """(tokenizer, train_tokens, val_tokens) for a model of vocab_size: the corpus,
+    tokenized with the tokenizer named, stands in for a stream not given; the tokenizer
+    is None when both are given."""
+    if train_tokens is not None and val_tokens is not None:
+        return None, train_tokens, val_tokens
+    tokenizer = load_tokenizer(tokenizer_name)
+    if tokenizer.vocab_size > vocab_size:
+        raise ValueError(
+            f"the {tokenizer_name!r} tokenizer has {tokenizer.vocab_size} tokens; "
+            f"the model's vocab_size is {vocab_size}"
+        )
+    if train_tokens is None:
+        train_tokens = corpus_tokens("train", tokenizer)
+    if val_tokens is None:
+        val_tokens = corpus_tokens("val", tokenizer)
+    return tokenizer, train_tokens, val_tokens
+
+
 class PackedWindows:
     """Non-overlapping windows of seq_len + 1 tokens cut from one stream of documents
     (consecutive windows share one token: the last target of one is the first input of
@@ -229,19 +253,13 @@ class Batches:
         if batch_size * world_size > len(windows):
             raise ValueError(
                 f"a batch of {batch_size} x {world_size} rank(s) windows of "
-                f"{windows.seq_len + 1} "
-                f"tokens needs {batch_size * world_size * windows.seq_len + 1} tokens; "
-                "the data has "
+                f"{windows.seq_len + 1} tokens needs "
+                f"{batch_size * world_size * windows.seq_len + 1} tokens; the data has "
                 f"{len(windows.tokens)} ({len(windows)} windows): lower batch_size or "
                 "seq_len"
             )
-        self.windows, self.batch_size, self.rank, self.world_size = (
-            windows,
-            batch_size,
-            rank,
-            world_size,
-        )
-        self.position = position
+        self.windows, self.batch_size = windows, batch_size
+        self.rank, self.world_size, self.position = rank, world_size, position
 
     def __iter__(self):
         return self

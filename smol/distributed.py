@@ -1,4 +1,5 @@
-"""Where a training process runs: its rank among torchrun's processes, and its device."""
+"""Where a training process runs: its rank among torchrun's processes, its device,
+and the model as DDP trains it."""
 
 from __future__ import annotations
 
@@ -33,3 +34,40 @@ def training_device(device: str, local_rank: int = 0) -> torch.device:
         torch.set_float32_matmul_precision("high")  # TF32 for any fp32 matmul left
         torch.backends.cudnn.allow_tf32 = True
     return device
+
+
+def on_main_rank(check, rank: int, world_size: int) -> None:
+    """Run `check` on the main rank (0) only; under DDP every rank then raises its
+    OSError or ValueError, if any, so that all stop together."""
+    error = None
+    if rank == 0:
+        try:
+            check()
+        except (OSError, ValueError) as e:
+            error = e
+    if world_size > 1:
+        box = [error]
+        dist.broadcast_object_list(box, src=0)
+        error = box[0]
+    if error is not None:
+        raise error
+
+
+def wrap_for_training(
+    model, device: torch.device, local_rank: int, world_size: int, compile: bool
+):
+    """(ddp, train_model, eval_model): training runs through DDP (None for one
+    process) and compile when used; eval through the compiled model; generation through
+    the plain model, whose KV-cache steps would only recompile."""
+    ddp = None
+    if world_size > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        on_gpu = device.type == "cuda"
+        ddp = DistributedDataParallel(
+            model, device_ids=[local_rank] if on_gpu else None
+        )
+    eval_model = torch.compile(model) if compile else model
+    if ddp is None:
+        return None, eval_model, eval_model
+    return ddp, torch.compile(ddp) if compile else ddp, eval_model

@@ -29,6 +29,7 @@ from smol.lora import (
 )
 from smol.sft import ConversationBatches, check_messages, collate, encode_conversation
 from smol.train import TrainConfig, Trainer, TrainingDiverged
+from smol.train_cli import run_command
 
 
 def read_conversations(path: str | Path) -> list[list[dict]]:
@@ -99,10 +100,8 @@ class SFTTrainer(Trainer):
                 )
             return kept
 
-        self.train_examples, self.val_examples = (
-            encode(train, "training"),
-            encode(val, "validation"),
-        )
+        self.train_examples = encode(train, "training")
+        self.val_examples = encode(val, "validation")
         self.train_batches = ConversationBatches(
             self.train_examples,
             self.cfg.batch_size,
@@ -121,9 +120,8 @@ class SFTTrainer(Trainer):
         self.model.eval()
         B = self.cfg.batch_size
         n = min(self.cfg.eval_batches * B, len(self.val_examples))
-        sums = torch.zeros(
-            2, device=self.device, dtype=torch.float64
-        )  # loss sum, tokens
+        # loss sum, tokens
+        sums = torch.zeros(2, device=self.device, dtype=torch.float64)
         for i, start in enumerate(range(0, n, B)):
             if i % self.world_size != self.rank:
                 continue
@@ -197,73 +195,74 @@ def _parse_args(argv):
 
 def main(argv=None) -> int:
     args = _parse_args(argv)
+    return run_command(lambda: _finetune(args), FAILURES)
+
+
+# Failures while running: one line on stderr, exit status 1.
+FAILURES = (ValueError, FileNotFoundError, CheckpointError, TrainingDiverged)
+
+
+def _finetune(args) -> int:
     from smol.pretrained import load_pretrained, save_pretrained
 
-    try:
-        train = read_conversations(args.data)
-        val = read_conversations(args.val_data) if args.val_data else []
-        lora = args.lora_r > 0
-        lr = args.lr if args.lr is not None else (1e-3 if lora else 5e-5)
-        out = Path(args.out)
-        cfg = TrainConfig(
-            steps=args.steps,
-            batch_size=args.batch_size,
-            seq_len=args.max_len,
-            grad_accum=args.grad_accum,
-            lr=lr,
-            min_lr=lr / 10,
-            warmup_steps=min(args.warmup_steps, args.steps),
-            weight_decay=args.weight_decay,
-            eval_every=args.eval_every,
-            out_dir=str(out / "training"),
-            seed=args.seed,
-            device=args.device,
-            dtype=args.dtype,
-            progress=args.progress,
+    train = read_conversations(args.data)
+    val = read_conversations(args.val_data) if args.val_data else []
+    lora, out = args.lora_r > 0, Path(args.out)
+    cfg = _train_config(args, lora)
+    device = None if args.device == "auto" else args.device
+    model, tokenizer = load_pretrained(args.model, device=device)
+    if lora:
+        targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
+        alpha = args.lora_alpha if args.lora_alpha is not None else 2.0 * args.lora_r
+        apply_lora(model, args.lora_r, alpha, targets, args.lora_dropout)
+    model.train()
+    trainable, total = count_trainable(model)
+    trainer = SFTTrainer(cfg, model, tokenizer, train, val)
+    if trainer.is_main:
+        how = f"LoRA r={args.lora_r}" if lora else "full fine-tuning"
+        print(
+            f"{len(trainer.train_examples)} training conversations, "
+            f"{len(val)} validation; training {trainable:,} of {total:,} parameters "
+            f"({how}), {trainer.device}",
+            flush=True,
         )
-        device = None if args.device == "auto" else args.device
-        model, tokenizer = load_pretrained(args.model, device=device)
-        if lora:
-            targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
-            alpha = (
-                args.lora_alpha if args.lora_alpha is not None else 2.0 * args.lora_r
-            )
-            apply_lora(model, args.lora_r, alpha, targets, args.lora_dropout)
-        model.train()
-        trainable, total = count_trainable(model)
-        trainer = SFTTrainer(cfg, model, tokenizer, train, val)
-        if trainer.is_main:
-            print(
-                f"{len(trainer.train_examples)} training conversations, "
-                f"{len(val)} validation; "
-                f"training {trainable:,} of {total:,} parameters "
-                f"({'LoRA r=' + str(args.lora_r) if lora else 'full fine-tuning'}), "
-                f"{trainer.device}",
-                flush=True,
-            )
-        history = trainer.fit()
-        if trainer.is_main:
-            if lora:
-                save_peft_adapter(model, out / "adapter", args.model)
-                merge_lora(model)
-            save_pretrained(model.float().eval(), tokenizer, out)
-            val_loss = (
-                f", val loss {history['val_loss'][-1]:.4f}"
-                if history["val_loss"]
-                else ""
-            )
-            print(
-                f"done: step {trainer.step}, loss {history['loss'][-1]:.4f}{val_loss}; "
-                f"the merged model is in {out}",
-                flush=True,
-            )
+    history = trainer.fit()
+    if not trainer.is_main:
         return 0
-    except (ValueError, FileNotFoundError, CheckpointError, TrainingDiverged) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    if lora:
+        save_peft_adapter(model, out / "adapter", args.model)
+        merge_lora(model)
+    save_pretrained(model.float().eval(), tokenizer, out)
+    val_loss = history["val_loss"]
+    val_text = f", val loss {val_loss[-1]:.4f}" if val_loss else ""
+    print(
+        f"done: step {trainer.step}, loss {history['loss'][-1]:.4f}{val_text}; "
+        f"the merged model is in {out}",
+        flush=True,
+    )
+    return 0
+
+
+def _train_config(args, lora: bool) -> TrainConfig:
+    """The fine-tuning run's settings: the learning rate by default 1e-3 with LoRA,
+    5e-5 for full fine-tuning, decaying to a tenth of it."""
+    lr = args.lr if args.lr is not None else (1e-3 if lora else 5e-5)
+    return TrainConfig(
+        steps=args.steps,
+        batch_size=args.batch_size,
+        seq_len=args.max_len,
+        grad_accum=args.grad_accum,
+        lr=lr,
+        min_lr=lr / 10,
+        warmup_steps=min(args.warmup_steps, args.steps),
+        weight_decay=args.weight_decay,
+        eval_every=args.eval_every,
+        out_dir=str(Path(args.out) / "training"),
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        progress=args.progress,
+    )
 
 
 if __name__ == "__main__":

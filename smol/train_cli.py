@@ -2,7 +2,7 @@
 
     python -m smol.train --preset tiny --steps 300 --out-dir runs/tiny
     python -m smol.train --preset tiny --steps 300 --out-dir runs/tiny --resume
-    torchrun --nproc_per_node=2 -m smol.train --preset tiny --steps 300 --out-dir runs/ddp
+    torchrun --nproc_per_node=2 -m smol.train --preset tiny --out-dir runs/ddp
 
 Every error is one line on stderr, never a traceback. Exit status: 0 when training
 finished; 2 for a usage error (a bad flag or setting), found before any work; 1 for a
@@ -18,6 +18,7 @@ import dataclasses
 import json
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import torch.distributed as dist
@@ -33,6 +34,8 @@ from smol.train import (
 )
 
 PROG = "python -m smol.train"
+# Failures while running: one line on stderr, exit status 1.
+FAILURES = (ValueError, OSError, CheckpointError, TrainingDiverged)
 
 
 class UsageError(ValueError):
@@ -114,69 +117,75 @@ def main(argv=None) -> int:
     except UsageError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
         return 2
+    return run_command(lambda: _train(cfg), FAILURES)
+
+
+def run_command(work: Callable[[], int], failures: tuple[type[Exception], ...]) -> int:
+    """A command's exit status: `work`'s, or 1 after one line on stderr for an error of
+    `failures`; either way this process leaves the process group, if it joined one."""
+    try:
+        return work()
+    except failures as e:
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        return 1
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _train(cfg: TrainConfig) -> int:
+    """Train, write summary.json and loss.png into out_dir; a signal that stopped
+    training gives the status of a process stopped by it (128 + its number)."""
     trainer = None
     try:
         trainer = Trainer(cfg)
         if trainer.is_main:
             print(
                 f"{trainer.model.count_params():,} parameters, {trainer.device}, "
-                f"{trainer.amp_dtype}, "
-                f"world size {trainer.world_size}, {trainer.tokens_per_step:,} "
-                "tokens/step, "
-                f"from step {trainer.step}",
+                f"{trainer.amp_dtype}, world size {trainer.world_size}, "
+                f"{trainer.tokens_per_step:,} tokens/step, from step {trainer.step}",
                 flush=True,
             )
         history = trainer.fit()
         summary = trainer.summary()
         if trainer.is_main:
-            out = Path(cfg.out_dir)
-            (out / "summary.json").write_text(json.dumps(summary, indent=1))
-            import matplotlib
-
-            matplotlib.use("Agg")
-            import matplotlib.pyplot as plt
-
-            plot_history(
-                history, title=f"{cfg.preset}: {cfg.steps} steps"
-            ).figure.savefig(out / "loss.png", dpi=120)
-            plt.close("all")
-            mfu = f", MFU {summary['mfu']:.1%}" if summary["mfu"] else ""
-            val = (
-                f", val loss {summary['val_loss']:.4f}"
-                if summary["val_loss"] is not None
-                else ""
-            )
-            print(
-                f"done: step {summary['step']}, loss {summary['loss']:.4f}{val}, "
-                f"{summary['tokens_per_s']:,.0f} tokens/s{mfu}; {out / 'summary.json'}",
-                flush=True,
-            )
-            if cfg.sample_tokens:
-                print("sample:", repr(trainer.sample()), flush=True)
+            _write_results(trainer, history, summary)
         return 0
     except TrainingInterrupted as e:
         if trainer.is_main:
             print(e, file=sys.stderr, flush=True)
-        return (
-            128 + signal.Signals[e.signal_name].value
-            if e.signal_name in signal.Signals.__members__
-            else 1
-        )
+        if e.signal_name not in signal.Signals.__members__:
+            return 1
+        return 128 + signal.Signals[e.signal_name].value
     except KeyboardInterrupt:
         saved = trainer.last_checkpoint if trainer is not None else None
-        print(
-            "interrupted; "
-            f"{'the last checkpoint is ' + str(saved) if saved else 'nothing was saved'}",
-            file=sys.stderr,
-            flush=True,
-        )
+        where = f"the last checkpoint is {saved}" if saved else "nothing was saved"
+        print(f"interrupted; {where}", file=sys.stderr, flush=True)
         return 128 + signal.SIGINT
-    except (ValueError, OSError, CheckpointError, TrainingDiverged) as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+
+
+def _write_results(trainer: Trainer, history: dict, summary: dict) -> None:
+    """summary.json and loss.png in out_dir, the final numbers and a sample printed."""
+    cfg, out = trainer.cfg, Path(trainer.cfg.out_dir)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    title = f"{cfg.preset}: {cfg.steps} steps"
+    plot_history(history, title=title).figure.savefig(out / "loss.png", dpi=120)
+    plt.close("all")
+    mfu = f", MFU {summary['mfu']:.1%}" if summary["mfu"] else ""
+    val_loss = summary["val_loss"]
+    val = f", val loss {val_loss:.4f}" if val_loss is not None else ""
+    print(
+        f"done: step {summary['step']}, loss {summary['loss']:.4f}{val}, "
+        f"{summary['tokens_per_s']:,.0f} tokens/s{mfu}; {out / 'summary.json'}",
+        flush=True,
+    )
+    if cfg.sample_tokens:
+        print("sample:", repr(trainer.sample()), flush=True)
 
 
 if __name__ == "__main__":

@@ -11,41 +11,24 @@ from smol import SmolConfig  # noqa: E402
 torch.set_num_threads(1)  # two xdist workers share two cores
 
 # Random tiny configurations: grouped (n_rep > 1) and plain multi-head (n_rep 1)
-# attention, odd
-# widths and vocabularies, tied and untied heads.
+# attention, odd widths and vocabularies, tied and untied heads.
+COLUMNS = (
+    "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads "
+    "num_key_value_heads max_position_embeddings rope_theta"
+).split()
+TINY_TABLE = {
+    # name: vocab, width, MLP width, layers, heads, KV heads, context, RoPE theta
+    "gqa3-tied": (101, 48, 80, 2, 6, 2, 64, 10000.0),
+    "mha-untied": (97, 40, 72, 3, 4, 4, 64, 500.0),
+    "mqa-odd": (53, 36, 50, 2, 3, 1, 32, 100000.0),
+}
+TINY_EXTRAS = {
+    "mha-untied": {"tie_word_embeddings": False},
+    "mqa-odd": {"rms_norm_eps": 1e-6},
+}
 TINY_CONFIGS = {
-    "gqa3-tied": SmolConfig(
-        vocab_size=101,
-        hidden_size=48,
-        intermediate_size=80,
-        num_hidden_layers=2,
-        num_attention_heads=6,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        rope_theta=10000.0,
-    ),
-    "mha-untied": SmolConfig(
-        vocab_size=97,
-        hidden_size=40,
-        intermediate_size=72,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        max_position_embeddings=64,
-        rope_theta=500.0,
-        tie_word_embeddings=False,
-    ),
-    "mqa-odd": SmolConfig(
-        vocab_size=53,
-        hidden_size=36,
-        intermediate_size=50,
-        num_hidden_layers=2,
-        num_attention_heads=3,
-        num_key_value_heads=1,
-        max_position_embeddings=32,
-        rope_theta=100000.0,
-        rms_norm_eps=1e-6,
-    ),
+    name: SmolConfig(**dict(zip(COLUMNS, row)), **TINY_EXTRAS.get(name, {}))
+    for name, row in TINY_TABLE.items()
 }
 
 

@@ -39,7 +39,10 @@ def test_validation_plays_are_held_out_whole():
 def test_the_shipped_tokenizer_round_trips_and_is_what_train_bpe_makes():
     tok = data.load_tokenizer("shakespeare")
     assert tok.vocab_size == 4096 and tok.eot_id == 0
-    text = "HAMLET.\nTo be, or not to be: that is the question;\n\tWhether 'tis nobler... 1603 ~~"
+    text = (
+        "HAMLET.\nTo be, or not to be: that is the question;\n"
+        "\tWhether 'tis nobler... 1603 ~~"
+    )
     assert tok.decode(tok.encode(text)) == text
     assert len(tok.encode(text)) < len(text) / 2  # it compresses
     shipped = json.loads(data.asset(data.TOKENIZER_FILE).read_text())
@@ -64,10 +67,8 @@ def test_corpus_tokens_are_cached(tmp_path, monkeypatch):
 def test_next_token_targets_shift_by_one():
     w = torch.arange(10).view(2, 5)
     x, y = data.next_token_targets(w)
-    assert x.tolist() == [[0, 1, 2, 3], [5, 6, 7, 8]] and y.tolist() == [
-        [1, 2, 3, 4],
-        [6, 7, 8, 9],
-    ]
+    assert x.tolist() == [[0, 1, 2, 3], [5, 6, 7, 8]]
+    assert y.tolist() == [[1, 2, 3, 4], [6, 7, 8, 9]]
 
 
 def test_packed_windows_visit_every_window_once_per_epoch():
@@ -80,13 +81,12 @@ def test_packed_windows_visit_every_window_once_per_epoch():
     # contiguous slices
     assert all(torch.equal(row, torch.arange(row[0], row[0] + 11)) for row in epoch)
     assert not torch.equal(w.windows(10, 10), epoch)  # the next epoch is another order
-    assert torch.equal(
-        data.PackedWindows(stream, 10, seed=3).windows(7, 6), w.windows(7, 6)
-    )  # a pure function
+    # a pure function
+    same_seed = data.PackedWindows(stream, 10, seed=3)
+    assert torch.equal(same_seed.windows(7, 6), w.windows(7, 6))
     assert not torch.equal(data.PackedWindows(stream, 10, seed=4).windows(0, 10), epoch)
-    assert data.PackedWindows(stream, 10, shuffle=False).windows(0, 2)[
-        :, 0
-    ].tolist() == [0, 10]
+    in_order = data.PackedWindows(stream, 10, shuffle=False)
+    assert in_order.windows(0, 2)[:, 0].tolist() == [0, 10]
 
 
 def test_windows_that_do_not_fit_are_refused():

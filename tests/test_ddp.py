@@ -10,39 +10,13 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-ARGS = [
-    "--preset",
-    "tiny",
-    "--set",
-    "num_hidden_layers=1",
-    "--set",
-    "hidden_size=32",
-    "--set",
-    "intermediate_size=64",
-    "--set",
-    "num_attention_heads=2",
-    "--set",
-    "num_key_value_heads=1",
-    "--steps",
-    "3",
-    "--warmup-steps",
-    "1",
-    "--seq-len",
-    "32",
-    "--grad-accum",
-    "2",
-    "--eval-every",
-    "3",
-    "--eval-batches",
-    "2",
-    "--sample-tokens",
-    "0",
-    "--log-every",
-    "1",
-    "--no-progress",
-    "--device",
-    "cpu",
-]
+from tests.cli_args import ONE_LAYER, cli_args
+
+ARGS = cli_args(
+    ONE_LAYER,
+    "--steps 3 --warmup-steps 1 --seq-len 32 --grad-accum 2 --eval-every 3 "
+    "--eval-batches 2 --sample-tokens 0 --log-every 1",
+)
 
 
 def run(cmd, out_dir):
@@ -87,11 +61,10 @@ def test_two_ranks_match_one_process_with_the_same_global_batch(tmp_path):
     assert ddp["val_loss"] == pytest.approx(single["val_loss"], rel=1e-5)
     a, b = final_weights(tmp_path / "ddp"), final_weights(tmp_path / "single")
     assert a.keys() == b.keys()
-    # Gradients agree to float rounding (sums in another order). AdamW's step lr * m /
-    # sqrt(v) is
-    # about +-lr for any gradient, so where a gradient is near zero rounding can move a
-    # weight by up
-    # to lr per step; everywhere else the weights agree closely.
+    # Gradients agree to float rounding (sums in another order). AdamW's step
+    # lr * m / sqrt(v) is about +-lr for any gradient, so where a gradient is near zero
+    # rounding can move a weight by up to lr per step; everywhere else the weights
+    # agree closely.
     for k in a:
         diff = (a[k] - b[k]).abs()
         assert diff.max() < 1e-3, k

@@ -61,14 +61,22 @@ NOT_SHOWN = {
     "smol/__init__.py": "the package's exports",
     "smol/__main__.py": "the command line around load_pretrained and generate",
     "smol/config.py": "a dataclass of the numbers chapter 0 tabulates",
-    "smol/data.py": "corpus plumbing; chapter 10 shows what it produces (packed windows, targets)",
+    "smol/data.py": (
+        "corpus plumbing; chapter 10 shows what it produces (packed windows, targets)"
+    ),
     "smol/tokenizer.py": "a wrapper of the `tokenizers` library and jinja2",
     "smol/gguf.py": "a file-format reader; chapter 8 shows the q/k permutation it undoes",
     "smol/pretrained.py": "file and hub I/O around build_model",
     "smol/checkpoint.py": "file I/O; chapter 10 shows a resume that is exact",
     "smol/distributed.py": "torchrun plumbing",
+    "smol/train_config.py": "a dataclass of a run's settings and their checks",
+    "smol/interrupt.py": "signal plumbing: a clean stop at a step boundary",
+    "smol/resume.py": "file I/O of a Trainer's checkpoints; chapter 10 shows a resume",
+    "smol/train_report.py": "the history, progress bar, summary and loss plot of a run",
     "smol/train_cli.py": "the command line around Trainer",
-    "smol/finetune.py": "the command line, and Trainer on smol.sft's batches; chapter 12 runs it",
+    "smol/finetune.py": (
+        "the command line, and Trainer on smol.sft's batches; chapter 12 runs it"
+    ),
     "smol/grade.py": "the grader's command line",
     "smol/reference.py": "transformers' twin of a config, for parity tests and benchmarks",
     "smol/chat.py": "the command line's conversation around generate and its KV cache",

@@ -1,4 +1,5 @@
-"""The trainer: schedules, parameter groups, accumulation, exact resume, checkpoint errors, NaN, CLI."""
+"""The trainer: schedules, parameter groups, accumulation, exact resume, checkpoint
+errors, NaN, CLI."""
 
 import dataclasses
 import json
@@ -21,6 +22,7 @@ from smol.flops import flops_per_token, num_params, peak_flops
 from smol.optim import amp_dtype, lr_schedule, param_groups
 from smol.train import TrainConfig, Trainer, TrainingDiverged
 from smol.train_cli import main
+from tests.cli_args import ONE_LAYER, cli_args
 
 SMALL = {
     "vocab_size": 97,
@@ -67,6 +69,11 @@ def trainer(cfg) -> Trainer:
 
 def weights(t: Trainer) -> dict:
     return {k: v.clone() for k, v in t.model.state_dict().items()}
+
+
+def one_line_saying(err: str, *parts: str) -> bool:
+    """Whether `err` (stderr) is one line that holds every one of `parts`."""
+    return err.count("\n") == 1 and all(part in err for part in parts)
 
 
 # Schedules
@@ -132,9 +139,8 @@ def test_param_groups_decay_matrices_only_and_count_the_tied_matrix_once(tied):
     )
     assert any(p is model.model.embed_tokens.weight for p in decay["params"])
     assert any(p is model.lm_head.weight for p in decay["params"])
-    assert (
-        len(no_decay["params"]) == 2 * SMALL["num_hidden_layers"] + 1
-    )  # the RMSNorm gains
+    # the RMSNorm gains
+    assert len(no_decay["params"]) == 2 * SMALL["num_hidden_layers"] + 1
 
 
 @pytest.mark.parametrize("tied", [True, False])
@@ -176,10 +182,8 @@ def test_amp_dtype_bf16_where_native_else_fp16_on_cuda_fp32_on_cpu(monkeypatch):
         amp_dtype(torch.device("cpu"), "fp16")
     with pytest.raises(ValueError, match="dtype must be one of"):
         amp_dtype(torch.device("cpu"), "half")
-    for native, expected in (
-        (True, torch.bfloat16),
-        (False, torch.float16),
-    ):  # an A100, a T4
+    # an A100, a T4
+    for native, expected in ((True, torch.bfloat16), (False, torch.float16)):
         monkeypatch.setattr(
             torch.cuda,
             "is_bf16_supported",
@@ -197,9 +201,8 @@ def test_loss_falls_and_history_is_recorded(tmp_path):
     assert h["step"] == list(range(1, 13)) and len(h["lr"]) == 12
     assert h["val_step"] == [6, 12]
     assert h["loss"][-1] < h["loss"][0] - 0.2
-    assert (
-        tmp_path / "run" / "checkpoints" / "latest"
-    ).read_text().strip() == "step_0000012"
+    latest = tmp_path / "run" / "checkpoints" / "latest"
+    assert latest.read_text().strip() == "step_0000012"
 
 
 def test_accumulation_equals_one_big_batch(tmp_path):
@@ -242,11 +245,8 @@ def test_checkpoints_keep_the_newest_and_load_tied_weights(tmp_path):
     )
     t.fit()
     root = tmp_path / "run" / "checkpoints"
-    assert sorted(p.name for p in root.iterdir()) == [
-        "latest",
-        "step_0000004",
-        "step_0000006",
-    ]
+    names = sorted(p.name for p in root.iterdir())
+    assert names == ["latest", "step_0000004", "step_0000006"]
     again = trainer(dataclasses.replace(t.cfg, resume=True))
     assert again.model.lm_head.weight is again.model.model.embed_tokens.weight
     assert torch.equal(again.model.lm_head.weight, t.model.lm_head.weight)
@@ -342,11 +342,9 @@ def test_a_crash_while_saving_leaves_the_last_checkpoint_intact(tmp_path, monkey
     again = trainer(dataclasses.replace(t.cfg, resume=True))
     assert again.step == 2
     again.fit()
-    assert sorted(p.name for p in root.iterdir()) == [
-        "latest",
-        "step_0000002",
-        "step_0000004",
-    ]  # no leftovers
+    # no leftovers
+    names = sorted(p.name for p in root.iterdir())
+    assert names == ["latest", "step_0000002", "step_0000004"]
 
 
 def test_compile_keeps_eval_and_generation_working(tmp_path, monkeypatch):
@@ -369,33 +367,13 @@ def test_compile_keeps_eval_and_generation_working(tmp_path, monkeypatch):
 
 def test_cli_trains_the_tiny_preset(tmp_path, capsys):
     out = tmp_path / "cli"
-    args = [
-        "--preset",
-        "tiny",
-        "--set",
-        "num_hidden_layers=1",
-        "--set",
-        "hidden_size=64",
-        "--steps",
-        "4",
-        "--warmup-steps",
-        "1",
-        "--batch-size",
-        "4",
-        "--seq-len",
-        "32",
-        "--eval-every",
-        "2",
-        "--eval-batches",
-        "2",
-        "--sample-tokens",
-        "8",
+    args = cli_args(
+        {"num_hidden_layers": 1, "hidden_size": 64},
+        "--steps 4 --warmup-steps 1 --batch-size 4 --seq-len 32 --eval-every 2 "
+        "--eval-batches 2 --sample-tokens 8",
         "--out-dir",
         str(out),
-        "--no-progress",
-        "--device",
-        "cpu",
-    ]
+    )
     assert main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert (
@@ -407,45 +385,19 @@ def test_cli_trains_the_tiny_preset(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "tokens/s" in printed and "sample: 'Romeo." in printed
     # Training longer changes the schedule: allowed when asked, with a warning.
-    assert main(args + ["--steps", "6", "--resume", "--sample-tokens", "0"]) == 1
+    longer = args + ["--steps", "6", "--resume", "--sample-tokens", "0"]
+    assert main(longer) == 1
     assert "steps: checkpoint 4, now 6" in capsys.readouterr().err
-    assert (
-        main(
-            args
-            + [
-                "--steps",
-                "6",
-                "--resume",
-                "--sample-tokens",
-                "0",
-                "--allow-changed-settings",
-            ]
-        )
-        == 0
-    )
+    assert main(longer + ["--allow-changed-settings"]) == 0
     assert "warning: resuming with changed settings" in capsys.readouterr().err
     assert json.loads((out / "summary.json").read_text())["step"] == 6
 
 
 def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
-    assert (
-        main(
-            [
-                "--out-dir",
-                str(tmp_path / "none"),
-                "--resume",
-                "--no-progress",
-                "--device",
-                "cpu",
-            ]
-        )
-        == 1
-    )
+    on_cpu = ["--no-progress", "--device", "cpu"]
+    assert main(["--out-dir", str(tmp_path / "none"), "--resume", *on_cpu]) == 1
     assert "error: no checkpoint to resume from" in capsys.readouterr().err
-    assert (
-        main(["--seq-len", "1024", "--out-dir", str(tmp_path / "x"), "--device", "cpu"])
-        == 2
-    )  # usage
+    assert main(["--seq-len", "1024", "--out-dir", str(tmp_path / "x"), *on_cpu]) == 2
     assert "longer than the model's context" in capsys.readouterr().err
 
 
@@ -476,9 +428,8 @@ def test_a_folder_that_holds_a_run_is_not_trained_over_without_asking(tmp_path):
     again = trainer(small_config(tmp_path, steps=3, eval_every=0, overwrite=True))
     assert again.step == 0 and not (root / "step_0000002").exists()
     again.fit()
-    assert sorted(p.name for p in root.iterdir() if p.name.startswith("step_")) == [
-        "step_0000003"
-    ]
+    steps = sorted(p.name for p in root.iterdir() if p.name.startswith("step_"))
+    assert steps == ["step_0000003"]
 
 
 def test_rotation_deletes_only_this_runs_checkpoints(tmp_path):
@@ -502,7 +453,8 @@ def test_rotation_deletes_only_this_runs_checkpoints(tmp_path):
 
 
 def flip_a_byte_of_the_largest_record(path):
-    """Flip one byte inside the largest tensor record of a torch.save zip (an optimizer moment)."""
+    """Flip one byte inside the largest tensor record of a torch.save zip (an optimizer
+    moment)."""
     with zipfile.ZipFile(path) as zf:
         info = max(
             (i for i in zf.infolist() if "/data/" in i.filename),
@@ -551,11 +503,7 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint_and_says_so(
     )
     assert again.step == 2
     err = capsys.readouterr().err
-    assert (
-        err.count("\n") == 1
-        and "step_0000004 is corrupted: state.pt" in err
-        and "step_0000002" in err
-    )
+    assert one_line_saying(err, "step_0000004 is corrupted: state.pt", "step_0000002")
     # A named checkpoint is taken as named: a damaged one is an error, not a fallback.
     with pytest.raises(CheckpointError, match="step_0000004"):
         trainer(
@@ -570,39 +518,13 @@ def test_resume_falls_back_to_the_newest_intact_checkpoint_and_says_so(
 
 
 def test_cli_resumes_from_a_named_checkpoint(tmp_path, capsys):
-    args = [
-        "--preset",
-        "tiny",
-        "--set",
-        "num_hidden_layers=1",
-        "--set",
-        "hidden_size=32",
-        "--set",
-        "intermediate_size=64",
-        "--set",
-        "num_attention_heads=2",
-        "--set",
-        "num_key_value_heads=1",
-        "--steps",
-        "4",
-        "--warmup-steps",
-        "1",
-        "--batch-size",
-        "2",
-        "--seq-len",
-        "16",
-        "--eval-every",
-        "0",
-        "--sample-tokens",
-        "0",
-        "--ckpt-every",
-        "2",
+    args = cli_args(
+        ONE_LAYER,
+        "--steps 4 --warmup-steps 1 --batch-size 2 --seq-len 16 --eval-every 0 "
+        "--sample-tokens 0 --ckpt-every 2",
         "--out-dir",
         str(tmp_path),
-        "--no-progress",
-        "--device",
-        "cpu",
-    ]
+    )
     assert main(args) == 0
     assert (
         main(args + ["--resume", str(tmp_path / "checkpoints" / "step_0000002")]) == 0
@@ -649,11 +571,8 @@ def test_resume_names_every_changed_setting_and_allows_them_when_asked(
     )
     assert t.step == 2
     err = capsys.readouterr().err
-    assert (
-        err.count("\n") == 1
-        and "warning: resuming with changed settings" in err
-        and "steps: checkpoint 6, now 8" in err
-    )
+    warned = "warning: resuming with changed settings"
+    assert one_line_saying(err, warned, "steps: checkpoint 6, now 8"), err
     t.fit()
     assert t.step == 8
 
@@ -752,34 +671,17 @@ def test_cli_usage_errors_are_one_line_and_exit_status_2(tmp_path, capsys, args,
 
 # SIGTERM and Ctrl-C
 
-SIGNAL_ARGS = [
-    "--preset",
-    "tiny",
-    "--set",
-    "num_hidden_layers=2",
-    "--steps",
-    "60",
-    "--warmup-steps",
-    "5",
-    "--batch-size",
-    "4",
-    "--seq-len",
-    "32",
-    "--eval-every",
-    "0",
-    "--sample-tokens",
-    "0",
-    "--log-every",
-    "5",
-    "--no-progress",
-    "--device",
-    "cpu",
-]
+SIGNAL_ARGS = cli_args(
+    {"num_hidden_layers": 2},
+    "--steps 60 --warmup-steps 5 --batch-size 4 --seq-len 32 --eval-every 0 "
+    "--sample-tokens 0 --log-every 5",
+)
 
 
 def run_train(out_dir, *extra, signal_at=None, sig=signal.SIGTERM):
-    """Run `python -m smol.train` in a subprocess; with signal_at, send `sig` once the checkpoint
-    of that step exists (checkpoints every step make the run slow enough to catch mid-way)."""
+    """Run `python -m smol.train` in a subprocess; with signal_at, send `sig` once the
+    checkpoint of that step exists (checkpoints every step make the run slow enough to
+    catch mid-way)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     cmd = [
         sys.executable,
@@ -856,12 +758,10 @@ def test_a_checkpoint_whose_weights_hold_nan_is_refused(tmp_path):
     weights = load_file(path / "model.safetensors")
     weights["model.norm.weight"][0] = float("nan")
     save_file(weights, path / "model.safetensors")
-    manifest = checkpoint.read_manifest(
-        path
-    )  # re-signed: the file is intact, its values are not
-    manifest["sha256"]["model.safetensors"] = checkpoint.file_sha256(
-        path / "model.safetensors"
-    )
+    # re-signed: the file is intact, its values are not
+    manifest = checkpoint.read_manifest(path)
+    sha256 = checkpoint.file_sha256(path / "model.safetensors")
+    manifest["sha256"]["model.safetensors"] = sha256
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ValueError, match="not finite.*model.norm.weight"):
         trainer(small_config(tmp_path, steps=2, eval_every=0, resume=True))
