@@ -7,28 +7,19 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from smol import SmolConfig  # noqa: E402
+from tests.tiny_models import config  # noqa: E402
 
 torch.set_num_threads(1)  # two xdist workers share two cores
 
 # Random tiny configurations: grouped (n_rep > 1) and plain multi-head (n_rep 1)
 # attention, odd widths and vocabularies, tied and untied heads.
-COLUMNS = (
-    "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads "
-    "num_key_value_heads max_position_embeddings rope_theta"
-).split()
-TINY_TABLE = {
-    # name: vocab, width, MLP width, layers, heads, KV heads, context, RoPE theta
-    "gqa3-tied": (101, 48, 80, 2, 6, 2, 64, 10000.0),
-    "mha-untied": (97, 40, 72, 3, 4, 4, 64, 500.0),
-    "mqa-odd": (53, 36, 50, 2, 3, 1, 32, 100000.0),
-}
-TINY_EXTRAS = {
-    "mha-untied": {"tie_word_embeddings": False},
-    "mqa-odd": {"rms_norm_eps": 1e-6},
-}
 TINY_CONFIGS = {
-    name: SmolConfig(**dict(zip(COLUMNS, row)), **TINY_EXTRAS.get(name, {}))
-    for name, row in TINY_TABLE.items()
+    # vocab, width, MLP width, layers, heads, KV heads, context
+    "gqa3-tied": config(101, 48, 80, 2, 6, 2, 64, rope_theta=10000.0),
+    "mha-untied": config(
+        97, 40, 72, 3, 4, 4, 64, rope_theta=500.0, tie_word_embeddings=False
+    ),
+    "mqa-odd": config(53, 36, 50, 2, 3, 1, 32, rope_theta=100000.0, rms_norm_eps=1e-6),
 }
 
 

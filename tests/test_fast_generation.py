@@ -8,25 +8,15 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from smol import SmolConfig
 from smol.chat import ChatSession
 from smol.generate import generate, left_pad
 from smol.kv_cache import KVCache
 from smol.quantize import QuantLinear, quantize_int8_, quantize_per_channel
 from smol.speculative import SpeculativeStats, lookup_draft, speculative_greedy
 from smol.static_cache import StaticCache, static_cache_for
-from tests.tiny_models import peaked
+from tests.tiny_models import config, peaked
 
-CONFIG = SmolConfig(
-    vocab_size=211,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    rope_theta=10000.0,
-)
+CONFIG = config(211, 64, 96, 3, 4, 2, 256, rope_theta=10000.0)
 BENCH_PROMPT = "Once upon a time, in a small village by the sea, there lived"
 SUMMARY_PROMPT = (  # as in chapter 9
     "Summarise the report in two sentences.\n\nReport: The city council met on Monday "

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from smol import SmolConfig, SmolLM
+from smol import SmolLM
 from smol.generate import (
     filter_top_k,
     filter_top_p,
@@ -13,18 +13,9 @@ from smol.generate import (
 )
 from smol.kv_cache import KVCache
 from smol.reference import llama_twin
-from tests.tiny_models import peaked
+from tests.tiny_models import config, peaked
 
-CONFIG = SmolConfig(
-    vocab_size=211,
-    hidden_size=48,
-    intermediate_size=96,
-    num_hidden_layers=3,
-    num_attention_heads=6,
-    num_key_value_heads=2,
-    max_position_embeddings=128,
-    rope_theta=10000.0,
-)
+CONFIG = config(211, 48, 96, 3, 6, 2, 128, rope_theta=10000.0)
 
 
 @pytest.fixture(scope="module")

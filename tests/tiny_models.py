@@ -4,19 +4,24 @@ import torch
 
 from smol import SmolConfig, SmolLM
 
+SHAPE = (
+    "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads "
+    "num_key_value_heads max_position_embeddings"
+).split()
+
+
+def config(*shape: int, **settings) -> SmolConfig:
+    """A SmolConfig from one row: vocab, width, MLP width, layers, heads, KV heads,
+    context; other fields (rope_theta, tie_word_embeddings, ...) by name."""
+    if len(shape) != len(SHAPE):
+        raise TypeError(f"expected {len(SHAPE)} numbers ({', '.join(SHAPE)})")
+    return SmolConfig(**dict(zip(SHAPE, shape)), **settings)
+
 
 def with_real_vocab(max_position_embeddings: int = 256) -> SmolConfig:
     """A model small enough for a CPU, with SmolLM2's vocabulary so that its tokenizer
     fits."""
-    return SmolConfig(
-        vocab_size=49152,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=max_position_embeddings,
-    )
+    return config(49152, 32, 64, 2, 4, 2, max_position_embeddings)
 
 
 @torch.no_grad()
