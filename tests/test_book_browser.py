@@ -199,7 +199,10 @@ def test_repository_url_lives_in_config():
 def _require_browser():
     reason = None
     if not CHROMIUM.exists():
-        reason = f"no Chromium at {CHROMIUM}: `make chromium` (as root) installs Debian's chromium"
+        reason = (
+            f"no Chromium at {CHROMIUM}: `make chromium` (as root) installs Debian's "
+            "chromium"
+        )
     else:
         try:
             import playwright.sync_api  # noqa: F401
@@ -233,30 +236,35 @@ WAIT_FOR_IMAGES = """async () => {
     images.forEach(img => { img.loading = "eager"; });
     const settled = img => img.complete ? null : new Promise(done => {
         img.addEventListener("load", done); img.addEventListener("error", done); });
-    await Promise.race([Promise.all(images.map(settled)), new Promise(done => setTimeout(done, 10000))]);
+    const timeout = new Promise(done => setTimeout(done, 10000));
+    await Promise.race([Promise.all(images.map(settled)), timeout]);
     return images.map(img => [img.getAttribute("src"), img.naturalWidth]);
 }"""
 
 RENDER_MATH = """async () => {
     await MathJax.startup.promise;
-    return [document.querySelectorAll("mjx-container").length, document.querySelectorAll("mjx-merror").length];
+    return [document.querySelectorAll("mjx-container").length,
+            document.querySelectorAll("mjx-merror").length];
 }"""
 
 
 # What a reader trips over, checked on every page. Each check returns the problems it
-# finds, and
-# test_reader_checks_catch_broken_pages proves each one on a deliberately broken page.
+# finds, and test_reader_checks_catch_broken_pages proves each one on a deliberately
+# broken page.
 PHONE = {"width": 390, "height": 844}
 
 WIDER_THAN_BOX = """() => {
     const found = [];
-    document.querySelectorAll("article details").forEach(d => { d.open = true; });  // unfold cells
+    // unfold folded cells
+    document.querySelectorAll("article details").forEach(d => { d.open = true; });
     for (const pre of document.querySelectorAll("article pre")) {
         if (pre.clientWidth === 0) continue;  // not shown: a folded cell
         if (pre.scrollWidth > pre.clientWidth + 1) {
             const kind = pre.closest("div.cell_output, div.output") ? "output" : "code";
-            const longest = pre.innerText.split("\\n").reduce((a, b) => b.length > a.length ? b : a, "");
-            found.push(`${kind} line wider than its box (${pre.scrollWidth} > ${pre.clientWidth} px): `
+            const longest = pre.innerText.split("\\n")
+                .reduce((a, b) => b.length > a.length ? b : a, "");
+            found.push(`${kind} line wider than its box `
+                       + `(${pre.scrollWidth} > ${pre.clientWidth} px): `
                        + longest.trim().slice(0, 90));
         }
     }
@@ -267,24 +275,29 @@ SHRUNK_IMAGES = """() => [...document.querySelectorAll("article img")]
     .filter(img => img.naturalWidth > 0 && img.clientWidth > 0)
     .filter(img => !/\\.svg([?#]|$)|^data:image\\/svg/i.test(img.currentSrc || img.src))
     .filter(img => img.clientWidth < img.naturalWidth / 2)
-    .map(img => `${img.getAttribute("src").slice(0, 80)}: drawn ${img.naturalWidth} px wide, `
-                + `shown at ${img.clientWidth} px (a raster picture shrunk below half: illegible)`)"""
+    .map(img => `${img.getAttribute("src").slice(0, 80)}: `
+                + `drawn ${img.naturalWidth} px wide, shown at ${img.clientWidth} px `
+                + "(a raster picture shrunk below half: illegible)")"""
 
 CUT_OFF_ON_A_PHONE = """() => {
     const found = [];
     const article = document.querySelector("article");
     if (!article) return ["no article"];
     const right = article.getBoundingClientRect().right;
-    for (const el of article.querySelectorAll("table, div.math, mjx-container[display='true']")) {
+    const wide = "table, div.math, mjx-container[display='true']";
+    for (const el of article.querySelectorAll(wide)) {
         if (el.getClientRects().length === 0) continue;
         let scrolls = false;
         for (let e = el; e && e !== article; e = e.parentElement) {
             const overflow = getComputedStyle(e).overflowX;
             if (overflow === "auto" || overflow === "scroll") { scrolls = true; break; }
         }
-        const wide = el.scrollWidth > el.clientWidth + 1 || el.getBoundingClientRect().right > right + 1;
-        if (wide && !scrolls) found.push(`a ${el.tagName.toLowerCase()} is cut off at the right edge: `
-                                         + el.textContent.trim().slice(0, 60));
+        const cut = el.scrollWidth > el.clientWidth + 1
+                    || el.getBoundingClientRect().right > right + 1;
+        if (cut && !scrolls) {
+            found.push(`a ${el.tagName.toLowerCase()} is cut off at the right edge: `
+                       + el.textContent.trim().slice(0, 60));
+        }
     }
     return found;
 }"""
@@ -385,7 +398,7 @@ def test_pages_in_chromium(book, served, tmp_path):
             viewport={"width": 1280, "height": 900},
         )
         try:
-            # The book must work offline: anything not served from the book itself is
+            # The book must work offline: what the book itself does not serve is
             # refused.
             context.route(
                 "**/*",
@@ -489,8 +502,8 @@ def test_pages_in_chromium(book, served, tmp_path):
                             )
                         page.keyboard.press("Escape")
 
-                # every picture loaded; a notebook page shows at least its stored image
-                # outputs
+                # every picture loaded; a notebook page shows at least the images its
+                # cells' stored outputs hold
                 images = page.evaluate(WAIT_FOR_IMAGES)
                 check(
                     all(width > 0 for _, width in images),
@@ -530,9 +543,8 @@ def test_pages_in_chromium(book, served, tmp_path):
                         )
 
                 # what a reader trips over: cut-off lines, shrunken pictures, tqdm's
-                # notice,
-                # missing chapter <-> exercise links, lowercased acronyms in the
-                # references
+                # notice, missing chapter <-> exercise links, lowercased acronyms in
+                # the references
                 for problem in page.evaluate(WIDER_THAN_BOX) + page.evaluate(
                     SHRUNK_IMAGES
                 ):
@@ -594,17 +606,32 @@ BROKEN_PAGE = """<!doctype html><html><head><style>
   .box { width: 240px; }
   table { border-collapse: collapse; }
 </style></head><body><article class="bd-article" style="width: 300px">
-  <div class="cell_input box"><pre style="overflow-x: auto">model = SmolLM(SmolConfig.preset("smollm2-135m")).to(device).eval()  # far too long</pre></div>
-  <div class="cell_output box"><pre style="overflow-x: auto">SmolConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536)</pre></div>
-  <div class="cell_output box"><pre style="white-space: pre-wrap; overflow-wrap: anywhere">SmolConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536)</pre></div>
+  <div class="cell_input box"><pre style="overflow-x: auto">CODE</pre></div>
+  <div class="cell_output box"><pre style="overflow-x: auto">OUTPUT</pre></div>
+  <div class="cell_output box">
+    <pre style="white-space: pre-wrap; overflow-wrap: anywhere">OUTPUT</pre></div>
   <img id="raster" src="RASTER" style="width: 100px">
-  <img id="vector" src="data:image/svg+xml;utf8,&lt;svg xmlns='http://www.w3.org/2000/svg' width='400' height='40'/&gt;" style="width: 100px">
+  <img id="vector" src="VECTOR" style="width: 100px">
   <p>TqdmWarning: IProgress not found. Please update jupyter and ipywidgets.</p>
-  <table><tr><td>a_cell_far_too_wide_for_a_phone_screen_of_three_hundred_and_ninety_pixels_at_all</td></tr></table>
-  <div class="scrolls" style="overflow-x: auto"><table><tr><td>a_cell_far_too_wide_for_a_phone_screen_of_three_hundred_and_ninety_pixels</td></tr></table></div>
-  <p>Ainslie et al. Gqa: training generalized multi-query transformer models. Pytorch 2. SmolLM2.</p>
+  <table><tr><td>
+    a_cell_far_too_wide_for_a_phone_screen_of_three_hundred_and_ninety_pixels_at_all
+  </td></tr></table>
+  <div class="scrolls" style="overflow-x: auto"><table><tr><td>
+    a_cell_far_too_wide_for_a_phone_screen_of_three_hundred_and_ninety_pixels
+  </td></tr></table></div>
+  <p>Ainslie et al. Gqa: training generalized multi-query transformer models.
+     Pytorch 2. SmolLM2.</p>
   <p><a href="../chapters/01_rmsnorm.html">chapter 1</a></p>
 </article></body></html>"""
+# the broken page's lines that are too long for their boxes, and a vector picture
+BROKEN_PAGE_PARTS = {
+    "CODE": 'model = SmolLM(SmolConfig.preset("smollm2-135m")).to(device).eval()',
+    "OUTPUT": "SmolConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536)",
+    "VECTOR": (
+        "data:image/svg+xml;utf8,&lt;svg xmlns='http://www.w3.org/2000/svg' "
+        "width='400' height='40'/&gt;"
+    ),
+}
 
 
 def test_reader_checks_catch_broken_pages(tmp_path):
@@ -629,6 +656,8 @@ def test_reader_checks_catch_broken_pages(tmp_path):
     html = BROKEN_PAGE.replace(
         "RASTER", "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
     )
+    for placeholder, text in BROKEN_PAGE_PARTS.items():
+        html = html.replace(placeholder, text)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
