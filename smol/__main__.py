@@ -34,14 +34,12 @@ class TextStream:
         self.ids: list[int] = []
         self.printed = 0
 
-    def __call__(
-        self, tokens: torch.Tensor
-    ) -> None:  # tokens (1,): this step's new token
+    def __call__(self, tokens: torch.Tensor) -> None:
+        """tokens (1,): this step's new token."""
         self.ids.append(int(tokens[0]))
         text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
-        if text.endswith(
-            "\ufffd"
-        ):  # an incomplete UTF-8 character: wait for its next bytes
+        # an incomplete UTF-8 character: wait for its next bytes
+        if text.endswith("\ufffd"):
             return
         self.out.write(text[self.printed :])
         self.out.flush()
@@ -233,10 +231,59 @@ def interactive(args, model, tokenizer, device, stdin=None, out=None) -> None:
 
 
 class Parser(argparse.ArgumentParser):
-    def error(
-        self, message
-    ):  # one line, exit status 2 (argparse prints the usage as well)
+    """An ArgumentParser whose errors are one line (argparse would print the usage as
+    well), with exit status 2."""
+
+    def error(self, message):
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def add_sampling_options(p: argparse.ArgumentParser, max_new_tokens: int) -> None:
+    """How many tokens follow, and how each is chosen."""
+    p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
+    p.add_argument(
+        "--temperature", type=float, default=0.0, help="0 (the default) is greedy"
+    )
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None, help="in (0, 1]")
+    p.add_argument("--seed", type=int, default=None, help="seed for sampling")
+
+
+def add_model_options(p: argparse.ArgumentParser) -> None:
+    """Which weights, where and in what precision they run, and how to decode fast."""
+    p.add_argument(
+        "--source",
+        default=None,
+        help="a .gguf file, a Hugging Face folder or hub id (default: the "
+        "bundled GGUF)",
+    )
+    p.add_argument(
+        "--device", default=None, help="default: cuda when available, else cpu"
+    )
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
+        help="default: float32 on CPU, bfloat16 on GPU or with --quantize int8",
+    )
+    p.add_argument(
+        "--quantize",
+        choices=["int8"],
+        default=None,
+        help="weight-only int8 (per output channel) for every Linear",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="compile the decode step (torch.compile, a static KV cache)",
+    )
+    p.add_argument(
+        "--speculative",
+        type=int,
+        default=0,
+        metavar="K",
+        help="greedy prompt-lookup speculative decoding with up to K draft tokens",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -247,72 +294,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
 
-    def add_command(name, fn, help, text_arg, text_help, max_new_tokens, nargs=None):
-        p = commands.add_parser(name, help=help, description=help)
-        p.add_argument(text_arg, help=text_help, nargs=nargs)
-        p.add_argument("--max-new-tokens", type=int, default=max_new_tokens)
-        p.add_argument(
-            "--temperature", type=float, default=0.0, help="0 (the default) is greedy"
-        )
-        p.add_argument("--top-k", type=int, default=None)
-        p.add_argument("--top-p", type=float, default=None, help="in (0, 1]")
-        p.add_argument("--seed", type=int, default=None, help="seed for sampling")
-        p.add_argument(
-            "--source",
-            default=None,
-            help="a .gguf file, a Hugging Face folder or hub id (default: the "
-            "bundled GGUF)",
-        )
-        p.add_argument(
-            "--device", default=None, help="default: cuda when available, else cpu"
-        )
-        p.add_argument(
-            "--dtype",
-            choices=["float32", "bfloat16", "float16"],
-            default=None,
-            help="default: float32 on CPU, bfloat16 on GPU or with --quantize int8",
-        )
-        p.add_argument(
-            "--quantize",
-            choices=["int8"],
-            default=None,
-            help="weight-only int8 (per output channel) for every Linear",
-        )
-        p.add_argument(
-            "--compile",
-            action="store_true",
-            help="compile the decode step (torch.compile, a static KV cache)",
-        )
-        p.add_argument(
-            "--speculative",
-            type=int,
-            default=0,
-            metavar="K",
-            help="greedy prompt-lookup speculative decoding with up to K draft tokens",
-        )
-        p.set_defaults(fn=fn)
-        return p
+    about = "continue a text"
+    generate = commands.add_parser("generate", help=about, description=about)
+    generate.add_argument("prompt", help="the text to continue")
+    add_sampling_options(generate, max_new_tokens=64)
+    add_model_options(generate)
+    generate.set_defaults(fn=cmd_generate)
 
-    add_command(
-        "generate",
-        cmd_generate,
-        "continue a text",
-        "prompt",
-        "the text to continue",
-        64,
+    about = "answer a message, or chat interactively without one"
+    chat = commands.add_parser("chat", help=about, description=about)
+    chat.add_argument(
+        "message", nargs="?", help="the user's message (none: an interactive chat)"
     )
-    chat = add_command(
-        "chat",
-        cmd_chat,
-        "answer a message, or chat interactively without one",
-        "message",
-        "the user's message (none: an interactive chat)",
-        256,
-        nargs="?",
-    )
+    add_sampling_options(chat, max_new_tokens=256)
+    add_model_options(chat)
     chat.add_argument(
         "--system", default=None, help="a system prompt (default: the template's own)"
     )
+    chat.set_defaults(fn=cmd_chat)
     return parser
 
 

@@ -31,6 +31,7 @@ GPT2_SPLIT = regex.compile(
 DIGIT = regex.compile(r"(\p{N})")  # SmolLM2 isolates every digit before GPT-2's split
 GGUF_CONTROL = 3  # tokenizer.ggml.token_type of special tokens
 NO_MERGE = (float("inf"), -1)  # the rank of a pair that no merge joins
+Pair = tuple[int, int]  # two adjacent token ids
 
 
 def bytes_to_unicode() -> dict[int, str]:
@@ -74,6 +75,16 @@ def merge(ids: list[int], pair: tuple[int, int], new_id: int) -> list[int]:
     return out
 
 
+def special_split(special_tokens: Iterable[str]) -> regex.Pattern | None:
+    """A pattern whose split cuts text at the special tokens and keeps them as the odd
+    parts, or None without special tokens. Longest first: where one special token
+    starts another, the longer one wins."""
+    alternatives = sorted(special_tokens, key=len, reverse=True)
+    if not alternatives:
+        return None
+    return regex.compile("(" + "|".join(map(regex.escape, alternatives)) + ")")
+
+
 class BPE:
     """A byte-level BPE: vocab {token: id} in GPT-2's byte-mapped characters, merges in
     rank order (the first is applied first), special tokens matched whole anywhere."""
@@ -100,13 +111,7 @@ class BPE:
             self.ranks[self.vocab[a], self.vocab[b]] = (rank, self.vocab[a + b])
         self.merges = list(merges)
         self.special = {t: self.vocab[t] for t in special_tokens}
-        # longest first: where one special token starts another, the longer one wins
-        alternatives = sorted(self.special, key=len, reverse=True)
-        self.special_split = (
-            regex.compile("(" + "|".join(map(regex.escape, alternatives)) + ")")
-            if alternatives
-            else None
-        )
+        self.special_split = special_split(self.special)
         self.cache: dict[str, list[int]] = {}  # pre-token -> ids: words repeat
 
     def __len__(self) -> int:
@@ -244,6 +249,69 @@ class BPE:
         )
 
 
+def count_pre_tokens(
+    texts: Iterable[str], special_tokens: list[str], split_digits: bool
+) -> Counter[str]:
+    """How often each pre-token occurs in the texts; special tokens are cut out whole
+    and never counted."""
+    cut = special_split(special_tokens)
+    counts = Counter()
+    for document in texts:
+        # the even parts of the split: the text between the special tokens
+        for part in cut.split(document)[::2] if cut else [document]:
+            counts.update(pre_tokenize(part, split_digits))
+    return counts
+
+
+def count_pairs(
+    words: list[list[int]], freqs: list[int]
+) -> tuple[dict[Pair, int], dict[Pair, set[int]]]:
+    """Each adjacent pair's count over the corpus (a word counts as often as it occurs),
+    and the words (their indices) that hold it."""
+    pair_counts: dict[Pair, int] = defaultdict(int)
+    where: dict[Pair, set[int]] = defaultdict(set)
+    for i, word in enumerate(words):
+        for pair in pairwise(word):
+            pair_counts[pair] += freqs[i]
+            where[pair].add(i)
+    return pair_counts, where
+
+
+def pop_most_frequent(heap: list, pair_counts: dict[Pair, int]) -> Pair | None:
+    """The most frequent pair, taken off the heap (None when no pair is left). An entry
+    whose count has fallen since it was pushed is stale: it goes back with its count as
+    it is now, and the search goes on."""
+    while heap:
+        negative, pair = heapq.heappop(heap)
+        if -negative == pair_counts[pair]:
+            return pair
+        if pair_counts[pair] > 0:
+            heapq.heappush(heap, (-pair_counts[pair], pair))
+    return None
+
+
+def merge_words(
+    words: list[list[int]],
+    freqs: list[int],
+    where: dict[Pair, set[int]],
+    pair: Pair,
+    new_id: int,
+) -> dict[Pair, int]:
+    """Apply one merge to the words that hold pair, in place, and return how much each
+    pair's count changed. Only these words are revisited: their old pairs are taken
+    away, their new pairs added, and where learns which words hold the new token."""
+    delta: dict[Pair, int] = defaultdict(int)
+    for i in where.pop(pair, ()):
+        old, words[i] = words[i], merge(words[i], pair, new_id)
+        for p in pairwise(old):
+            delta[p] -= freqs[i]
+        for p in pairwise(words[i]):
+            delta[p] += freqs[i]
+            if new_id in p:  # the only pairs this word did not hold before
+                where[p].add(i)
+    return delta
+
+
 def train(
     text: str | Iterable[str],
     vocab_size: int,
@@ -270,52 +338,24 @@ def train(
             f"and 256 bytes), got {vocab_size!r}"
         )
     vocab = {t: i for i, t in enumerate(tokens)}
-    cut = (
-        regex.compile(
-            "|".join(map(regex.escape, sorted(special_tokens, key=len, reverse=True)))
-        )
-        if special_tokens
-        else None
-    )
-    word_counts = Counter()
-    for document in text:
-        for part in cut.split(document) if cut else [document]:
-            word_counts.update(pre_tokenize(part, split_digits))
+    word_counts = count_pre_tokens(text, special_tokens, split_digits)
     words = [[vocab[BYTE_TO_CHAR[b]] for b in w.encode("utf-8")] for w in word_counts]
     freqs = list(word_counts.values())
-
-    pair_counts: dict[tuple[int, int], int] = defaultdict(int)
-    where: dict[tuple[int, int], set[int]] = defaultdict(set)  # pair -> its words
-    for i, word in enumerate(words):
-        for pair in pairwise(word):
-            pair_counts[pair] += freqs[i]
-            where[pair].add(i)
+    pair_counts, where = count_pairs(words, freqs)
     heap = [(-count, pair) for pair, count in pair_counts.items()]
     heapq.heapify(heap)
 
     merges = []
-    while len(vocab) < vocab_size and heap:
-        negative, pair = heapq.heappop(heap)
-        if -negative != pair_counts[pair]:  # stale: the count fell since the push
-            if pair_counts[pair] > 0:
-                heapq.heappush(heap, (-pair_counts[pair], pair))
-            continue
+    while len(vocab) < vocab_size:
+        pair = pop_most_frequent(heap, pair_counts)
+        if pair is None:
+            break
         a, b = tokens[pair[0]], tokens[pair[1]]
         if a + b not in vocab:  # two merge paths can spell one token: it keeps its id
             vocab[a + b] = len(tokens)
             tokens.append(a + b)
-        new_id = vocab[a + b]
         merges.append((a, b))
-        delta: dict[tuple[int, int], int] = defaultdict(int)  # this merge's changes
-        for i in where.pop(pair, ()):
-            old, words[i] = words[i], merge(words[i], pair, new_id)
-            for p in pairwise(old):
-                delta[p] -= freqs[i]
-            for p in pairwise(words[i]):
-                delta[p] += freqs[i]
-                if new_id in p:  # the only pairs this word did not hold before
-                    where[p].add(i)
-        for p, change in delta.items():
+        for p, change in merge_words(words, freqs, where, pair, vocab[a + b]).items():
             pair_counts[p] += change
             if change > 0:  # a count that rose goes into the heap, as it is now
                 heapq.heappush(heap, (-pair_counts[p], p))

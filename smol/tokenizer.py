@@ -22,6 +22,13 @@ BOS_TOKEN, EOS_TOKEN = "<|im_start|>", "<|im_end|>"
 # separates documents in a training stream; id 0 in SmolLM2's vocabulary
 EOT_TOKEN = "<|endoftext|>"
 GGUF_CONTROL = 3  # tokenizer.ggml.token_type of special (control) tokens
+# The special tokens a Tokenizer names, and what a folder's config falls back to
+SPECIAL_TOKENS = {
+    "bos_token": BOS_TOKEN,
+    "eos_token": EOS_TOKEN,
+    "pad_token": None,
+    "unk_token": None,
+}
 
 
 class Tokenizer:
@@ -48,8 +55,7 @@ class Tokenizer:
         self.pad_token = pad_token if pad_token is not None else eos_token
         self.model_max_length = model_max_length
 
-    # --- building
-    # -----------------------------------------------------------------------------
+    # --- building ---------------------------------------------------------------------
     @classmethod
     def from_gguf_fields(
         cls,
@@ -58,20 +64,25 @@ class Tokenizer:
         token_types: list[int] | None = None,
         *,
         chat_template: str | None = None,
-        bos_id: int | None = None,
-        eos_id: int | None = None,
-        pad_id: int | None = None,
-        unk_id: int | None = None,
         pre: str | None = None,
         model_max_length: int | None = None,
+        **special_ids: int | None,
     ) -> Tokenizer:
         """Rebuild the byte-level BPE from a GGUF file's vocabulary, merges and token
-        types."""
+        types. special_ids: bos_id, eos_id, pad_id and unk_id, the ids of those special
+        tokens (None, or left out: the tokenizer has none)."""
+        ids = {
+            k: special_ids.pop(k.replace("_token", "_id"), None) for k in SPECIAL_TOKENS
+        }
+        if special_ids:
+            raise TypeError(
+                f"unexpected keyword arguments {sorted(special_ids)}: expected bos_id, "
+                "eos_id, pad_id or unk_id"
+            )
         vocab = {token: i for i, token in enumerate(tokens)}
         pairs = [tuple(m.split(" ", 1)) for m in merges]
         backend = Backend(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
-        # SmolLM2 ("smollm" in llama.cpp) splits every digit on its own before the GPT-2
-        # split.
+        # SmolLM2 ("smollm" in llama.cpp) isolates every digit before GPT-2's split
         byte_level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         backend.pre_tokenizer = (
             pre_tokenizers.Sequence(
@@ -88,19 +99,8 @@ class Tokenizer:
             if kind == GGUF_CONTROL
         ]
         backend.add_special_tokens(special)
-
-        def name(i):
-            return tokens[i] if i is not None else None
-
-        return cls(
-            backend,
-            chat_template,
-            bos_token=name(bos_id),
-            eos_token=name(eos_id),
-            pad_token=name(pad_id),
-            unk_token=name(unk_id),
-            model_max_length=model_max_length,
-        )
+        names = {key: None if i is None else tokens[i] for key, i in ids.items()}
+        return cls(backend, chat_template, model_max_length=model_max_length, **names)
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> Tokenizer:
@@ -116,21 +116,16 @@ class Tokenizer:
         config_path = folder / "tokenizer_config.json"
         config = json.loads(config_path.read_text()) if config_path.is_file() else {}
 
-        def token(key, default=None):
+        names = {}
+        for key, default in SPECIAL_TOKENS.items():
             value = config.get(key, default)
-            return value.get("content") if isinstance(value, dict) else value
-
+            # transformers writes a token as its text, or as {"content": text, ...}
+            names[key] = value.get("content") if isinstance(value, dict) else value
         template = config.get("chat_template")
         if template is None and (folder / "chat_template.jinja").is_file():
             template = (folder / "chat_template.jinja").read_text()
         return cls(
-            backend,
-            template,
-            bos_token=token("bos_token", BOS_TOKEN),
-            eos_token=token("eos_token", EOS_TOKEN),
-            pad_token=token("pad_token"),
-            unk_token=token("unk_token"),
-            model_max_length=config.get("model_max_length"),
+            backend, template, model_max_length=config.get("model_max_length"), **names
         )
 
     def save(self, folder: str | Path) -> None:
@@ -141,10 +136,7 @@ class Tokenizer:
         self.backend.save(str(folder / "tokenizer.json"))
         config = {
             "tokenizer_class": "PreTrainedTokenizerFast",
-            "bos_token": self.bos_token,
-            "eos_token": self.eos_token,
-            "pad_token": self.pad_token,
-            "unk_token": self.unk_token,
+            **{key: getattr(self, key) for key in SPECIAL_TOKENS},
             "add_bos_token": False,
             "add_eos_token": False,
             "clean_up_tokenization_spaces": False,
@@ -155,8 +147,7 @@ class Tokenizer:
             json.dumps(config, indent=2, ensure_ascii=False) + "\n"
         )
 
-    # --- ids
-    # ----------------------------------------------------------------------------------
+    # --- ids --------------------------------------------------------------------------
     @property
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
@@ -224,8 +215,7 @@ class Tokenizer:
         )
         return ids, mask
 
-    # --- chat
-    # ---------------------------------------------------------------------------------
+    # --- chat -------------------------------------------------------------------------
     def apply_chat_template(
         self,
         messages: list[dict],

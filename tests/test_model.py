@@ -377,15 +377,9 @@ def test_config_rejects_values_of_the_wrong_kind(bad, says):
         SmolConfig.preset("tiny", **bad)
 
 
-SMALL = SmolConfig(
-    vocab_size=97,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
+# The tiny preset with 2 query heads, as many as its key/value heads (see
+# test_position_ids_must_have_the_shape_of_input_ids)
+SMALL = SmolConfig.preset("tiny", num_attention_heads=2)
 
 
 def test_attention_mask_must_hold_zeros_and_ones():
@@ -409,7 +403,8 @@ def test_attention_mask_must_hold_zeros_and_ones():
 
 
 def test_an_all_padding_row_gives_finite_outputs_that_the_loss_can_ignore():
-    """Documented meaning: a row of zeros is all padding; its logits are finite but meaningless."""
+    """Documented meaning: a row of zeros is all padding; its logits are finite but
+    meaningless."""
     model = SmolLM(SMALL).eval()
     ids = torch.randint(0, 97, (2, 5))
     mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 0, 0, 0]])
@@ -419,8 +414,8 @@ def test_an_all_padding_row_gives_finite_outputs_that_the_loss_can_ignore():
 
 
 def test_position_ids_must_have_the_shape_of_input_ids():
-    # 2 tokens and 2 key/value heads (and 2 query heads): positions of shape (T,) would broadcast
-    # along the head axis without an error, giving every head one position.
+    # 2 tokens and 2 key/value heads (and 2 query heads): positions of shape (T,) would
+    # broadcast along the head axis without an error, giving every head one position.
     model = SmolLM(SMALL).eval()
     ids = torch.randint(0, 97, (1, 2))
     with pytest.raises(

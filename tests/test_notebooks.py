@@ -1,5 +1,5 @@
-"""Notebook consistency: the shared setup cell, the table of contents, and shown code ==
-smol's code."""
+"""Notebook consistency: the shared setup cell, the table of contents, and the code
+chapters show equal to smol's code."""
 
 import ast
 import builtins
@@ -10,8 +10,8 @@ import pytest
 from tests import nbtools
 
 # What each chapter shows as smol holds it: its `# smol/...` cells, in order. A chapter
-# not listed
-# here fails until it says what it shows (an empty list for one that builds nothing).
+# not listed here fails until it says what it shows (an empty list for one that builds
+# nothing).
 SHOWN = {
     "00_the_model_at_a_glance": [],  # the overview: builds nothing
     "01_rmsnorm": ["# smol/norm.py"],
@@ -55,8 +55,7 @@ SHOWN = {
     "12_fine_tuning_with_lora": ["# smol/lora.py", "# smol/sft.py"],
 }
 
-# Modules of smol that no chapter shows, on purpose. Every other module is shown
-# somewhere.
+# Modules of smol that no chapter shows, on purpose; every other module is shown.
 NOT_SHOWN = {
     "smol/__init__.py": "the package's exports",
     "smol/__main__.py": "the command line around load_pretrained and generate",
@@ -144,18 +143,16 @@ def test_every_module_is_shown_or_declared_not_shown():
     assert not shown & hidden, (
         f"declared not shown, yet shown: {sorted(shown & hidden)}"
     )
-    assert modules - hidden <= shown, (
-        f"no chapter shows {sorted(modules - hidden - shown)}: show it, or say in "
-        "NOT_SHOWN why not"
-    )
+    missing = sorted(modules - hidden - shown)
+    assert not missing, f"no chapter shows {missing}: show it, or say why in NOT_SHOWN"
     assert shown <= modules, (
         f"shown cells name missing modules: {sorted(shown - modules)}"
     )
 
 
 def bound_names(tree: ast.AST) -> set[str]:
-    """Every name a piece of code binds anywhere (assignments, imports, defs, arguments,
-    ...)."""
+    """Every name a piece of code binds anywhere: assignments, imports, definitions,
+    arguments, exception names."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Name) and isinstance(node.ctx, (ast.Store, ast.Del)):
@@ -202,8 +199,8 @@ def test_shown_cells_run_where_they_stand(path):
             missing = used - block - known
             header = code[i].partition("\n")[0]
             assert not missing, (
-                f"{path.name}: '{header}' uses {sorted(missing)}, never defined before "
-                "it"
+                f"{path.name}: '{header}' uses {sorted(missing)}, "
+                "never defined before it"
             )
         known |= bound_names(tree)
 
@@ -247,11 +244,11 @@ def test_markdown_reads_the_same_in_colab(path):
 
 def test_every_chapter_declares_its_exercise():
     chapters = {p.stem for p in (nbtools.ROOT / "chapters").glob("*.ipynb")}
-    assert chapters == set(nbtools.CHAPTER_EXERCISES), (
+    declared = set(nbtools.CHAPTER_EXERCISES)
+    assert chapters == declared, (
         "declare each chapter's exercise (or None) in tests/nbtools.py "
-        "CHAPTER_EXERCISES: "
-        f"missing {sorted(chapters - set(nbtools.CHAPTER_EXERCISES))}, "
-        f"gone {sorted(set(nbtools.CHAPTER_EXERCISES) - chapters)}"
+        f"CHAPTER_EXERCISES: missing {sorted(chapters - declared)}, "
+        f"gone {sorted(declared - chapters)}"
     )
     for exercise in filter(None, nbtools.CHAPTER_EXERCISES.values()):
         assert (nbtools.ROOT / "solutions" / f"{exercise}.ipynb").exists(), exercise
@@ -305,12 +302,12 @@ def test_no_stored_output_mentions_iprogress():
 
 
 def test_stored_progress_bars_are_settled():
-    """Each update of a progress bar must not become a line of the stored output (and
-    the page)."""
+    """No update of a progress bar may become a line of the stored output (and of the
+    page)."""
     for path in nbtools.notebooks():
         assert not nbtools.settle_streams(nbtools.read(path)), (
-            f"{path.name}: stored progress bars repeat; `python -m tests.nbtools "
-            "--refresh`"
+            f"{path.name}: stored progress bars repeat; run "
+            "`python -m tests.nbtools --refresh`"
         )
 
 
@@ -340,12 +337,12 @@ def test_reference_titles_keep_their_capitals():
 )
 def test_long_closing_source_cells_are_folded(path):
     """A closing `# smol/...` cell of more than FOLD_LINES lines repeats what the
-    chapter showed in pieces: the book folds it (hide-input) rather than repeating it in
-    full."""
+    chapter showed in pieces: the book folds it (hide-input) rather than show it all
+    again."""
     for cell in nbtools.read(path).cells:
         if cell.cell_type == "code" and cell.source.startswith("# smol/"):
+            header = cell.source.partition("\n")[0]
             long = cell.source.count("\n") + 1 > nbtools.FOLD_LINES
             assert long == ("hide-input" in cell.metadata.get("tags", [])), (
-                f"{path.name}: {cell.source.partition(chr(10))[0]} (`python -m "
-                "tests.nbtools --refresh`)"
+                f"{path.name}: {header} (`python -m tests.nbtools --refresh`)"
             )

@@ -1,6 +1,8 @@
 """smol's tokenizer gives transformers' ids, text and chat prompts for the bundled
 SmolLM2 GGUF."""
 
+import json
+
 import pytest
 from transformers import AutoTokenizer
 
@@ -122,3 +124,25 @@ def test_no_chat_template_is_a_clear_error(tokenizers):
         plain.apply_chat_template(CHATS[0])
     with pytest.raises(FileNotFoundError, match="tokenizer.json"):
         Tokenizer.from_folder("/nonexistent")
+
+
+def test_special_tokens_are_named_by_id_and_read_back_from_a_folder(tmp_path):
+    """from_gguf_fields names each special token by its id (none where no id is given);
+    from_folder reads the names back, a token written as {"content": ...} too, and
+    falls back to SmolLM2's where the config names none."""
+    tok = Tokenizer.from_gguf_fields(
+        ["<s>", "</s>", "a", "b", "ab"], ["a b"], [3, 3, 1, 1, 1], bos_id=0, eos_id=1
+    )
+    names = ("bos_token", "eos_token", "pad_token", "unk_token")
+    assert [getattr(tok, n) for n in names] == ["<s>", "</s>", "</s>", None]
+    assert tok.encode("<s>ab") == [0, 4]
+    with pytest.raises(TypeError, match="unexpected keyword arguments \\['bos'\\]"):
+        Tokenizer.from_gguf_fields(["a"], [], bos=0)
+    tok.save(tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    assert [config[n] for n in names] == ["<s>", "</s>", "</s>", None]
+    del config["bos_token"]
+    config["unk_token"] = {"content": "a", "special": False}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    again = Tokenizer.from_folder(tmp_path)
+    assert [getattr(again, n) for n in names] == ["<|im_start|>", "</s>", "</s>", "a"]
