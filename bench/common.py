@@ -10,7 +10,9 @@ from collections.abc import Callable
 
 def alternate(runs: dict[str, Callable[[], object]], repeats: int, sync=None):
     """Time each run `repeats` times, one of each in turn (so that a busy machine slows
-    all alike), after one warm-up each -> ({name: median seconds}, {name: last output})."""
+    all alike), after one warm-up each.
+
+    Returns ({name: median seconds}, {name: last output})."""
     sync = sync or (lambda: None)
     times = {name: [] for name in runs}
     outputs = {name: run() for name, run in runs.items()}  # warm-up

@@ -44,7 +44,7 @@ def main():
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument(
         "--csv",
-        help="also write the table to this CSV file (the book's Benchmarks page reads it)",
+        help="also write the table to this CSV file (the Benchmarks page reads it)",
     )
     args = parser.parse_args()
     if args.threads:
@@ -55,7 +55,8 @@ def main():
         ("smollm2-135m", SmolConfig.preset("smollm2-135m"), (1, 128)),
     ]
     print(
-        f"{'preset':<14}{'B x T':>10}{'pass':>18}{'smol ms':>10}{'hf ms':>10}{'ratio':>8}"
+        f"{'preset':<14}{'B x T':>10}{'pass':>18}"
+        f"{'smol ms':>10}{'hf ms':>10}{'ratio':>8}"
     )
     table = []
     for name, config, (b, t) in cases:
@@ -78,7 +79,8 @@ def main():
             ms = [f"{med['smol'] * 1e3:.1f}", f"{med['hf'] * 1e3:.1f}"]
             ratio = f"{med['smol'] / med['hf']:.2f}"
             print(
-                f"{name:<14}{f'{b} x {t}':>10}{label:>18}{ms[0]:>10}{ms[1]:>10}{ratio:>8}"
+                f"{name:<14}{f'{b} x {t}':>10}{label:>18}"
+                f"{ms[0]:>10}{ms[1]:>10}{ratio:>8}"
             )
             table.append([name, f"{b} x {t}", label, *ms, ratio])
     if args.csv:

@@ -112,8 +112,8 @@ def parse_args():
     add(
         "--only",
         default=None,
-        help="semicolon-separated parts of path names to keep (transformers float32 and "
-        "smol float32 are always kept)",
+        help="semicolon-separated parts of path names to keep (transformers float32 "
+        "and smol float32 are always kept)",
     )
     add("--csv", help="write the medians here (the Benchmarks page reads it)")
     return parser.parse_args()
@@ -267,7 +267,8 @@ def main() -> None:
         for size, rate in batch_rates.items():
             ratio = rate / batch_rates[1]
             print(
-                f"smol, batch {size:<3d} float32: {rate:9.1f} tok/s, {ratio:.2f}x batch 1"
+                f"smol, batch {size:<3d} float32: {rate:9.1f} tok/s, "
+                f"{ratio:.2f}x batch 1"
             )
             row = [f"smol, batch {size}", "float32", size, "mixed, left-padded"]
             row += [f"{rate:.1f}", f"{rate / rates['transformers generate']:.2f}"]

@@ -125,7 +125,8 @@ def main():
     p.add_argument(
         "--dtype",
         default="auto",
-        help="auto (bf16 where native, else fp16 on CUDA; fp32 on CPU), bf16, fp16, fp32",
+        help="auto (bf16 where native, else fp16 on CUDA; fp32 on CPU), bf16, fp16 "
+        "or fp32",
     )
     p.add_argument(
         "--compile",

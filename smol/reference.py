@@ -11,7 +11,8 @@ from smol.config import SmolConfig
 
 
 def llama_config(config: SmolConfig, attn_implementation: str | None = "sdpa"):
-    """transformers' LlamaConfig with the same shapes, context, RoPE and norm settings."""
+    """transformers' LlamaConfig with the same shapes, context, RoPE and norm
+    settings."""
     from transformers import LlamaConfig
 
     if not isinstance(config, SmolConfig):

@@ -1,4 +1,5 @@
-"""Generation: the KV cache changes nothing but speed, padding changes nothing, sampling obeys its knobs."""
+"""Generation: the KV cache changes nothing but speed, padding changes nothing,
+sampling obeys its knobs."""
 
 import pytest
 import torch

@@ -64,7 +64,7 @@ NOT_SHOWN = {
         "corpus plumbing; chapter 10 shows what it produces (packed windows, targets)"
     ),
     "smol/tokenizer.py": "a wrapper of the `tokenizers` library and jinja2",
-    "smol/gguf.py": "a file-format reader; chapter 8 shows the q/k permutation it undoes",
+    "smol/gguf.py": "a file reader; chapter 8 shows the q/k permutation it undoes",
     "smol/pretrained.py": "file and hub I/O around build_model",
     "smol/checkpoint.py": "file I/O; chapter 10 shows a resume that is exact",
     "smol/distributed.py": "torchrun plumbing",
@@ -77,7 +77,7 @@ NOT_SHOWN = {
         "the command line, and Trainer on smol.sft's batches; chapter 12 runs it"
     ),
     "smol/grade.py": "the grader's command line",
-    "smol/reference.py": "transformers' twin of a config, for parity tests and benchmarks",
+    "smol/reference.py": "transformers' twin of a config, for parity tests and bench/",
     "smol/chat.py": "the command line's conversation around generate and its KV cache",
     "smol/grading/": "the grader, which the exercises use",
 }
