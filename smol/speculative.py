@@ -40,6 +40,14 @@ def lookup_draft(
     return tokens[:0]
 
 
+def next_draft_limit(limit: int, drafted: int, accepted: int, num_draft: int) -> int:
+    """The next draft's longest length: two more after a draft accepted whole, one fewer
+    (down to 1) after a rejection, unchanged when nothing was drafted."""
+    if drafted == 0:
+        return limit
+    return min(num_draft, limit + 2) if accepted == drafted else max(1, limit - 1)
+
+
 @dataclass
 class SpeculativeStats:
     """Drafted and accepted tokens, and forward passes after the prefill."""
@@ -69,7 +77,11 @@ def speculative_greedy(
     """Greedy continuation of input_ids (1, T) by up to max_new_tokens tokens -> (1, T +
     new), equal to plain greedy decoding. `cache` is an empty KVCache with room for T +
     max_new_tokens + num_draft tokens; `eos` a tensor of end ids or None; `stream(tokens
-    (1,))` gets each token."""
+    (1,))` gets each token.
+
+    Drafts are at most num_draft tokens long, and their length adapts: two more after a
+    draft accepted whole, one fewer (down to 1) after a rejection. Where the text stops
+    repeating, the passes shrink back towards one token's step."""
     if input_ids.shape[0] != 1:
         raise ValueError(
             f"speculative decoding takes one sequence, got a batch of "
@@ -79,7 +91,7 @@ def speculative_greedy(
     tokens = input_ids[0]
     logits, _ = model(input_ids, kv_cache=cache)  # prefill
     next_token = logits[0, -1].argmax()
-    new = 0
+    new, limit = 0, num_draft
     while new < max_new_tokens:
         tokens = torch.cat([tokens, next_token[None]])
         new += 1
@@ -89,13 +101,12 @@ def speculative_greedy(
             eos is not None and bool(torch.isin(next_token, eos))
         ):
             break
-        draft = lookup_draft(tokens, max_ngram, min(num_draft, max_new_tokens - new))
+        draft = lookup_draft(tokens, max_ngram, min(limit, max_new_tokens - new))
         step = torch.cat([next_token[None], draft])[None]  # (1, 1 + k)
         logits, _ = model(step, kv_cache=cache)
         stats.forward_passes += 1
-        choice = logits[0].argmax(
-            dim=-1
-        )  # (1 + k,): greedy's token after each of step's tokens
+        # (1 + k,): greedy's token after each of step's tokens
+        choice = logits[0].argmax(dim=-1)
         agree = (choice[:-1] == draft).int().cumprod(0)  # 1 while the draft matched
         n_ok = int(agree.sum())
         if eos is not None and n_ok:  # stop accepting after an accepted end token
@@ -104,6 +115,7 @@ def speculative_greedy(
         n_ok = min(n_ok, max_new_tokens - new)
         stats.drafted += len(draft)
         stats.accepted += n_ok
+        limit = next_draft_limit(limit, len(draft), n_ok, num_draft)
         cache.length -= len(draft) - n_ok  # forget the rejected tokens' keys and values
         for token in draft[:n_ok]:
             tokens = torch.cat([tokens, token[None]])

@@ -8,11 +8,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from smol import speculative
 from smol.chat import ChatSession
 from smol.generate import generate, left_pad
 from smol.kv_cache import KVCache
 from smol.quantize import QuantLinear, quantize_int8_, quantize_per_channel
-from smol.speculative import SpeculativeStats, lookup_draft, speculative_greedy
+from smol.speculative import (
+    SpeculativeStats,
+    lookup_draft,
+    next_draft_limit,
+    speculative_greedy,
+)
 from smol.static_cache import StaticCache, static_cache_for
 from tests.tiny_models import config, peaked
 
@@ -190,9 +196,39 @@ def test_speculative_counts_and_rolls_back(model):
     assert out.shape == (1, 46)
     assert 0 < stats.accepted <= stats.drafted and stats.forward_passes < 30
     assert stats.acceptance_rate == stats.accepted / stats.drafted
-    assert (
-        cache.length == 45
-    )  # every token but the last is cached; rejected drafts are gone
+    # every token but the last is cached; rejected drafts are gone
+    assert cache.length == 45
+
+
+def test_draft_length_grows_on_whole_acceptance_and_shrinks_on_rejection():
+    # a draft taken whole: two more next time, up to num_draft
+    assert next_draft_limit(4, drafted=4, accepted=4, num_draft=8) == 6
+    assert next_draft_limit(7, drafted=7, accepted=7, num_draft=8) == 8
+    # any rejection: one fewer, down to 1 (a schedule that never shrinks keeps paying
+    # for long verifying passes where the text stopped repeating)
+    assert next_draft_limit(4, drafted=4, accepted=3, num_draft=8) == 3
+    assert next_draft_limit(1, drafted=1, accepted=0, num_draft=8) == 1
+    # no draft found: nothing learned
+    assert next_draft_limit(5, drafted=0, accepted=0, num_draft=8) == 5
+
+
+def test_speculative_drafts_shrink_where_they_are_rejected(model, monkeypatch):
+    # random tokens with one repeat: lookups find drafts the model mostly rejects
+    ids = torch.randint(0, 211, (1, 24), generator=torch.Generator().manual_seed(6))
+    ids = torch.cat([ids, ids[:, :12]], 1)
+
+    def run():
+        stats = SpeculativeStats()
+        cache = KVCache(CONFIG, 1, 36 + 40 + 8)
+        out = speculative_greedy(model, ids, 40, cache, num_draft=8, stats=stats)
+        return out, stats.drafted - stats.accepted  # draft tokens verified in vain
+
+    adaptive, wasted = run()
+    # the same decoding with drafts always as long as they can be
+    monkeypatch.setattr(speculative, "next_draft_limit", lambda *args: args[-1])
+    fixed, wasted_fixed = run()
+    assert torch.equal(adaptive, fixed)
+    assert wasted < wasted_fixed, (wasted, wasted_fixed)
 
 
 # --- int8 weights ---------------------------------------------------------------------
