@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from smol import SmolConfig
-from smol.grade import collected_results, expected_tasks
+from smol.grading.runner import collected_results, expected_tasks
 from smol.grading import NOTEBOOKS, TASKS, core, grade, preview, run_checks
 from smol.grading.make_exercises import (
     BEGIN,
@@ -832,7 +832,7 @@ def test_a_report_that_fails_late_still_shows_the_scores(tmp_path, capsys, monke
 
 
 def test_grade_calls_name_the_object_graded():
-    from smol.grade import grade_calls
+    from smol.grading.runner import grade_calls
 
     source = 'x = 1\n%time grade("rope", apply_rope, timeout=30)\ngrade("rms")\ngrade(obj=f, task_name="y")'
     assert grade_calls(source) == [("rope", "apply_rope"), ("rms", "None")]
