@@ -721,24 +721,10 @@ def command_line(tmp_path_factory):
         folder, "04_swiglu.ipynb", [HEAD, ROTATE, 'grade("rotate_half", rotate_half)']
     )
     report = tmp / "report.json"
+    paths = (SOLUTIONS[0], EXERCISES[0], dies, hangs, forges, patches, folder)
+    options = ["--cell-timeout", "15", "--json", str(report), "--strict"]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "smol.grade",
-            str(SOLUTIONS[0]),
-            str(EXERCISES[0]),
-            str(dies),
-            str(hangs),
-            str(forges),
-            str(patches),
-            str(folder),
-            "--cell-timeout",
-            "15",
-            "--json",
-            str(report),
-            "--strict",
-        ],
+        [sys.executable, "-m", "smol.grade", *map(str, paths), *options],
         capture_output=True,
         text=True,
         timeout=300,
@@ -1100,17 +1086,26 @@ def sft_targets_by_mask(ids, prompt_lens):
     return ids[:, :-1], ids[:, 1:].masked_fill(prompt, -100)
 
 
+def rope_tables_einsum(length, head_dim, theta):
+    freqs = 1.0 / theta ** (
+        torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+    )
+    angles = torch.einsum(
+        "t,f->tf", torch.arange(length, dtype=torch.float32), freqs
+    ).repeat(1, 2)
+    return angles.cos(), angles.sin()
+
+
+def lr_warmup_from_step_one(s, *, max_lr, warmup_steps, total_steps, min_lr=0.0):
+    """Warmup reaching max_lr * (s + 1) / warmup_steps, then cosine decay."""
+    if s < warmup_steps:
+        return max_lr * (s + 1) / warmup_steps
+    progress = min(1.0, (s - warmup_steps) / (total_steps - warmup_steps))
+    return min_lr + (max_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 def _variants():
     from einops import repeat
-
-    def rope_tables_einsum(length, head_dim, theta):
-        freqs = 1.0 / theta ** (
-            torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
-        )
-        angles = torch.einsum(
-            "t,f->tf", torch.arange(length, dtype=torch.float32), freqs
-        ).repeat(1, 2)
-        return angles.cos(), angles.sin()
 
     return {  # task: a correct implementation written differently from the solution
         "rms": lambda x, eps: x.square().mean(-1, keepdim=True).add(eps).sqrt(),
@@ -1137,20 +1132,7 @@ def _variants():
         "init_weights": init_by_name,
         "init_bug": init_module_by_module,
         "next_token_batch": next_token_batch_masked_fill,
-        "lr_schedule": lambda s, *, max_lr, warmup_steps, total_steps, min_lr=0.0: (
-            max_lr * (s + 1) / warmup_steps
-            if s < warmup_steps
-            else min_lr
-            + (max_lr - min_lr)
-            * 0.5
-            * (
-                1
-                + math.cos(
-                    math.pi
-                    * min(1.0, (s - warmup_steps) / (total_steps - warmup_steps))
-                )
-            )
-        ),
+        "lr_schedule": lr_warmup_from_step_one,
         "param_groups": no_decay_group_first,
         "train_step_bug": zero_after_step,
         "filter_top_k": top_k_by_scatter,
