@@ -30,6 +30,7 @@ from smol.grading.core import DEFAULT_TIMEOUT, timeout_problem
 # Running a notebook and grading it lives in smol.grading.runner; these names stay
 # importable from here.
 from smol.grading.runner import (  # noqa: F401
+    DEFERRED,
     GRADE_CALL,
     collected_results,
     expected_tasks,
@@ -38,6 +39,7 @@ from smol.grading.runner import (  # noqa: F401
     read_notebook,
     run_notebook,
     score_notebook,
+    topic_tasks,
 )
 
 
