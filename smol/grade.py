@@ -21,313 +21,26 @@ written, or (with --strict) below full marks, else 0."""
 from __future__ import annotations
 
 import argparse
-import ast
-import copy
 import json
-import os
-import re
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
-import nbformat
+from smol.grading.core import DEFAULT_TIMEOUT, timeout_problem
 
-from smol.grading import MIME, NOTEBOOKS, TASKS
-from smol.grading.core import DEFAULT_TIMEOUT, Result, Row, run_checks, timeout_problem
-
-GRADE_CALL = re.compile(r"""(?<![\w.])grade\(\s*["'](\w+)["']""")
-DEFERRED = (
-    "SMOL_GRADE_DEFERRED"  # set in the kernels this command starts (see grading.grade)
+# Running a notebook and grading it lives in smol.grading.runner; these names stay
+# importable from here.
+from smol.grading.runner import (  # noqa: F401
+    DEFERRED,
+    GRADE_CALL,
+    collected_results,
+    expected_tasks,
+    grade_calls,
+    grade_notebook,
+    read_notebook,
+    run_notebook,
+    score_notebook,
+    topic_tasks,
 )
-
-
-def grade_calls(source: str) -> list[tuple[str, str | None]]:
-    """The `grade("task", obj)` calls of a cell, in order: (task, the source of obj or None)."""
-    try:
-        from IPython.core.inputtransformer2 import TransformerManager
-
-        python = TransformerManager().transform_cell(source)  # %magics and !commands
-        tree = ast.parse(python)
-    except Exception:  # noqa: BLE001 - a cell that does not parse: its calls never ran
-        return [(name, None) for name in GRADE_CALL.findall(source)]
-    calls = []
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Attribute)  # %time grade(...)
-            and node.func.attr in ("run_line_magic", "run_cell_magic")
-            and node.args
-            and isinstance(node.args[-1], ast.Constant)
-            and isinstance(node.args[-1].value, str)
-        ):
-            calls += [
-                (node.lineno, node.col_offset, task, expr)
-                for task, expr in grade_calls(node.args[-1].value)
-            ]
-        if not (
-            isinstance(node, ast.Call)
-            and isinstance(node.func, ast.Name)
-            and node.func.id == "grade"
-        ):
-            continue
-        if not (
-            node.args
-            and isinstance(node.args[0], ast.Constant)
-            and isinstance(node.args[0].value, str)
-            and re.fullmatch(r"\w+", node.args[0].value)
-        ):
-            continue
-        obj = (
-            node.args[1]
-            if len(node.args) > 1
-            else next((k.value for k in node.keywords if k.arg == "obj"), None)
-        )
-        expr = "None" if obj is None else ast.get_source_segment(python, obj)
-        calls.append((node.lineno, node.col_offset, node.args[0].value, expr))
-    return [(task, expr) for _, _, task, expr in sorted(calls)]
-
-
-def topic_tasks(path: Path | None) -> list[str]:
-    """The tasks of the exercise a file name stands for (02_rope.ipynb: the rope tasks)."""
-    topics = {stem: topic for topic, stem in NOTEBOOKS.items()}
-    topic = topics.get(path.stem) if path is not None else None
-    return [t.name for t in TASKS.values() if t.notebook == topic] if topic else []
-
-
-def expected_tasks(nb, path: Path | None = None) -> list[str]:
-    """The tasks a notebook is graded on, in order: its topic's (by file name), then
-    those its `grade("task", ...)` calls name. Deleting a check cell does not lower the
-    total."""
-    names = topic_tasks(path)
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            for name in GRADE_CALL.findall(cell.source):
-                if name not in names:
-                    names.append(name)
-    return names
-
-
-def collected_results(nb) -> dict[str, dict]:
-    """The grade results a notebook's stored outputs show (the last one per task). For
-    the student's eyes and the course's tests: `python -m smol.grade` never counts them.
-    """
-    results = {}
-    for cell in nb.cells:
-        for output in cell.get("outputs", []):
-            payload = (
-                output.get("data", {}).get(MIME)
-                if output.get("output_type") in ("display_data", "execute_result")
-                else None
-            )
-            if isinstance(payload, str):
-                payload = json.loads(payload)
-            if payload and payload.get("counted", True):
-                results[payload["task"]] = payload
-    return results
-
-
-def read_notebook(path: Path) -> nbformat.NotebookNode:
-    """The notebook at `path`; ValueError saying what the file is instead."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"cannot be read ({exc.strerror or exc})") from None
-    if not data.strip():
-        raise ValueError("is empty, not a notebook")
-    try:
-        text = data.decode("utf-8")
-        content = json.loads(text)
-    except UnicodeDecodeError:
-        raise ValueError("is not a notebook (not UTF-8 text)") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"is not a notebook (invalid JSON: {exc.msg} at line {exc.lineno})"
-        ) from None
-    if not isinstance(content, dict) or "nbformat" not in content:
-        raise ValueError("is JSON but not a Jupyter notebook (no nbformat field)")
-    try:
-        nb = nbformat.reads(text, as_version=4)
-        if not isinstance(nb.get("cells"), list) or not all(
-            isinstance(c, dict) and "cell_type" in c for c in nb.cells
-        ):
-            raise ValueError("no list of cells")
-        for cell in nb.cells:
-            if not isinstance(cell.get("source"), str):
-                raise ValueError("a cell without source text")
-    except Exception as exc:  # noqa: BLE001 - nbformat raises many kinds
-        reason = (
-            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        )
-        raise ValueError(f"is not a Jupyter notebook ({reason[:120]})") from None
-    return nb
-
-
-def _failed(task: str, message: str) -> Result:
-    checks = TASKS[task].checks if task in TASKS else []
-    return Result(
-        task,
-        [Row(c.name, c.points, 0, False, c.hint, message) for c in checks],
-        error="" if checks else message,
-    )
-
-
-def _capture(client, cell_index: int, task: str, expr: str, target: Path) -> str:
-    """Pickle the object `expr` names in the kernel into `target`; "" or what went wrong."""
-    code = (
-        f"(lambda b: open({str(target)!r}, 'wb').write(b))"
-        f"(__import__('cloudpickle').dumps(({expr})))"
-    )
-    cell = nbformat.v4.new_code_cell(code)
-    client.execute_cell(cell, cell_index, store_history=False)
-    error = next((o for o in cell.outputs if o.get("output_type") == "error"), None)
-    if error is not None:
-        return f"the grader could not take `{expr}` from the notebook: {error.ename}: {error.evalue}"[
-            :300
-        ]
-    if not target.exists() or not target.stat().st_size:
-        return f"the grader could not take `{expr}` from the notebook"
-    return ""
-
-
-def run_notebook(
-    path: Path,
-    nb,
-    timeout: float,
-    cell_timeout: float,
-    check_timeout: float = DEFAULT_TIMEOUT,
-) -> tuple[dict[str, dict], str]:
-    """Execute a copy of the notebook in a fresh kernel and grade each task after its
-    check cell; return the results (task -> Result.to_json()) and a status line."""
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
-
-    nb = copy.deepcopy(
-        nb
-    )  # executed (and its cells replaced by the grader's) as a copy
-    for cell in nb.cells:
-        if cell.cell_type == "code":
-            cell.outputs, cell.execution_count = [], None
-    client = NotebookClient(
-        nb,
-        timeout=int(cell_timeout),
-        kernel_name="python3",
-        allow_errors=True,
-        record_timing=False,
-        interrupt_on_timeout=False,
-        resources={"metadata": {"path": str(path.parent.resolve())}},
-    )
-    results: dict[str, dict] = {}
-    errors, deadline = 0, time.monotonic() + timeout
-    env = {**os.environ, DEFERRED: "1"}
-    try:
-        # The kernel's own stderr holds only its logs (cell output comes over its
-        # channels).
-        with (
-            tempfile.TemporaryDirectory(prefix="smol-grade-") as tmp,
-            client.setup_kernel(stderr=subprocess.DEVNULL, env=env),
-        ):
-            for index, cell in enumerate(nb.cells):
-                if cell.cell_type != "code":
-                    continue
-                remaining = deadline - time.monotonic()
-                if remaining < 1:
-                    return (
-                        results,
-                        f"stopped: the notebook ran past its {timeout:g} s limit",
-                    )
-                client.timeout = int(max(1, min(cell_timeout, remaining)))
-                try:
-                    client.execute_cell(cell, index)
-                    errors += any(o.get("output_type") == "error" for o in cell.outputs)
-                    for task, expr in grade_calls(cell.source):
-                        if expr is None:
-                            results[task] = _failed(
-                                task, "its check cell does not parse"
-                            ).to_json()
-                            continue
-                        target = Path(tmp) / f"{task}-{index}.pickle"
-                        problem = _capture(client, index, task, expr, target)
-                        result = (
-                            _failed(task, problem)
-                            if problem
-                            else run_checks(
-                                task,
-                                payload=target.read_bytes(),
-                                timeout=check_timeout,
-                                isolate=True,
-                            )
-                        )
-                        results[task] = result.to_json()
-                except CellTimeoutError:
-                    return (
-                        results,
-                        f"stopped: cell {index} ran past its time limit "
-                        f"({client.timeout} s)",
-                    )
-                except DeadKernelError:
-                    return (
-                        results,
-                        f"stopped: the kernel died in cell {index} (sys.exit, "
-                        "os._exit or a crash?)",
-                    )
-    except DeadKernelError:
-        return results, "stopped: the kernel died"
-    except Exception as exc:  # noqa: BLE001 - a broken notebook must not stop the others
-        return (
-            results,
-            f"stopped: {type(exc).__name__}: "
-            f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''}",
-        )
-    status = "ok"
-    if errors:
-        status = f"ran, {errors} cell{'s' if errors > 1 else ''} raised"
-    return results, status
-
-
-def score_notebook(
-    path: Path, nb, status: str, seconds: float, results: dict[str, dict]
-) -> dict:
-    tasks = []
-    for name in expected_tasks(nb, path):
-        r = results.get(name)
-        total = TASKS[name].points if name in TASKS else (r["total"] if r else 0)
-        tasks.append(
-            {
-                "task": name,
-                "score": r["score"] if r else 0,
-                "total": total,
-                "graded": r is not None,
-                "checks": r["checks"] if r else [],
-            }
-        )
-    return {
-        "notebook": str(path),
-        "score": sum(t["score"] for t in tasks),
-        "total": sum(t["total"] for t in tasks),
-        "status": status,
-        "seconds": round(seconds, 1),
-        "tasks": tasks,
-    }
-
-
-def grade_notebook(
-    path: Path, timeout: float, cell_timeout: float, check_timeout: float
-) -> dict:
-    """The report of one notebook; an unreadable file gives an error row, never an
-    exception."""
-    start = time.monotonic()
-    try:
-        nb = read_notebook(path)
-    except ValueError as exc:
-        report = score_notebook(
-            path, nbformat.v4.new_notebook(), f"error: {path.name} {exc}", 0.0, {}
-        )
-        report["error"] = f"{path.name} {exc}"
-        return report
-    results, status = run_notebook(path, nb, timeout, cell_timeout, check_timeout)
-    return score_notebook(path, nb, status, time.monotonic() - start, results)
 
 
 def notebook_paths(args: list[str]) -> list[Path]:
@@ -349,7 +62,8 @@ def notebook_paths(args: list[str]) -> list[Path]:
 
 
 def report_problem(path: Path) -> str:
-    """Why the report cannot be written to `path` ("" when it can); leaves no file behind."""
+    """Why the report cannot be written to `path` ("" when it can); leaves no file
+    behind."""
     if path.is_dir():
         return "it is a folder"
     folder = path.parent
@@ -411,7 +125,7 @@ def _seconds(text: str) -> float:
     return value
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m smol.grade",
         description=__doc__,
@@ -434,7 +148,8 @@ def main(argv=None) -> int:
         "--check-timeout",
         type=_seconds,
         default=DEFAULT_TIMEOUT,
-        help=f"seconds per check (default {DEFAULT_TIMEOUT:g}); the check's process is killed",
+        help=f"seconds per check (default {DEFAULT_TIMEOUT:g}); the check's process "
+        "is killed",
     )
     parser.add_argument(
         "--json",
@@ -448,28 +163,33 @@ def main(argv=None) -> int:
         help="exit 1 unless every notebook has full marks",
     )
     parser.add_argument("--quiet", action="store_true", help="one line per notebook")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _usage_problem(args) -> str:
+    """What makes the command unusable before any grading ("" when nothing does)."""
     try:
-        import cloudpickle  # noqa: F401 - the kernels hand the graded objects over with it
+        # the kernels hand the graded objects over with it
+        import cloudpickle  # noqa: F401
     except ImportError:
-        parser.error(
-            "grading needs cloudpickle in this environment: pip install cloudpickle"
-        )
+        return "grading needs cloudpickle in this environment: pip install cloudpickle"
     try:
-        paths = notebook_paths(args.paths)
+        args.paths = notebook_paths(args.paths)
     except ValueError as exc:
-        parser.error(str(exc))
+        return str(exc)
     problem = report_problem(args.json)
     if problem:
-        parser.error(
+        return (
             f"cannot write the report to {args.json}: {problem} (choose another --json)"
         )
+    return ""
+
+
+def _grade_all(args) -> list[dict]:
+    """The report of each notebook, with a line on stderr as each one is done."""
     reports = []
-    for path in paths:
-        reports.append(
-            grade_notebook(path, args.timeout, args.cell_timeout, args.check_timeout)
-        )
-        r = reports[-1]
+    for path in args.paths:
+        r = grade_notebook(path, args.timeout, args.cell_timeout, args.check_timeout)
         print(
             f"graded {path} in {r['seconds']:.1f}s: {r['score']}/{r['total']}"
             if "error" not in r
@@ -477,30 +197,45 @@ def main(argv=None) -> int:
             file=sys.stderr,
             flush=True,
         )
+        reports.append(r)
+    return reports
+
+
+def _write_report(path: Path, score: int, total: int, reports: list[dict]) -> bool:
+    """Write the JSON report; whether that worked (if not, say so on stderr)."""
+    report = {"score": score, "total": total, "notebooks": reports}
+    try:
+        path.write_text(json.dumps(report, indent=1) + "\n")
+    except OSError as exc:
+        print(
+            f"smol.grade: could not write the report to {path}: "
+            f"{exc.strerror or exc}; the scores above are all there is",
+            file=sys.stderr,
+        )
+        return False
+    print(f"report written to {path}")
+    return True
+
+
+def main(argv=None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    problem = _usage_problem(args)
+    if problem:
+        parser.error(problem)
+    reports = _grade_all(args)
     score, total = sum(r["score"] for r in reports), sum(r["total"] for r in reports)
     print(table(reports, verbose=not args.quiet))
     code = 1 if args.strict and score < total else 0
     unreadable = [r for r in reports if "error" in r]
     if unreadable:
+        files = f"{len(unreadable)} file{'s' if len(unreadable) > 1 else ''}"
         print(
-            f"{len(unreadable)} file{'s' if len(unreadable) > 1 else ''} could not be "
-            "graded "
-            "(scored zero): " + "; ".join(r["error"] for r in unreadable)
+            f"{files} could not be graded (scored zero): "
+            + "; ".join(r["error"] for r in unreadable)
         )
         code = 1
-    try:
-        args.json.write_text(
-            json.dumps({"score": score, "total": total, "notebooks": reports}, indent=1)
-            + "\n"
-        )
-        print(f"report written to {args.json}")
-    except OSError as exc:
-        print(
-            f"smol.grade: could not write the report to {args.json}: "
-            f"{exc.strerror or exc}; "
-            "the scores above are all there is",
-            file=sys.stderr,
-        )
+    if not _write_report(args.json, score, total, reports):
         code = 1
     return code
 

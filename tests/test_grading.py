@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from smol import SmolConfig
-from smol.grade import collected_results, expected_tasks
+from smol.grading.runner import collected_results, expected_tasks
 from smol.grading import NOTEBOOKS, TASKS, core, grade, preview, run_checks
 from smol.grading.make_exercises import (
     BEGIN,
@@ -31,6 +31,7 @@ from smol.grading.make_exercises import (
     stale,
     strip_solutions,
 )
+from smol.mlp import MLP
 from smol.norm import RMSNorm
 from tests.nbtools import ROOT
 
@@ -175,7 +176,6 @@ def test_smols_reference_implementations_score_full_marks():
     from smol.attention import repeat_kv
     from smol.generate import filter_top_k, filter_top_p
     from smol.lora import LoRALinear
-    from smol.mlp import MLP
     from smol.rope import apply_rope, rotate_half
 
     for task, obj in [
@@ -247,7 +247,6 @@ def tiled_repeat_kv(x, n_rep):
 
 
 def misspelt_flag_mlp(config):
-    from smol.mlp import MLP
 
     mlp = MLP(config)
     del mlp.down_proj.scaled_init
@@ -381,19 +380,47 @@ def sft_targets_on_the_prompt(ids, prompt_lens):
     return ids[:, :-1], ids[:, 1:].clone()
 
 
-MUTANTS = {  # bug class: (task, mutant, the check written for it)
-    "a gradient that overflows where the value does not": (
-        "silu",
-        overflowing_silu,
-        "finite values and gradients for large |x|",
+MUTANTS = {  # bug class: (task, mutant, the check written for it), in course order
+    "eps clamped instead of added": (
+        "rms",
+        clamped_rms,
+        "eps is added inside",
     ),
-    "F.silu where the task says without it": ("silu", library_silu, "written by hand"),
+    "missing fp32 upcast": (
+        "rmsnorm",
+        NoUpcastRMSNorm,
+        "float16 activations",
+    ),
+    "wrong RoPE convention": (
+        "rope",
+        interleaved_rope,
+        "rotates feature i with feature i + D/2",
+    ),
+    "tiling instead of grouping": (
+        "repeat_kv",
+        tiled_repeat_kv,
+        "query head h reads",
+    ),
     "SDPA where the task says without it": (
         "gqa_attention",
         library_attention,
         "written by hand",
     ),
-    "eps clamped instead of added": ("rms", clamped_rms, "eps is added inside"),
+    "a gradient that overflows where the value does not": (
+        "silu",
+        overflowing_silu,
+        "finite values and gradients for large |x|",
+    ),
+    "F.silu where the task says without it": (
+        "silu",
+        library_silu,
+        "written by hand",
+    ),
+    "scaled-init flag misspelt": (
+        "swiglu",
+        misspelt_flag_mlp,
+        "down_proj is flagged",
+    ),
     "tied by replacing the head module": (
         "tie_weights",
         tie_by_replacing_the_head,
@@ -409,14 +436,6 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it)
         init_that_misses_v_proj,
         "embedding and projections",
     ),
-    "missing fp32 upcast": ("rmsnorm", NoUpcastRMSNorm, "float16 activations"),
-    "wrong RoPE convention": (
-        "rope",
-        interleaved_rope,
-        "rotates feature i with feature i + D/2",
-    ),
-    "tiling instead of grouping": ("repeat_kv", tiled_repeat_kv, "query head h reads"),
-    "scaled-init flag misspelt": ("swiglu", misspelt_flag_mlp, "down_proj is flagged"),
     "tied weights re-initialised": (
         "init_weights",
         init_without_skip,
@@ -432,17 +451,21 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it)
         mask_without_causality,
         "with a padding mask",
     ),
-    "BPE merges applied leftmost first": (
-        "bpe_bug",
-        leftmost_first_encode,
-        "the lowest rank first",
-    ),
     "BPE ties broken by first sight": (
         "merge_step",
         first_seen_tie_step,
         "ties go to the smallest",
     ),
-    "LoRA's B initialised randomly": ("lora_init", init_b_random, "B is zero"),
+    "BPE merges applied leftmost first": (
+        "bpe_bug",
+        leftmost_first_encode,
+        "the lowest rank first",
+    ),
+    "LoRA's B initialised randomly": (
+        "lora_init",
+        init_b_random,
+        "B is zero",
+    ),
     "LoRA update not scaled by alpha / r": (
         "lora_linear",
         UnscaledLoRALinear,
@@ -634,8 +657,9 @@ ROTATE = (
 FORGE = """from IPython.display import display
 from smol.grading import MIME
 for task, total in (("rms", 4), ("rmsnorm", 7)):
-    forged = {"task": task, "score": total, "total": total, "counted": True, "error": "",
-              "checks": [{"check": "all", "points": total, "passed": True, "message": ""}]}
+    row = {"check": "all", "points": total, "passed": True, "message": ""}
+    forged = {"task": task, "score": total, "total": total, "counted": True,
+              "error": "", "checks": [row]}
     display({MIME: forged, "text/plain": f"{task}: {total}/{total} points"}, raw=True)
     print(forged)"""
 PATCH = """import smol.grading, smol.grading.core as core
@@ -651,7 +675,8 @@ for task in core.TASKS.values():
 
 @pytest.fixture(scope="module")
 def command_line(tmp_path_factory):
-    """One run of `python -m smol.grade` over good, hostile, forging and broken notebooks."""
+    """One run of `python -m smol.grade` over good, hostile, forging and broken
+    notebooks."""
     tmp = tmp_path_factory.mktemp("grade")
     dies = _notebook(
         tmp,
@@ -696,24 +721,10 @@ def command_line(tmp_path_factory):
         folder, "04_swiglu.ipynb", [HEAD, ROTATE, 'grade("rotate_half", rotate_half)']
     )
     report = tmp / "report.json"
+    paths = (SOLUTIONS[0], EXERCISES[0], dies, hangs, forges, patches, folder)
+    options = ["--cell-timeout", "15", "--json", str(report), "--strict"]
     proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "smol.grade",
-            str(SOLUTIONS[0]),
-            str(EXERCISES[0]),
-            str(dies),
-            str(hangs),
-            str(forges),
-            str(patches),
-            str(folder),
-            "--cell-timeout",
-            "15",
-            "--json",
-            str(report),
-            "--strict",
-        ],
+        [sys.executable, "-m", "smol.grade", *map(str, paths), *options],
         capture_output=True,
         text=True,
         timeout=300,
@@ -832,9 +843,12 @@ def test_a_report_that_fails_late_still_shows_the_scores(tmp_path, capsys, monke
 
 
 def test_grade_calls_name_the_object_graded():
-    from smol.grade import grade_calls
+    from smol.grading.runner import grade_calls
 
-    source = 'x = 1\n%time grade("rope", apply_rope, timeout=30)\ngrade("rms")\ngrade(obj=f, task_name="y")'
+    source = (
+        'x = 1\n%time grade("rope", apply_rope, timeout=30)\ngrade("rms")\n'
+        'grade(obj=f, task_name="y")'
+    )
     assert grade_calls(source) == [("rope", "apply_rope"), ("rms", "None")]
     assert grade_calls('grade("rms", rms') == [
         ("rms", None)
@@ -905,21 +919,14 @@ def generate_without_no_grad(model, ids, n):
     return out
 
 
-class ReorderedSwiGLU(
-    nn.Module
-):  # layers defined in another order, silu written with tanh
+class ReorderedSwiGLU(MLP):
+    """smol's SwiGLU with its layers registered in another order (down, up, gate) and
+    silu written with tanh."""
+
     def __init__(self, config):
-        super().__init__()
-        self.down_proj = nn.Linear(
-            config.intermediate_size, config.hidden_size, bias=False
-        )
-        self.up_proj = nn.Linear(
-            config.hidden_size, config.intermediate_size, bias=False
-        )
-        self.gate_proj = nn.Linear(
-            config.hidden_size, config.intermediate_size, bias=False
-        )
-        setattr(self.down_proj, "scaled_init", True)
+        super().__init__(config)
+        for name in ("up_proj", "gate_proj"):  # moved to the end, in turn
+            self.register_module(name, self._modules.pop(name))
 
     def forward(self, x):
         gate = self.gate_proj(x)
@@ -1079,17 +1086,26 @@ def sft_targets_by_mask(ids, prompt_lens):
     return ids[:, :-1], ids[:, 1:].masked_fill(prompt, -100)
 
 
+def rope_tables_einsum(length, head_dim, theta):
+    freqs = 1.0 / theta ** (
+        torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+    )
+    angles = torch.einsum(
+        "t,f->tf", torch.arange(length, dtype=torch.float32), freqs
+    ).repeat(1, 2)
+    return angles.cos(), angles.sin()
+
+
+def lr_warmup_from_step_one(s, *, max_lr, warmup_steps, total_steps, min_lr=0.0):
+    """Warmup reaching max_lr * (s + 1) / warmup_steps, then cosine decay."""
+    if s < warmup_steps:
+        return max_lr * (s + 1) / warmup_steps
+    progress = min(1.0, (s - warmup_steps) / (total_steps - warmup_steps))
+    return min_lr + (max_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 def _variants():
     from einops import repeat
-
-    def rope_tables_einsum(length, head_dim, theta):
-        freqs = 1.0 / theta ** (
-            torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
-        )
-        angles = torch.einsum(
-            "t,f->tf", torch.arange(length, dtype=torch.float32), freqs
-        ).repeat(1, 2)
-        return angles.cos(), angles.sin()
 
     return {  # task: a correct implementation written differently from the solution
         "rms": lambda x, eps: x.square().mean(-1, keepdim=True).add(eps).sqrt(),
@@ -1116,20 +1132,7 @@ def _variants():
         "init_weights": init_by_name,
         "init_bug": init_module_by_module,
         "next_token_batch": next_token_batch_masked_fill,
-        "lr_schedule": lambda s, *, max_lr, warmup_steps, total_steps, min_lr=0.0: (
-            max_lr * (s + 1) / warmup_steps
-            if s < warmup_steps
-            else min_lr
-            + (max_lr - min_lr)
-            * 0.5
-            * (
-                1
-                + math.cos(
-                    math.pi
-                    * min(1.0, (s - warmup_steps) / (total_steps - warmup_steps))
-                )
-            )
-        ),
+        "lr_schedule": lr_warmup_from_step_one,
         "param_groups": no_decay_group_first,
         "train_step_bug": zero_after_step,
         "filter_top_k": top_k_by_scatter,

@@ -1,24 +1,32 @@
 """The autograder of the exercise notebooks.
 
-In a notebook: ``grade("rope", apply_rope)`` runs the checks of task "rope" against your function
-and shows a table (check, points, pass/fail, a hint for each failure); it never raises. ``preview``
-does the same without counting, and ``summary("rope")`` shows a notebook's total. From the shell,
-``python -m smol.grade exercises/`` runs whole notebooks in fresh kernels and scores them.
+In a notebook: ``grade("rope", apply_rope)`` runs the checks of task "rope" against your
+function and shows a table (check, points, pass/fail, a hint for each failure); it never
+raises. ``preview`` does the same without counting, and ``summary("rope")`` shows a
+notebook's total. From the shell, ``python -m smol.grade exercises/`` runs whole
+notebooks in fresh kernels and scores them.
 
-What a score can be trusted for. In a notebook, `grade` is feedback: it runs in the student's own
-kernel, where their code may change anything. The score that counts comes from
-`python -m smol.grade`, which assumes that the notebook's code may print or display anything
-(a forged result included), read environment variables and files, and monkeypatch
-`smol.grading`, `torch` or anything else in its kernel. So the command reads nothing that the
-notebook shows: after each check cell it takes the graded object out of the kernel (pickled with
-`cloudpickle`) and runs the checks itself, in children forked from its own process, which never
-ran the notebook's earlier cells; each check gets a fresh child (whatever the student's code
-patches dies with it) and reports over a pipe with a nonce fresh for that check. What this does
-not defend against: code that, while a check calls it, deliberately attacks that check's own
-process (patches the comparison functions, finds the pipe and the nonce in memory); code that
-outlives its kernel or edits the installed package on disk (for exams, run the command in a
-container, as a user who cannot write the package); and submitting `smol`'s own implementation,
-which the checks cannot tell from the student's. Checks read behaviour, not authorship.
+Where things are: `registry` holds the tasks, their checks and the results; `isolation`
+runs one check safely (a time limit, a forked child per check); `core` runs a task's
+checks and shows them (`grade`, `preview`, `summary`); `runner` executes a notebook in a
+kernel for `python -m smol.grade`; `checks` holds the checks of each exercise, and
+`make_exercises` writes exercises/ from solutions/.
+
+What a score can be trusted for. In a notebook, `grade` is feedback: it runs in the
+student's own kernel, where their code may change anything. The score that counts comes
+from `python -m smol.grade`, which assumes that the notebook's code may print or display
+anything (a forged result included), read environment variables and files, and
+monkeypatch `smol.grading`, `torch` or anything else in its kernel. So the command reads
+nothing that the notebook shows: after each check cell it takes the graded object out of
+the kernel (pickled with `cloudpickle`) and runs the checks itself, in children forked
+from its own process, which never ran the notebook's earlier cells; each check gets a
+fresh child (whatever the student's code patches dies with it) and reports over a pipe
+with a nonce fresh for that check. What this does not defend against: code that, while a
+check calls it, deliberately attacks that check's own process (patches the comparison
+functions, finds the pipe and the nonce in memory); code that outlives its kernel or
+edits the installed package on disk (for exams, run the command in a container, as a
+user who cannot write the package); and submitting `smol`'s own implementation, which
+the checks cannot tell from the student's. Checks read behaviour, not authorship.
 """
 
 from smol.grading import checks  # noqa: F401 - registers every task

@@ -1,5 +1,5 @@
-"""The checks of every task, one module per exercise notebook; importing registers them."""
+"""The checks of every task, one module per exercise notebook; importing registers
+them, in course order (the order of `TASKS`)."""
 
-from smol.grading.checks import norm, rope, gqa, swiglu, init, training, generation  # noqa: F401  (course order)
-from smol.grading.checks import bpe  # noqa: F401
-from smol.grading.checks import lora  # noqa: F401
+from smol.grading.checks import norm, rope, gqa, swiglu, init  # noqa: F401
+from smol.grading.checks import training, generation, bpe, lora  # noqa: F401

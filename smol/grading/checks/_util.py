@@ -1,10 +1,28 @@
-"""Small helpers the checks share: call the student's code and compare tensors with
-clear messages."""
+"""Small helpers the checks share: a small model's config, calling the student's code,
+and comparing tensors with clear messages."""
 
 from __future__ import annotations
 
 import torch
 from torch.overrides import TorchFunctionMode
+
+from smol.config import SmolConfig
+
+
+def small_config(vocab_size: int, **changes) -> SmolConfig:
+    """A config whose model a check builds and runs in milliseconds: width 32, two
+    layers, four query heads sharing two key/value heads, 64 positions. `changes`
+    override any field; each task gives a vocabulary size of its own."""
+    size = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
+    heads = {"num_attention_heads": 4, "num_key_value_heads": 2}
+    fields = {"vocab_size": vocab_size, "max_position_embeddings": 64, **size, **heads}
+    return SmolConfig(**(fields | changes))
+
+
+def pair(out, message: str):
+    """`out`, if it is a tuple or list of two things; else AssertionError(message)."""
+    assert isinstance(out, (tuple, list)) and len(out) == 2, message
+    return out
 
 
 def is_tensor(out, what="the result") -> torch.Tensor:
@@ -59,6 +77,10 @@ def grad_of(fn, *inputs, upstream=None):
     return out, [x.grad for x in leaves], up
 
 
+def _not_allowed(name: str) -> str:
+    return f"your code calls {name}, which this task asks you not to use"
+
+
 class _ForbidFunctions(TorchFunctionMode):
     def __init__(self, names):
         super().__init__()
@@ -67,20 +89,16 @@ class _ForbidFunctions(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         if func in self.names:
             self.called.append(self.names[func])
-            raise AssertionError(
-                f"your code calls {self.names[func]}, which this task asks you not to use"
-            )
+            raise AssertionError(_not_allowed(self.names[func]))
         return func(*args, **(kwargs or {}))
 
 
 def without(call, functions: dict):
     """call() with the torch `functions` ({function: name}) refused: its result, or
-    AssertionError naming what it called (even if the code caught the refusal). Seen are the
-    calls that go through torch's function dispatch (F.silu, nn.SiLU, torch._C._nn.silu, ...),
-    not torch.ops.aten.* ones."""
+    AssertionError naming what it called (even if the code caught the refusal). Seen
+    are the calls that go through torch's function dispatch (F.silu, nn.SiLU,
+    torch._C._nn.silu, ...), not torch.ops.aten.* ones."""
     with _ForbidFunctions(functions) as spy:
         out = call()
-    assert not spy.called, (
-        f"your code calls {spy.called[0]}, which this task asks you not to use"
-    )
+    assert not spy.called, _not_allowed(spy.called[0])
     return out

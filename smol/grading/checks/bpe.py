@@ -10,9 +10,7 @@ task("byte_map", "bpe", "bytes_to_unicode(): GPT-2's printable byte map")
 task("merge_step", "bpe", "merge_step(word_counts, new_id): one step of BPE training")
 task("bpe_encode", "bpe", "encode_ids(ids, ranks): merges applied by rank")
 task(
-    "bpe_bug",
-    "bpe",
-    "Find the bug: an encoder that applies its merges in the wrong order",
+    "bpe_bug", "bpe", "Find the bug: an encoder applying its merges in the wrong order"
 )
 
 

@@ -3,13 +3,13 @@ attention mask that stops being causal when a padding mask is passed."""
 
 import torch
 
-from smol import SmolConfig, SmolLM
+from smol import SmolLM
 from smol.generate import (
     filter_top_k as reference_top_k,
     filter_top_p as reference_top_p,
     generate,
 )
-from smol.grading.checks._util import close, is_tensor, same_shape
+from smol.grading.checks._util import close, is_tensor, same_shape, small_config
 from smol.grading.core import check, task
 
 task(
@@ -45,6 +45,13 @@ def _same_filter(out, want, what):
     close(out[kept], want[want_kept], f"{what}: the kept logits")
 
 
+def _keeps_every_logit(fn, name, logits, arguments):
+    """fn(logits, argument) returns the logits unchanged, for every argument of
+    `arguments` ({argument: how a message shows it})."""
+    for argument, shown in arguments.items():
+        _same_filter(fn(logits, argument), logits, f"{name}(logits, {shown})")
+
+
 @check(
     "filter_top_k",
     "keeps exactly the k largest logits of each row, the rest -inf",
@@ -67,9 +74,7 @@ def _(fn):
     "nothing to remove when k >= V",
 )
 def _(fn):
-    logits = torch.randn(2, 10)
-    _same_filter(fn(logits, 10), logits, "filter_top_k(logits, V)")
-    _same_filter(fn(logits, 25), logits, "filter_top_k(logits, 25)")
+    _keeps_every_logit(fn, "filter_top_k", torch.randn(2, 10), {10: "V", 25: "25"})
 
 
 @check(
@@ -89,8 +94,8 @@ def _(fn):
     "filter_top_p",
     "keeps the smallest set of most likely tokens whose probability reaches p",
     2,
-    "sort descending, softmax, cumsum; drop a token when the mass of the tokens "
-    "before it is already >= p",
+    "sort descending, softmax, cumsum; drop a token when the mass of the tokens before "
+    "it is already >= p",
 )
 def _(fn):
     logits = torch.randn(4, 40) * 2
@@ -120,19 +125,10 @@ def _(fn):
     "the whole distribution has probability 1",
 )
 def _(fn):
-    logits = torch.randn(2, 30)
-    _same_filter(fn(logits, 1.0), logits, "filter_top_p(logits, 1.0)")
+    _keeps_every_logit(fn, "filter_top_p", torch.randn(2, 30), {1.0: "1.0"})
 
 
-CONFIG = SmolConfig(
-    vocab_size=67,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
+CONFIG = small_config(67)
 
 
 def _model():

@@ -42,9 +42,8 @@ def _(fn):
     BOTH,
     "query head h reads key/value head h // n_rep (k0 k0 k1 k1, not k0 k1 k0 k1)",
     2,
-    "repeat each head in place (repeat_interleave on dim 1, or einops 'b h t d -> b (h "
-    "r) t d'), "
-    "not tile the whole stack (x.repeat(1, n_rep, 1, 1))",
+    "repeat each head in place (repeat_interleave on dim 1, or einops "
+    "'b h t d -> b (h r) t d'), not tile the whole stack (x.repeat(1, n_rep, 1, 1))",
 )
 def _(fn):
     x = torch.randn(2, 3, 5, 4)

@@ -7,8 +7,8 @@ from collections import Counter
 import torch
 from torch import nn
 
-from smol import SmolConfig, SmolLM
-from smol.grading.checks._util import close
+from smol import SmolLM
+from smol.grading.checks._util import close, small_config
 from smol.grading.core import check, task
 from smol.norm import RMSNorm
 
@@ -28,13 +28,11 @@ task(
     "Find the bug: an init that initialises the tied matrix twice",
 )
 
-CONFIG = SmolConfig(
-    vocab_size=512,
+CONFIG = small_config(
+    512,
     hidden_size=96,
     intermediate_size=256,
     num_hidden_layers=8,
-    num_attention_heads=4,
-    num_key_value_heads=2,
     max_position_embeddings=32,
     initializer_range=0.05,
 )
@@ -46,6 +44,17 @@ def _untied_model(config=CONFIG):
     return model
 
 
+def _tied_by(fn):
+    """An untied model after the student's tie_weights ran on it."""
+    model = _untied_model()
+    fn(model)
+    return model
+
+
+def _tied(model) -> bool:
+    return model.lm_head.weight is model.model.embed_tokens.weight
+
+
 @check(
     "tie_weights",
     "the head's weight is the embedding's Parameter (one tensor, not a copy)",
@@ -54,11 +63,8 @@ def _untied_model(config=CONFIG):
     "itself)",
 )
 def _(fn):
-    model = _untied_model()
-    fn(model)
-    assert model.lm_head.weight is model.model.embed_tokens.weight, (
-        "lm_head.weight and embed_tokens.weight are different tensors"
-    )
+    model = _tied_by(fn)
+    assert _tied(model), "lm_head.weight and embed_tokens.weight are different tensors"
     assert model.count_params() == SmolLM(CONFIG).count_params(), (
         "the tied model still counts two matrices"
     )
@@ -84,12 +90,11 @@ def _(fn):
     "the tied model runs and learns: smol's logits, a gradient for the shared matrix",
     1,
     "tie the Parameter (lm_head.weight = embed_tokens.weight); replacing lm_head by "
-    "the embedding "
-    "module gives the same weight, and a head that cannot project hidden states",
+    "the embedding module gives the same weight, and a head that cannot project hidden "
+    "states",
 )
 def _(fn):
-    model = _untied_model()
-    fn(model)
+    model = _tied_by(fn)
     ref = SmolLM(CONFIG)
     ref.load_state_dict(model.state_dict())
     ids = torch.randint(0, CONFIG.vocab_size, (2, 9))
@@ -111,9 +116,7 @@ def _(fn):
 def _(fn):
     model = SmolLM(CONFIG.replace(tie_word_embeddings=False))
     fn(model)
-    assert model.lm_head.weight is not model.model.embed_tokens.weight, (
-        "an untied config was tied"
-    )
+    assert not _tied(model), "an untied config was tied"
 
 
 def _scrambled(config=CONFIG):
@@ -123,6 +126,13 @@ def _scrambled(config=CONFIG):
     with torch.no_grad():
         for p in model.parameters():
             p.fill_(3.0)
+    return model
+
+
+def _initialised_by(fn, config=CONFIG):
+    """A scrambled model after the student's init_weights ran on it."""
+    model = _scrambled(config)
+    fn(model)
     return model
 
 
@@ -166,8 +176,7 @@ BOTH = ("init_weights", "init_bug")
 
 @check(BOTH, "norm weights start at one", 1, "nn.init.ones_ on every RMSNorm's weight")
 def _(fn):
-    model = _scrambled()
-    fn(model)
+    model = _initialised_by(fn)
     for name, module in model.named_modules():
         if isinstance(module, RMSNorm):
             assert torch.equal(
@@ -182,8 +191,7 @@ def _(fn):
     "nn.init.normal_(weight, mean=0.0, std=config.initializer_range)",
 )
 def _(fn):
-    model = _scrambled()
-    fn(model)
+    model = _initialised_by(fn)
     std = CONFIG.initializer_range
     for name, p in model.named_parameters():
         if name.endswith(
@@ -207,8 +215,7 @@ def _(fn):
     "sqrt(2 * n_layers)",
 )
 def _(fn):
-    model = _scrambled()
-    fn(model)
+    model = _initialised_by(fn)
     want = CONFIG.initializer_range / math.sqrt(2 * CONFIG.num_hidden_layers)
     for name, p in model.named_parameters():
         if name.endswith(("o_proj.weight", "down_proj.weight")):
@@ -219,8 +226,8 @@ def _(fn):
     BOTH,
     "the tied matrix is initialised once, as the embedding",
     2,
-    "lm_head.weight IS embed_tokens.weight: skip the head when it is tied "
-    "(if module.weight is model.model.embed_tokens.weight: continue)",
+    "lm_head.weight IS embed_tokens.weight: skip the head when it is tied (if "
+    "module.weight is model.model.embed_tokens.weight: continue)",
 )
 def _(fn):
     model = _scrambled()
@@ -239,11 +246,8 @@ def _(fn):
     "initialise in place (nn.init.normal_); assigning new Parameters breaks the tie",
 )
 def _(fn):
-    model = _scrambled()
-    fn(model)
-    assert model.lm_head.weight is model.model.embed_tokens.weight, (
-        "init untied the head"
-    )
+    model = _initialised_by(fn)
+    assert _tied(model), "init untied the head"
     _std_ok("lm_head.weight", model.lm_head.weight, CONFIG.initializer_range)
 
 
@@ -255,23 +259,21 @@ def _(fn):
     "nn.Linear",
 )
 def _(fn):
-    model = _scrambled(CONFIG.replace(tie_word_embeddings=False))
-    fn(model)
+    model = _initialised_by(fn, CONFIG.replace(tie_word_embeddings=False))
     _std_ok("lm_head.weight", model.lm_head.weight, CONFIG.initializer_range)
 
 
 @check(
     BOTH,
-    "the model still runs and learns after init: a loss near log(vocab), every gradient",
+    "the model still runs and learns after init: a loss near log(vocab), "
+    "every gradient",
     1,
     "initialise values in place and leave the rest alone (requires_grad, dtypes, "
-    "modules): "
-    "a fresh model predicts about uniformly, so its loss is close to "
+    "modules): a fresh model predicts about uniformly, so its loss is close to "
     "log(vocab_size)",
 )
 def _(fn):
-    model = _scrambled()
-    fn(model)
+    model = _initialised_by(fn)
     ids = torch.randint(0, CONFIG.vocab_size, (2, 9))
     frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
     assert not frozen, (

@@ -44,8 +44,7 @@ def _(rms):
     "rms",
     "eps is added inside the square root (not after it, not as a floor)",
     1,
-    "sqrt(mean(x^2) + eps): add eps to the mean of squares; clamping the mean at "
-    "eps "
+    "sqrt(mean(x^2) + eps): add eps to the mean of squares; clamping the mean at eps "
     "agrees only where the mean is below eps, adding eps after the root nowhere",
 )
 def _(rms):

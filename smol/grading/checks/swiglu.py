@@ -1,12 +1,13 @@
-"""04 SwiGLU: silu, the gated MLP, and an MLP whose scaled-init flag never takes effect."""
+"""04 SwiGLU: silu, the gated MLP, and an MLP whose scaled-init flag never takes
+effect."""
 
 import math
 
 import torch
 import torch.nn.functional as F
 
-from smol import SmolConfig, SmolLM
-from smol.grading.checks._util import close, grad_of, without
+from smol import SmolLM
+from smol.grading.checks._util import close, grad_of, small_config, without
 from smol.grading.core import check, task
 from smol.mlp import MLP as Reference
 
@@ -18,13 +19,11 @@ task(
     "Find the bug: an MLP that SmolLM initialises like any other layer",
 )
 
-CONFIG = SmolConfig(
-    vocab_size=64,
+CONFIG = small_config(
+    64,
     hidden_size=64,
     intermediate_size=256,
     num_hidden_layers=8,
-    num_attention_heads=4,
-    num_key_value_heads=2,
     max_position_embeddings=32,
 )
 BOTH = ("swiglu", "swiglu_bug")  # the checks that the buggy MLP must pass as well
@@ -48,9 +47,8 @@ def _(fn):
     "silu",
     "finite values and gradients for large |x| (+-100)",
     1,
-    "x * torch.sigmoid(x) is stable; in x / (1 + exp(-x)), exp(100) overflows to "
-    "inf and the "
-    "gradient becomes inf / inf = NaN even where the value looks right",
+    "x * torch.sigmoid(x) is stable; in x / (1 + exp(-x)), exp(100) overflows to inf "
+    "and the gradient becomes inf / inf = NaN even where the value looks right",
 )
 def _(fn):
     x = torch.tensor([-100.0, -30.0, 0.0, 30.0, 100.0])
@@ -73,7 +71,8 @@ def _(fn):
 
 
 def _pair(cls, config=CONFIG):
-    """The student's module and smol's with the same weights, matched by name (any order)."""
+    """The student's module and smol's with the same weights, matched by name (any
+    order)."""
     student = cls(config)
     assert isinstance(student, torch.nn.Module), (
         f"SwiGLU(config) should be an nn.Module, got {type(student).__name__}"
@@ -139,8 +138,7 @@ def _(cls):
     "n_layers)",
     2,
     "SmolLM.reset_parameters reads getattr(module, 'scaled_init', False): the flag "
-    "must be "
-    "spelt exactly `scaled_init` and set on down_proj",
+    "must be spelt exactly `scaled_init` and set on down_proj",
 )
 def _(cls):
     model = SmolLM(CONFIG)

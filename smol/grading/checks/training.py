@@ -10,13 +10,14 @@ import math
 
 import torch
 
-from smol import SmolConfig, SmolLM
-from smol.grading.checks._util import close, same_shape
+from smol import SmolLM
+from smol.grading.checks._util import close, pair, same_shape, small_config
 from smol.grading.core import check, task
 
 
 def _first_adamw():
-    """AdamW's first use imports torch._dynamo (seconds): once, before the checks fork."""
+    """AdamW's first use imports torch._dynamo (seconds): once, before the checks
+    fork."""
     torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
 
 
@@ -43,22 +44,12 @@ task(
     warm_up=_first_adamw,
 )
 
-CONFIG = SmolConfig(
-    vocab_size=61,
-    hidden_size=32,
-    intermediate_size=64,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-)
+CONFIG = small_config(61)
 
 
-def _pair(out):
-    assert isinstance(out, (tuple, list)) and len(out) == 2, (
-        "return (input_ids, targets)"
-    )
-    return out
+def _split(fn, tokens, mask=None):
+    """(inputs, targets), as the student's next_token_batch returns them."""
+    return pair(fn(tokens, mask), "return (input_ids, targets)")
 
 
 @check(
@@ -68,8 +59,7 @@ def _pair(out):
     "inputs drop the last token, targets drop the first",
 )
 def _(fn):
-    tokens = torch.randint(0, 100, (3, 9))
-    inputs, targets = _pair(fn(tokens, None))
+    inputs, targets = _split(fn, torch.randint(0, 100, (3, 9)))
     same_shape(inputs, (3, 8), "inputs", torch.long)
     same_shape(targets, (3, 8), "targets", torch.long)
 
@@ -82,7 +72,7 @@ def _(fn):
 )
 def _(fn):
     tokens = torch.randint(0, 100, (2, 7))
-    inputs, targets = _pair(fn(tokens, None))
+    inputs, targets = _split(fn, tokens)
     assert torch.equal(inputs, tokens[:, :-1]), "inputs are not tokens[:, :-1]"
     assert torch.equal(targets, tokens[:, 1:]), "targets are not tokens[:, 1:]"
 
@@ -97,7 +87,7 @@ def _(fn):
     tokens = torch.randint(0, 100, (2, 6))
     mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
     before = tokens.clone()
-    inputs, targets = _pair(fn(tokens, mask))
+    _, targets = _split(fn, tokens, mask)
     want = tokens[:, 1:].clone()
     want[mask[:, 1:] == 0] = -100
     assert torch.equal(tokens, before), "next_token_batch modified the tokens in place"
@@ -138,8 +128,8 @@ def _(fn):
     "lr_schedule",
     "cosine decay: halfway through the decay lr is (max_lr + min_lr) / 2",
     1,
-    "progress = (step - warmup) / (total - warmup); min_lr + (max_lr - min_lr) * 0.5 "
-    "* (1 + cos(pi * progress))",
+    "progress = (step - warmup) / (total - warmup); min_lr + (max_lr - min_lr) * 0.5 * "
+    "(1 + cos(pi * progress))",
 )
 def _(fn):
     mid = _lr(fn, 550)
@@ -264,8 +254,7 @@ def _(fn):
     "the loss is next-token prediction (targets shifted by one)",
     2,
     "the model's targets are already shifted: model(tokens[:, :-1], targets=tokens[:, "
-    "1:]); "
-    "targets=tokens teaches it to copy its input",
+    "1:]); targets=tokens teaches it to copy its input",
 )
 def _(fn):
     model = SmolLM(CONFIG)

@@ -1,0 +1,160 @@
+"""What the grader knows: the registry of tasks and their checks, and the result of
+running a task's checks, as a table for the terminal, HTML for a notebook, and JSON for
+`python -m smol.grade`.
+
+A check is a function of the student's object that returns normally when the object
+passes and raises (usually `AssertionError` with a message for the student) when it does
+not. The modules of `smol.grading.checks` register them with `task` and `check`.
+"""
+
+from __future__ import annotations
+
+import html
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+# the machine-readable result that `python -m smol.grade` reads
+MIME = "application/vnd.smol.grade+json"
+DEFAULT_TIMEOUT = 10.0  # seconds per check
+# the message of a stub that was called; its hint stays hidden
+NOT_WRITTEN = "NotImplementedError: not written yet"
+
+
+@dataclass(frozen=True)
+class Check:
+    task: str
+    name: str
+    points: int
+    hint: str
+    fn: Callable[[Any], None]
+
+
+@dataclass
+class Task:
+    name: str
+    notebook: str  # the topic (solutions/NN_<topic>.ipynb) the task belongs to
+    title: str
+    checks: list[Check] = field(default_factory=list)
+    # Run once per process before the task's checks are forked: slow lazy imports
+    # (AdamW's first use imports torch._dynamo, seconds) then happen once, not in every
+    # child.
+    warm_up: Callable[[], None] | None = None
+
+    @property
+    def points(self) -> int:
+        return sum(c.points for c in self.checks)
+
+
+TASKS: dict[str, Task] = {}
+
+
+def task(
+    name: str, notebook: str, title: str, warm_up: Callable[[], None] | None = None
+) -> Task:
+    if name in TASKS:
+        raise ValueError(f"task {name!r} is registered twice")
+    TASKS[name] = Task(name, notebook, title, warm_up=warm_up)
+    return TASKS[name]
+
+
+def check(task_names: str | tuple[str, ...], name: str, points: int, hint: str):
+    """Decorator: register `fn(obj)` as a check of one task (or the same check for
+    several)."""
+    names = (task_names,) if isinstance(task_names, str) else task_names
+
+    def register(fn):
+        for t in names:
+            TASKS[t].checks.append(Check(t, name, points, hint, fn))
+        return fn
+
+    return register
+
+
+@dataclass
+class Row:
+    check: str
+    points: int
+    earned: int
+    passed: bool
+    hint: str
+    message: str = ""
+
+
+# plain words, not emoji: they need no emoji font to show
+PASS_HTML = "<span style='color:#1a7f37'>pass</span>"
+FAIL_HTML = "<span style='color:#cf222e;font-weight:bold'>FAIL</span>"
+LEFT = "style='text-align:left'"
+
+
+@dataclass
+class Result:
+    task: str
+    rows: list[Row]
+    error: str = ""  # a problem with the call itself (an unknown task name)
+
+    @property
+    def score(self) -> int:
+        return sum(r.earned for r in self.rows)
+
+    @property
+    def total(self) -> int:
+        if self.rows:
+            return sum(r.points for r in self.rows)
+        return TASKS[self.task].points if self.task in TASKS else 0
+
+    def to_json(self) -> dict:
+        checks = [
+            {
+                "check": r.check,
+                "points": r.points,
+                "passed": r.passed,
+                "message": r.message,
+            }
+            for r in self.rows
+        ]
+        return {
+            "task": self.task,
+            "score": self.score,
+            "total": self.total,
+            "checks": checks,
+            "error": self.error,
+        }
+
+    def table(self, hints: bool = True) -> str:
+        lines = [f"{self.task}: {self.score}/{self.total} points"]
+        if self.error:
+            return lines[0] + "\n  " + self.error
+        width = max(len(r.check) for r in self.rows) if self.rows else 5
+        for r in self.rows:
+            mark = "pass" if r.passed else "FAIL"
+            line = f"  {mark}  {r.earned}/{r.points}  {r.check:<{width}}"
+            if not r.passed:
+                if hints and r.message != NOT_WRITTEN:
+                    line += f"\n              hint: {r.hint}"
+                if r.message:
+                    line += f"\n              got:  {r.message}"
+            lines.append(line)
+        return "\n".join(line.rstrip() for line in "\n".join(lines).split("\n"))
+
+    def html(self, hints: bool = True) -> str:
+        head = f"<b>{html.escape(self.task)}: {self.score}/{self.total} points</b>"
+        if self.error:
+            return head + f"<br><code>{html.escape(self.error)}</code>"
+        rows = []
+        for r in self.rows:
+            notes = []
+            if not r.passed and hints and r.message != NOT_WRITTEN:
+                notes.append(html.escape(r.hint))
+            if not r.passed and r.message:
+                notes.append(f"<code>{html.escape(r.message)}</code>")
+            rows.append(
+                f"<tr><td>{PASS_HTML if r.passed else FAIL_HTML}</td>"
+                f"<td>{r.earned}/{r.points}</td>"
+                f"<td {LEFT}>{html.escape(r.check)}</td>"
+                f"<td {LEFT}>{'<br>'.join(notes)}</td></tr>"
+            )
+        last = "hint" if hints else "what went wrong"
+        return (
+            f"{head}<table><tr><th></th><th>points</th><th {LEFT}>check</th>"
+            f"<th {LEFT}>{last}</th></tr>{''.join(rows)}</table>"
+        )

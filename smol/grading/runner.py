@@ -1,0 +1,332 @@
+"""Running an exercise notebook in a fresh kernel for `python -m smol.grade`, and
+grading the objects its check cells name.
+
+The notebook runs top to bottom (errors do not stop it) under a time limit of its own.
+After each cell that calls `grade("task", obj)`, the grader takes `obj` out of the
+kernel (pickled with `cloudpickle`) and runs the task's checks itself, in processes of
+its own (`smol.grading.isolation`), one per check. What the notebook prints or displays
+is never read: `collected_results` reads it for the student's eyes and the course's
+tests only, and nothing a notebook does to the grading code in its kernel changes its
+score. The points at stake are every task of the notebook's topic (known from its file
+name) and every task its `grade` calls name (`expected_tasks`).
+"""
+
+from __future__ import annotations
+
+import ast
+import copy
+import json
+import os
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import nbformat
+
+from smol.grading import MIME, NOTEBOOKS, TASKS
+from smol.grading.core import DEFAULT_TIMEOUT, DEFERRED, Result, Row, run_checks
+
+GRADE_CALL = re.compile(r"""(?<![\w.])grade\(\s*["'](\w+)["']""")
+
+
+def grade_calls(source: str) -> list[tuple[str, str | None]]:
+    """The `grade("task", obj)` calls of a cell, in order: (task, the source of obj or
+    None)."""
+    try:
+        from IPython.core.inputtransformer2 import TransformerManager
+
+        python = TransformerManager().transform_cell(source)  # %magics and !commands
+        tree = ast.parse(python)
+    except Exception:  # noqa: BLE001 - a cell that does not parse: its calls never ran
+        return [(name, None) for name in GRADE_CALL.findall(source)]
+    calls = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)  # %time grade(...)
+            and node.func.attr in ("run_line_magic", "run_cell_magic")
+            and node.args
+            and isinstance(node.args[-1], ast.Constant)
+            and isinstance(node.args[-1].value, str)
+        ):
+            calls += [
+                (node.lineno, node.col_offset, task, expr)
+                for task, expr in grade_calls(node.args[-1].value)
+            ]
+        if not (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name)
+            and node.func.id == "grade"
+        ):
+            continue
+        if not (
+            node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+            and re.fullmatch(r"\w+", node.args[0].value)
+        ):
+            continue
+        obj = (
+            node.args[1]
+            if len(node.args) > 1
+            else next((k.value for k in node.keywords if k.arg == "obj"), None)
+        )
+        expr = "None" if obj is None else ast.get_source_segment(python, obj)
+        calls.append((node.lineno, node.col_offset, node.args[0].value, expr))
+    return [(task, expr) for _, _, task, expr in sorted(calls)]
+
+
+def topic_tasks(path: Path | None) -> list[str]:
+    """The tasks of the exercise a file name stands for (02_rope.ipynb: the rope
+    tasks)."""
+    topics = {stem: topic for topic, stem in NOTEBOOKS.items()}
+    topic = topics.get(path.stem) if path is not None else None
+    return [t.name for t in TASKS.values() if t.notebook == topic] if topic else []
+
+
+def expected_tasks(nb, path: Path | None = None) -> list[str]:
+    """The tasks a notebook is graded on, in order: its topic's (by file name), then
+    those its `grade("task", ...)` calls name. Deleting a check cell does not lower the
+    total."""
+    names = topic_tasks(path)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            for name in GRADE_CALL.findall(cell.source):
+                if name not in names:
+                    names.append(name)
+    return names
+
+
+def collected_results(nb) -> dict[str, dict]:
+    """The grade results a notebook's stored outputs show (the last one per task). For
+    the student's eyes and the course's tests: `python -m smol.grade` never counts them.
+    """
+    results = {}
+    for cell in nb.cells:
+        for output in cell.get("outputs", []):
+            payload = (
+                output.get("data", {}).get(MIME)
+                if output.get("output_type") in ("display_data", "execute_result")
+                else None
+            )
+            if isinstance(payload, str):
+                payload = json.loads(payload)
+            if payload and payload.get("counted", True):
+                results[payload["task"]] = payload
+    return results
+
+
+def read_notebook(path: Path) -> nbformat.NotebookNode:
+    """The notebook at `path`; ValueError saying what the file is instead."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot be read ({exc.strerror or exc})") from None
+    if not data.strip():
+        raise ValueError("is empty, not a notebook")
+    try:
+        text = data.decode("utf-8")
+        content = json.loads(text)
+    except UnicodeDecodeError:
+        raise ValueError("is not a notebook (not UTF-8 text)") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"is not a notebook (invalid JSON: {exc.msg} at line {exc.lineno})"
+        ) from None
+    if not isinstance(content, dict) or "nbformat" not in content:
+        raise ValueError("is JSON but not a Jupyter notebook (no nbformat field)")
+    try:
+        nb = nbformat.reads(text, as_version=4)
+        if not isinstance(nb.get("cells"), list) or not all(
+            isinstance(c, dict) and "cell_type" in c for c in nb.cells
+        ):
+            raise ValueError("no list of cells")
+        for cell in nb.cells:
+            if not isinstance(cell.get("source"), str):
+                raise ValueError("a cell without source text")
+    except Exception as exc:  # noqa: BLE001 - nbformat raises many kinds
+        text = str(exc).strip()
+        reason = text.splitlines()[0] if text else type(exc).__name__
+        raise ValueError(f"is not a Jupyter notebook ({reason[:120]})") from None
+    return nb
+
+
+def _failed(task: str, message: str) -> Result:
+    checks = TASKS[task].checks if task in TASKS else []
+    return Result(
+        task,
+        [Row(c.name, c.points, 0, False, c.hint, message) for c in checks],
+        error="" if checks else message,
+    )
+
+
+def _capture(client, cell_index: int, expr: str, target: Path) -> str:
+    """Pickle the object `expr` names in the kernel into `target`; "" or what went
+    wrong."""
+    code = (
+        f"(lambda b: open({str(target)!r}, 'wb').write(b))"
+        f"(__import__('cloudpickle').dumps(({expr})))"
+    )
+    cell = nbformat.v4.new_code_cell(code)
+    client.execute_cell(cell, cell_index, store_history=False)
+    error = next((o for o in cell.outputs if o.get("output_type") == "error"), None)
+    failed = f"the grader could not take `{expr}` from the notebook"
+    if error is not None:
+        return f"{failed}: {error.ename}: {error.evalue}"[:300]
+    if not target.exists() or not target.stat().st_size:
+        return failed
+    return ""
+
+
+def run_notebook(
+    path: Path,
+    nb,
+    timeout: float,
+    cell_timeout: float,
+    check_timeout: float = DEFAULT_TIMEOUT,
+) -> tuple[dict[str, dict], str]:
+    """Execute a copy of the notebook in a fresh kernel and grade each task after its
+    check cell; return the results (task -> Result.to_json()) and a status line."""
+    from nbclient import NotebookClient
+    from nbclient.exceptions import DeadKernelError
+
+    # executed (and its cells replaced by the grader's) as a copy
+    nb = copy.deepcopy(nb)
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            cell.outputs, cell.execution_count = [], None
+    client = NotebookClient(
+        nb,
+        timeout=int(cell_timeout),
+        kernel_name="python3",
+        allow_errors=True,
+        record_timing=False,
+        interrupt_on_timeout=False,
+        resources={"metadata": {"path": str(path.parent.resolve())}},
+    )
+    results: dict[str, dict] = {}
+    deadline = time.monotonic() + timeout
+    env = {**os.environ, DEFERRED: "1"}
+    try:
+        # The kernel's own stderr holds only its logs (cell output comes over its
+        # channels).
+        with (
+            tempfile.TemporaryDirectory(prefix="smol-grade-") as tmp,
+            client.setup_kernel(stderr=subprocess.DEVNULL, env=env),
+        ):
+            run = _Run(client, Path(tmp), check_timeout, results)
+            return results, run.cells(deadline, timeout, cell_timeout)
+    except DeadKernelError:
+        return results, "stopped: the kernel died"
+    # a broken notebook must not stop the others
+    except Exception as exc:  # noqa: BLE001
+        text = str(exc).strip()
+        first = text.splitlines()[0] if text else ""
+        return results, f"stopped: {type(exc).__name__}: {first}"
+
+
+@dataclass
+class _Run:
+    """A notebook running in a kernel: its cells executed one by one, each task graded
+    right after the cell that calls its `grade`."""
+
+    client: Any
+    tmp: Path  # where the kernel writes the objects it hands over
+    check_timeout: float
+    results: dict[str, dict]  # task -> Result.to_json(), filled as the cells run
+
+    def cells(self, deadline: float, timeout: float, cell_timeout: float) -> str:
+        """Run every code cell before the deadline; the status line."""
+        from nbclient.exceptions import CellTimeoutError, DeadKernelError
+
+        errors = 0
+        for index, cell in enumerate(self.client.nb.cells):
+            if cell.cell_type != "code":
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining < 1:
+                return f"stopped: the notebook ran past its {timeout:g} s limit"
+            self.client.timeout = int(max(1, min(cell_timeout, remaining)))
+            try:
+                self.client.execute_cell(cell, index)
+                errors += any(o.get("output_type") == "error" for o in cell.outputs)
+                self.grade(index, cell.source)
+            except CellTimeoutError:
+                return (
+                    f"stopped: cell {index} ran past its time limit "
+                    f"({self.client.timeout} s)"
+                )
+            except DeadKernelError:
+                return (
+                    f"stopped: the kernel died in cell {index} (sys.exit, os._exit or "
+                    "a crash?)"
+                )
+        if errors:
+            return f"ran, {errors} cell{'s' if errors > 1 else ''} raised"
+        return "ok"
+
+    def grade(self, index: int, source: str) -> None:
+        """Grade the tasks that the cell at `index` (just run) calls `grade` on."""
+        for task, expr in grade_calls(source):
+            if expr is None:
+                result = _failed(task, "its check cell does not parse")
+                self.results[task] = result.to_json()
+                continue
+            target = self.tmp / f"{task}-{index}.pickle"
+            problem = _capture(self.client, index, expr, target)
+            if problem:
+                result = _failed(task, problem)
+            else:
+                payload = target.read_bytes()
+                result = run_checks(
+                    task, payload=payload, timeout=self.check_timeout, isolate=True
+                )
+            self.results[task] = result.to_json()
+
+
+def score_notebook(
+    path: Path, nb, status: str, seconds: float, results: dict[str, dict]
+) -> dict:
+    tasks = []
+    for name in expected_tasks(nb, path):
+        r = results.get(name)
+        total = TASKS[name].points if name in TASKS else (r["total"] if r else 0)
+        tasks.append(
+            {
+                "task": name,
+                "score": r["score"] if r else 0,
+                "total": total,
+                "graded": r is not None,
+                "checks": r["checks"] if r else [],
+            }
+        )
+    return {
+        "notebook": str(path),
+        "score": sum(t["score"] for t in tasks),
+        "total": sum(t["total"] for t in tasks),
+        "status": status,
+        "seconds": round(seconds, 1),
+        "tasks": tasks,
+    }
+
+
+def grade_notebook(
+    path: Path, timeout: float, cell_timeout: float, check_timeout: float
+) -> dict:
+    """The report of one notebook; an unreadable file gives an error row, never an
+    exception."""
+    start = time.monotonic()
+    try:
+        nb = read_notebook(path)
+    except ValueError as exc:
+        report = score_notebook(
+            path, nbformat.v4.new_notebook(), f"error: {path.name} {exc}", 0.0, {}
+        )
+        report["error"] = f"{path.name} {exc}"
+        return report
+    results, status = run_notebook(path, nb, timeout, cell_timeout, check_timeout)
+    return score_notebook(path, nb, status, time.monotonic() - start, results)
