@@ -61,6 +61,17 @@ class SpeculativeStats:
         return self.accepted / self.drafted if self.drafted else 0.0
 
 
+def accepted(choice: torch.Tensor, draft: torch.Tensor, eos=None) -> int:
+    """How many draft tokens (k,) greedy decoding would have chosen too: the draft up to
+    its first token unlike the choice (1 + k,) before it, and up to an end token."""
+    agree = (choice[:-1] == draft).int().cumprod(0)  # 1 while the draft matched
+    n_ok = int(agree.sum())
+    if eos is not None and n_ok:  # stop accepting after an accepted end token
+        ends = torch.isin(draft[:n_ok], eos).nonzero()
+        n_ok = int(ends[0]) + 1 if len(ends) else n_ok
+    return n_ok
+
+
 @torch.no_grad()
 def speculative_greedy(
     model,
@@ -107,12 +118,7 @@ def speculative_greedy(
         stats.forward_passes += 1
         # (1 + k,): greedy's token after each of step's tokens
         choice = logits[0].argmax(dim=-1)
-        agree = (choice[:-1] == draft).int().cumprod(0)  # 1 while the draft matched
-        n_ok = int(agree.sum())
-        if eos is not None and n_ok:  # stop accepting after an accepted end token
-            ends = torch.isin(draft[:n_ok], eos).nonzero()
-            n_ok = int(ends[0]) + 1 if len(ends) else n_ok
-        n_ok = min(n_ok, max_new_tokens - new)
+        n_ok = min(accepted(choice, draft, eos), max_new_tokens - new)
         stats.drafted += len(draft)
         stats.accepted += n_ok
         limit = next_draft_limit(limit, len(draft), n_ok, num_draft)

@@ -580,19 +580,10 @@ def test_resume_names_every_changed_setting_and_allows_them_when_asked(
 def test_resume_may_change_what_is_logged_evaluated_and_saved(tmp_path, capsys):
     trainer(small_config(tmp_path)).fit(until=2)
     capsys.readouterr()
-    t = trainer(
-        small_config(
-            tmp_path,
-            resume=True,
-            log_every=2,
-            eval_every=2,
-            eval_batches=1,
-            ckpt_every=1,
-            keep_checkpoints=3,
-            sample_every=0,
-            progress=False,
-        )
-    )
+    # settings that MAY_CHANGE allows to differ from the first run's
+    may_change = {"log_every": 2, "eval_every": 2, "eval_batches": 1, "ckpt_every": 1}
+    may_change |= {"keep_checkpoints": 3, "sample_every": 0, "progress": False}
+    t = trainer(small_config(tmp_path, resume=True, **may_change))
     assert t.step == 2 and capsys.readouterr().err == ""
 
 
