@@ -225,21 +225,3 @@ def load(path: str | Path, device="cpu") -> tuple[dict[str, torch.Tensor], dict]
     except Exception as e:
         raise CheckpointError(f"checkpoint {path} is corrupted: {e}") from e
     return weights, {**state, "run_id": manifest.get("run_id", "")}
-
-
-# A Trainer's part of a checkpoint lives in smol.resume; its names import from here too.
-_IN_RESUME = (
-    "MAY_CHANGE",
-    "SCHEDULE_FIELDS",
-    "save_trainer",
-    "changed_settings",
-    "restore_trainer",
-)
-
-
-def __getattr__(name: str):
-    if name in _IN_RESUME:
-        from smol import resume
-
-        return getattr(resume, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

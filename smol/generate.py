@@ -120,8 +120,9 @@ def generate(
     fast = _check_fast_options(
         compile, speculative, kv_cache, use_cache, padded, B, temperature
     )
-    sampling = {"temperature": temperature, "top_k": top_k, "top_p": top_p}
-    sampling["generator"] = generator
+    sampling = dict(
+        temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+    )
     steps = (max_new_tokens, eos, stream, sampling)
     if fast == "compile":
         return _generate_static(model, input_ids, mask, *steps, compile, compile_mode)

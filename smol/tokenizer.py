@@ -10,7 +10,6 @@ from pathlib import Path
 import torch
 from tokenizers import (
     AddedToken,
-    Regex,
     Tokenizer as Backend,
     decoders,
     models,

@@ -32,11 +32,10 @@ from smol.distributed import (
 )
 from smol.interrupt import TrainingInterrupted, any_rank_caught, stop_on_signals
 from smol.model import SmolLM
-
-# Also imported from here: smol.optim's lr_schedule and param_groups, and
-# smol.train_report's TrainingDiverged, log and plot_history.
-from smol.optim import adamw, amp_dtype, lr_schedule, param_groups  # noqa: F401
+from smol.optim import adamw, amp_dtype, param_groups
 from smol.train_config import TrainConfig
+
+# TrainingDiverged and plot_history are imported from here too
 from smol.train_report import TrainingDiverged, log, plot_history  # noqa: F401
 
 

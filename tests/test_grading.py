@@ -21,8 +21,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from smol import SmolConfig
-from smol.grading.runner import collected_results, expected_tasks
 from smol.grading import NOTEBOOKS, TASKS, core, grade, preview, run_checks
 from smol.grading.make_exercises import (
     BEGIN,
@@ -31,6 +29,7 @@ from smol.grading.make_exercises import (
     stale,
     strip_solutions,
 )
+from smol.grading.runner import collected_results, expected_tasks
 from smol.mlp import MLP
 from smol.norm import RMSNorm
 from tests.nbtools import ROOT
@@ -212,15 +211,13 @@ def test_smols_bpe_passes_the_bpe_checks():
         )
 
 
-def test_smol_train_passes_the_training_checks():
-    train = pytest.importorskip("smol.train")
-    if hasattr(train, "lr_schedule"):
-        assert not failed(
-            "lr_schedule",
-            lambda step, **kw: train.lr_schedule(step, kind="cosine", **kw),
-        )
-    if hasattr(train, "param_groups"):
-        assert not failed("param_groups", train.param_groups)
+def test_smol_optim_passes_the_training_checks():
+    from smol.optim import lr_schedule, param_groups
+
+    assert not failed(
+        "lr_schedule", lambda step, **kw: lr_schedule(step, kind="cosine", **kw)
+    )
+    assert not failed("param_groups", param_groups)
 
 
 # --- mutants: each bug class loses exactly the points of its own check

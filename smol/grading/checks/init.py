@@ -5,7 +5,6 @@ import math
 from collections import Counter
 
 import torch
-from torch import nn
 
 from smol import SmolLM
 from smol.grading.checks._util import close, small_config
