@@ -31,10 +31,18 @@ def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
 
 
 def _int8_kernel(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> bool:
-    """Whether PyTorch's fused int8 weight-only matmul takes these (on CPU and CUDA)."""
+    """Whether to multiply with PyTorch's fused int8 weight-only kernel: on CUDA, and on
+    a CPU for bfloat16 and float16 activations.
+
+    Its CPU float32 loop is slow: converting the int8 weight to float32 for each call
+    is faster (a 576 x 1536 weight, one thread, an AVX2 CPU: 0.5 ms against 1.6 ms for
+    one token, 1.7 ms against 64 ms for a 40-token prompt)."""
+    on_device = x.device.type == "cuda" or (
+        x.device.type == "cpu" and x.dtype != torch.float32
+    )
     return (
         hasattr(torch.ops.aten, "_weight_int8pack_mm")
-        and x.device.type in ("cpu", "cuda")
+        and on_device
         and x.dtype in (torch.float32, torch.bfloat16, torch.float16)
         and q.shape[1] % 32 == 0
     )
