@@ -201,38 +201,42 @@ def sync_setup_cell(nb) -> bool:
     return True
 
 
+def _settled(outputs):
+    """Consecutive streams of one name merged, their text settled, empty ones gone."""
+    merged = []
+    for out in outputs:
+        if (
+            out.output_type == "stream"
+            and merged
+            and merged[-1].output_type == "stream"
+            and merged[-1].name == out.name
+        ):
+            merged[-1].text += out.text
+        else:
+            merged.append(out)
+    for out in merged:
+        if out.output_type == "stream":
+            text = re.sub(r"(?m)^.*\r(?=[^\n])", "", out.text)
+            text = re.sub(r"(?m)^[ \t]+$\n?", "", text)  # lines a closed bar blanked
+            out.text = re.sub(r"(?m)^USDT:.*\] profiler_(start|stop)\n", "", text)
+    return [o for o in merged if o.output_type != "stream" or o.text]
+
+
 def settle_streams(nb) -> bool:
     """Store progress bars as a reader sees them: consecutive stream outputs of one name
     merged, and each line's text before a carriage return dropped, as a terminal (and
     nbval, which compares streams this way) overwrites it. Without this, every update of
-    a tqdm bar is a line of the stored output and of the book's page. True if the
-    notebook changed."""
+    a tqdm bar is a line of the stored output and of the book's page. Also drops the
+    trace points libkineto writes to stderr at every torch.profiler run (no setting
+    turns them off, and they say nothing to a reader). True if the notebook changed."""
     changed = False
     for cell in nb.cells:
         if cell.cell_type != "code":
             continue
-        outputs = cell.outputs
-        merged = []
-        for out in outputs:
-            if (
-                out.output_type == "stream"
-                and merged
-                and merged[-1].output_type == "stream"
-                and merged[-1].name == out.name
-            ):
-                merged[-1].text += out.text
-            else:
-                merged.append(out)
-        for out in merged:
-            if out.output_type == "stream":
-                text = re.sub(r"(?m)^.*\r(?=[^\n])", "", out.text)
-                # lines a closed bar blanked
-                out.text = re.sub(r"(?m)^[ \t]+$\n?", "", text)
-        if len(merged) != len(outputs) or any(
-            o.output_type == "stream" and "\r" in o.text for o in outputs
-        ):
-            changed = True
-        cell.outputs = merged
+        before = [(o.output_type, o.get("text")) for o in cell.outputs]
+        # twice: dropping an emptied stream can join two of one name
+        cell.outputs = _settled(_settled(cell.outputs))
+        changed |= before != [(o.output_type, o.get("text")) for o in cell.outputs]
     return changed
 
 

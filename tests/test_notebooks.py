@@ -5,6 +5,7 @@ import ast
 import builtins
 import re
 
+import nbformat
 import pytest
 
 from tests import nbtools
@@ -309,6 +310,23 @@ def test_stored_progress_bars_are_settled():
             f"{path.name}: stored progress bars repeat; run "
             "`python -m tests.nbtools --refresh`"
         )
+
+
+def test_settle_streams_stores_what_a_reader_sees():
+    """A single stored bar with carriage returns, and libkineto's trace lines, count as
+    changes and are settled; a stream left empty goes, and its neighbours join. The old
+    check looked only after rewriting the text, so it missed an unmerged bar."""
+    cell = nbformat.v4.new_code_cell("x")
+    trace = "USDT:2026-01-01 00:00:00 1:1 SyncActivityProfilerHandler.cpp:52] profiler_"
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stdout", text="10%\r100%\n"),
+        nbformat.v4.new_output("stream", name="stderr", text=f"{trace}start\n"),
+        nbformat.v4.new_output("stream", name="stdout", text=f"{trace}stop\nok\n"),
+    ]
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    assert nbtools.settle_streams(nb)
+    assert [o.text for o in cell.outputs] == ["100%\nok\n"]  # one stdout again
+    assert not nbtools.settle_streams(nb)
 
 
 def test_setup_cell_installs_weights_and_skips_what_is_there():
