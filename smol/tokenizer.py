@@ -17,6 +17,8 @@ from tokenizers import (
     processors,
 )
 
+from smol.generate import left_pad
+
 BOS_TOKEN, EOS_TOKEN = "<|im_start|>", "<|im_end|>"
 # separates documents in a training stream; id 0 in SmolLM2's vocabulary
 EOT_TOKEN = "<|endoftext|>"
@@ -65,19 +67,16 @@ class Tokenizer:
         chat_template: str | None = None,
         pre: str | None = None,
         model_max_length: int | None = None,
-        **special_ids: int | None,
+        bos_id: int | None = None,
+        eos_id: int | None = None,
+        pad_id: int | None = None,
+        unk_id: int | None = None,
     ) -> Tokenizer:
         """Rebuild the byte-level BPE from a GGUF file's vocabulary, merges and token
-        types. special_ids: bos_id, eos_id, pad_id and unk_id, the ids of those special
-        tokens (None, or left out: the tokenizer has none)."""
-        ids = {
-            k: special_ids.pop(k.replace("_token", "_id"), None) for k in SPECIAL_TOKENS
-        }
-        if special_ids:
-            raise TypeError(
-                f"unexpected keyword arguments {sorted(special_ids)}: expected bos_id, "
-                "eos_id, pad_id or unk_id"
-            )
+        types. bos_id, eos_id, pad_id and unk_id are the ids of those special tokens
+        (None: the tokenizer has none)."""
+        given = {"bos_id": bos_id, "eos_id": eos_id, "pad_id": pad_id, "unk_id": unk_id}
+        ids = {k: given[k.replace("_token", "_id")] for k in SPECIAL_TOKENS}
         vocab = {token: i for i, token in enumerate(tokens)}
         pairs = [tuple(m.split(" ", 1)) for m in merges]
         backend = Backend(models.BPE(vocab, pairs, fuse_unk=False, byte_fallback=False))
@@ -199,20 +198,8 @@ class Tokenizer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded input_ids (B, T) and attention_mask (B, T) (0 on padding), ready
         for generate."""
-        seqs = [self.encode(t) for t in texts]
-        width = max(len(s) for s in seqs)
         pad = self.pad_token_id if self.pad_token_id is not None else 0
-        ids = torch.tensor(
-            [[pad] * (width - len(s)) + s for s in seqs],
-            dtype=torch.long,
-            device=device,
-        )
-        mask = torch.tensor(
-            [[0] * (width - len(s)) + [1] * len(s) for s in seqs],
-            dtype=torch.long,
-            device=device,
-        )
-        return ids, mask
+        return left_pad([self.encode(t) for t in texts], pad, device)
 
     # --- chat -------------------------------------------------------------------------
     def apply_chat_template(

@@ -136,8 +136,6 @@ def test_special_tokens_are_named_by_id_and_read_back_from_a_folder(tmp_path):
     names = ("bos_token", "eos_token", "pad_token", "unk_token")
     assert [getattr(tok, n) for n in names] == ["<s>", "</s>", "</s>", None]
     assert tok.encode("<s>ab") == [0, 4]
-    with pytest.raises(TypeError, match="unexpected keyword arguments \\['bos'\\]"):
-        Tokenizer.from_gguf_fields(["a"], [], bos=0)
     tok.save(tmp_path)
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     assert [config[n] for n in names] == ["<s>", "</s>", "</s>", None]
