@@ -384,7 +384,7 @@ SMALL = SmolConfig.preset("tiny", num_attention_heads=2)
 
 def test_attention_mask_must_hold_zeros_and_ones():
     model = SmolLM(SMALL).eval()
-    ids = torch.randint(0, 97, (2, 5))
+    ids = torch.randint(0, SMALL.vocab_size, (2, 5))
     with pytest.raises(
         ValueError, match="attention_mask must hold 0 .padding. and 1 .token., got 0.5"
     ):
@@ -406,7 +406,7 @@ def test_an_all_padding_row_gives_finite_outputs_that_the_loss_can_ignore():
     """Documented meaning: a row of zeros is all padding; its logits are finite but
     meaningless."""
     model = SmolLM(SMALL).eval()
-    ids = torch.randint(0, 97, (2, 5))
+    ids = torch.randint(0, SMALL.vocab_size, (2, 5))
     mask = torch.tensor([[1, 1, 1, 1, 1], [0, 0, 0, 0, 0]])
     logits, _ = model(ids, attention_mask=mask)
     assert torch.isfinite(logits).all()
@@ -417,7 +417,7 @@ def test_position_ids_must_have_the_shape_of_input_ids():
     # 2 tokens and 2 key/value heads (and 2 query heads): positions of shape (T,) would
     # broadcast along the head axis without an error, giving every head one position.
     model = SmolLM(SMALL).eval()
-    ids = torch.randint(0, 97, (1, 2))
+    ids = torch.randint(0, SMALL.vocab_size, (1, 2))
     with pytest.raises(
         ValueError,
         match=r"position_ids must have shape \(batch, seq_len\) = \(1, 2\), got \(2,\)",
