@@ -1,4 +1,5 @@
-"""What the benchmark scripts share: alternating timed runs, and writing a table."""
+"""Helpers of the benchmark scripts: alternating timed runs of named callables (used by
+bench/forward.py), and writing a results table (used by every script)."""
 
 from __future__ import annotations
 

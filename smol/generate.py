@@ -204,7 +204,7 @@ def _prompt_mask(input_ids, attention_mask) -> tuple[torch.Tensor, bool]:
             f"attention_mask must have the shape of input_ids {(B, T)}, got "
             f"{tuple(attention_mask.shape)}"
         )
-    # one sync, before the loop
+    # checked once, before the loop (each check reads the mask back to the host)
     if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
         raise ValueError("attention_mask must hold only 0 (padding) and 1 (tokens)")
     mask = attention_mask.to(device=input_ids.device, dtype=torch.long)

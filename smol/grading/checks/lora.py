@@ -10,7 +10,7 @@ import math
 import torch
 from torch import nn
 
-from smol.grading.checks._util import close, same_shape
+from smol.grading.checks._util import close, pair, same_shape
 from smol.grading.core import check, task
 
 task("lora_init", "lora", "init_lora_(A, B): A Kaiming-uniform, B zero, and why")
@@ -219,10 +219,7 @@ def _(fn):
 
 def _targets(fn, ids, prompt_lens):
     before = ids.clone()
-    out = fn(ids, prompt_lens)
-    assert isinstance(out, (tuple, list)) and len(out) == 2, (
-        "return (input_ids, targets)"
-    )
+    out = pair(fn(ids, prompt_lens), "return (input_ids, targets)")
     assert torch.equal(ids, before), "the function modified ids in place"
     return out
 
