@@ -74,10 +74,13 @@ def check_args(args) -> None:
             "--speculative and --compile do not combine (the verifying step "
             "changes length from step to step); choose one"
         )
-    if args.command == "chat" and args.speculative and text is None:
-        raise UsageError(
-            "--speculative works for one message, not the interactive chat"
-        )
+    if args.command == "chat" and text is None:
+        for flag in ("speculative", "compile"):
+            if getattr(args, flag):
+                raise UsageError(
+                    f"--{flag} works for one message, not the interactive chat "
+                    "(it keeps a growing cache across turns)"
+                )
     if args.dtype == "float16" and args.quantize:
         raise UsageError("--quantize int8 takes --dtype float32 or bfloat16")
     if args.device is not None:
@@ -118,6 +121,12 @@ def _load(args):
         f"{', int8 weights' if args.quantize else ''}]",
         file=sys.stderr,
     )
+    if args.compile:
+        print(
+            "[--compile: the first token waits while the decoding step compiles, "
+            "a minute or more on a CPU]",
+            file=sys.stderr,
+        )
     return model, tokenizer, device
 
 

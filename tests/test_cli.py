@@ -58,6 +58,7 @@ def fake_load(real_model, monkeypatch):
         ),
         (["generate", "Hi", "--device", "tpu"], "--device must be cpu, cuda"),
         (["chat", "--speculative", "4"], "not the interactive chat"),
+        (["chat", "--compile"], "--compile works for one message, not the interactive"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(argv, message, capsys, monkeypatch):
