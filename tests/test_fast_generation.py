@@ -342,6 +342,18 @@ def test_real_bf16_stays_close_to_float32(real_model, real_bf16):
     assert (got.argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
 
 
+def test_real_compiled_static_cache_equals_greedy(real_model):
+    """The compiled step of the real model (aot_eager: traced and functionalized as
+    inductor does, without generating C++) gives float32 greedy decoding's tokens on
+    the benchmark prompt, whose second token is a near tie. bench/generate.py
+    --compile checks inductor's own kernels the same way."""
+    model, tokenizer = real_model
+    ids = ids_of(tokenizer, BENCH_PROMPT)
+    torch._dynamo.reset()
+    got = generate(model, ids, 24, temperature=0, compile="aot_eager")
+    assert torch.equal(got, generate(model, ids, 24, temperature=0))
+
+
 def test_real_speculative_equals_greedy_and_accepts_drafts(real_model):
     model, tokenizer = real_model
     ids = ids_of(tokenizer, SUMMARY_PROMPT)
