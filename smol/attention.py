@@ -52,6 +52,19 @@ def sdpa_uses_gqa(q: torch.Tensor) -> bool:
     )
 
 
+def grouped_decode_attention(q, k, v, mask, n_rep: int) -> torch.Tensor:
+    """Attention of one new token: q (B, H, 1, D), k/v (B, H_kv, Tk, D), mask bool
+    (B, 1, 1, Tk) or None -> (B, H, 1, D).
+
+    The n_rep query heads that share a key/value head become n_rep queries of that
+    head, (B, H_kv, n_rep, D), so the kernel reads each key/value head once, not once
+    per query head (in bfloat16 on a CPU without bfloat16 arithmetic, converting it
+    each time: chapter 9 measures a 3-4x faster kernel)."""
+    q = rearrange(q, "b (h r) 1 d -> b h r d", r=n_rep)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return rearrange(y, "b h r d -> b (h r) 1 d")
+
+
 class Attention(nn.Module):
     def __init__(self, config: SmolConfig, layer_idx: int = 0):
         super().__init__()
@@ -94,6 +107,8 @@ class Attention(nn.Module):
             y = eager_attention(
                 q, repeat_kv(k, self.n_rep), repeat_kv(v, self.n_rep), mask, is_causal
             )
+        elif q.shape[2] == 1 and not is_causal:
+            y = grouped_decode_attention(q, k, v, mask, self.n_rep)
         elif sdpa_uses_gqa(q):
             y = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True

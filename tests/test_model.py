@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from smol import SmolConfig, SmolLM
-from smol.attention import eager_attention, repeat_kv
+from smol.attention import eager_attention, grouped_decode_attention, repeat_kv
 from smol.kv_cache import KVCache
 from smol.norm import RMSNorm
 from smol.rope import RotaryEmbedding
@@ -269,6 +269,31 @@ def test_repeat_kv_groups_query_heads_as_repeat_interleave():
     torch.testing.assert_close(out, kv.repeat_interleave(3, dim=1), atol=0, rtol=0)
     assert not torch.equal(out, kv.repeat(1, 3, 1, 1))  # tiling is the classic bug
     assert repeat_kv(kv, 1) is kv
+
+
+def test_grouped_decode_attention_equals_sdpa_on_repeated_heads():
+    """One query token: the query heads folded into the query axis attend as SDPA over
+    repeat_kv's copies does, with and without a mask. Mutant: folding them as (r h),
+    which pairs query head h with key/value head h % H_kv (tiling), fails."""
+    from einops import rearrange
+
+    q = torch.randn(2, 6, 1, 8)  # 6 query heads on 2 key/value heads
+    k, v = torch.randn(2, 2, 2, 9, 8).unbind(0)
+    mask = torch.rand(2, 1, 1, 9) > 0.4
+    mask[..., -1] = True  # the new token sees itself
+    for m in (None, mask):
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            q, repeat_kv(k, 3), repeat_kv(v, 3), attn_mask=m
+        )
+        got = grouped_decode_attention(q, k, v, m, 3)
+        torch.testing.assert_close(got, expected)
+        tiled = rearrange(
+            torch.nn.functional.scaled_dot_product_attention(
+                rearrange(q, "b (r h) 1 d -> b h r d", r=3), k, v, attn_mask=m
+            ),
+            "b h r d -> b (r h) 1 d",
+        )
+        assert not torch.allclose(tiled, expected, atol=1e-3)
 
 
 def test_eager_attention_matches_sdpa():
