@@ -94,6 +94,7 @@ def generate(
     compile: bool | str = False,
     compile_mode: str | None = None,
     speculative: int = 0,
+    draft_model=None,
     kv_cache: KVCache | None = None,
 ) -> torch.Tensor:
     """Continue input_ids (B, T) by up to max_new_tokens tokens -> (B, T + new) token
@@ -110,16 +111,22 @@ def generate(
     Faster paths, same tokens: `compile=True` runs each step through a StaticCache
     compiled with torch.compile (`compile_mode="reduce-overhead"` adds CUDA graphs on a
     GPU; a string names the compile backend, e.g. "aot_eager"); `speculative=k` (greedy,
-    batch 1) drafts up to k tokens per step by prompt lookup and verifies them in one
-    pass. `kv_cache`: a KVCache already holding the keys and values of input_ids[:,
-    :kv_cache.length] (a chat's earlier turns); only the rest is prefilled, and the
-    cache keeps the new tokens."""
+    batch 1) drafts up to k tokens per step by prompt lookup, or with `draft_model` (a
+    cheaper model of the same vocabulary, e.g. a bfloat16 copy: the model's own tokens
+    at the draft's pace), and verifies them in one pass. `kv_cache`: a KVCache already
+    holding the keys and values of input_ids[:, :kv_cache.length] (a chat's earlier
+    turns); only the rest is prefilled, and the cache keeps the new tokens."""
     B, T = _check_input_ids(input_ids, max_new_tokens)
     mask, padded = _prompt_mask(input_ids, attention_mask)
     eos = _eos_ids(eos_token_id, model.config.vocab_size, input_ids.device)
     fast = _check_fast_options(
         compile, speculative, kv_cache, use_cache, padded, B, temperature
     )
+    if draft_model is not None and fast != "speculative":
+        raise ValueError(
+            "draft_model drafts for speculative decoding: pass speculative=k (its "
+            "longest draft) too"
+        )
     sampling = dict(
         temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
     )
@@ -134,13 +141,14 @@ def generate(
     if fast == "speculative":
         from smol.speculative import speculative_greedy
 
-        with _eval(model):
+        with _eval(model), _eval(draft_model or model):
             return speculative_greedy(
                 model,
                 input_ids,
                 max_new_tokens,
                 cache,
                 num_draft=speculative,
+                draft_model=draft_model,
                 eos=eos,
                 stream=stream,
             )

@@ -1,19 +1,23 @@
-"""Prompt-lookup speculative decoding: guess the next tokens from the text so far, check
-them all in one forward pass, keep the ones greedy decoding would have chosen.
+"""Speculative decoding: guess the next tokens cheaply, check them all in one forward
+pass, keep the ones greedy decoding would have chosen.
 
-Summaries, answers about a document and code edits repeat long stretches of their
-prompt. When the last few tokens appeared before, the tokens that followed them then are
-a cheap guess (the *draft*) of what comes next; no second model is needed. One forward
-pass over the newest token and the draft gives the model's greedy choice after each of
-them: the draft is kept up to its first wrong token, and that position's choice is the
-next token. So the output is exactly what greedy decoding gives, token for token, in
-fewer (slightly larger) forward passes."""
+The guess (the *draft*) comes from one of two places. *Prompt lookup*: summaries,
+answers about a document and code edits repeat long stretches of their prompt, so when
+the last few tokens appeared before, the tokens that followed them then are a guess that
+needs no second model. A *draft model*: a cheaper model with the same vocabulary, such
+as the same weights in bfloat16, decodes a few tokens greedily (`ModelDraft`). Either
+way, one forward pass of the model over the newest token and the draft gives its greedy
+choice after each of them: the draft is kept up to its first wrong token, and that
+position's choice is the next token. So the output is exactly what greedy decoding with
+the model gives, token for token, in fewer (slightly larger) forward passes."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+
+from smol.kv_cache import KVCache
 
 
 def lookup_draft(
@@ -46,6 +50,34 @@ def next_draft_limit(limit: int, drafted: int, accepted: int, num_draft: int) ->
     if drafted == 0:
         return limit
     return min(num_draft, limit + 2) if accepted == drafted else max(1, limit - 1)
+
+
+class ModelDraft:
+    """Drafts by greedy decoding with `model` (e.g. a bfloat16 copy of the verifying
+    model), which keeps its own KV cache of `max_len` tokens across drafts.
+
+    `draft(tokens, k)` feeds the tokens (N,) its cache lacks and returns its next k
+    greedy tokens (k,); `keep(n)` forgets every cached token after the first n, once
+    verification has settled how much of the text stands."""
+
+    def __init__(self, model, max_len: int):
+        weight = model.model.embed_tokens.weight
+        self.model = model
+        self.cache = KVCache(
+            model.config, 1, max_len, device=weight.device, dtype=weight.dtype
+        )
+
+    @torch.no_grad()
+    def draft(self, tokens: torch.Tensor, k: int) -> torch.Tensor:
+        feed, out = tokens[self.cache.length :], []  # what the cache has not seen
+        for _ in range(k):
+            logits, _ = self.model(feed[None], kv_cache=self.cache)
+            feed = logits[0, -1].argmax()[None]
+            out.append(feed)
+        return torch.cat(out) if out else tokens[:0]
+
+    def keep(self, n: int) -> None:
+        self.cache.length = min(self.cache.length, n)
 
 
 @dataclass
@@ -81,23 +113,39 @@ def speculative_greedy(
     *,
     max_ngram: int = 3,
     num_draft: int = 8,
+    draft_model=None,
     eos=None,
     stream=None,
     stats: SpeculativeStats | None = None,
 ) -> torch.Tensor:
     """Greedy continuation of input_ids (1, T) by up to max_new_tokens tokens -> (1, T +
-    new), equal to plain greedy decoding. `cache` is an empty KVCache with room for T +
-    max_new_tokens + num_draft tokens; `eos` a tensor of end ids or None; `stream(tokens
-    (1,))` gets each token.
+    new), equal to plain greedy decoding with `model`. `cache` is an empty KVCache with
+    room for T + max_new_tokens + num_draft tokens; `eos` a tensor of end ids or None;
+    `stream(tokens (1,))` gets each token.
 
-    Drafts are at most num_draft tokens long, and their length adapts: two more after a
-    draft accepted whole, one fewer (down to 1) after a rejection. Where the text stops
-    repeating, the passes shrink back towards one token's step."""
+    Drafts come from prompt lookup, or from `draft_model` (a model with the same
+    vocabulary, decoding greedily with a cache of its own). They are at most num_draft
+    tokens long, and their length adapts: two more after a draft accepted whole, one
+    fewer (down to 1) after a rejection, so that where drafts stop being right the
+    passes shrink back towards one token's step."""
     if input_ids.shape[0] != 1:
         raise ValueError(
             f"speculative decoding takes one sequence, got a batch of "
             f"{input_ids.shape[0]}"
         )
+    drafter = None
+    if draft_model is not None:
+        if draft_model.config.vocab_size != model.config.vocab_size:
+            raise ValueError(
+                f"the draft model's vocabulary ({draft_model.config.vocab_size} "
+                f"tokens) is not the model's ({model.config.vocab_size})"
+            )
+        where = draft_model.model.embed_tokens.weight.device
+        if where != input_ids.device:
+            raise ValueError(
+                f"the draft model is on {where}, the tokens on {input_ids.device}"
+            )
+        drafter = ModelDraft(draft_model, cache.max_len)
     stats = stats if stats is not None else SpeculativeStats()
     tokens = input_ids[0]
     logits, _ = model(input_ids, kv_cache=cache)  # prefill
@@ -112,7 +160,11 @@ def speculative_greedy(
             eos is not None and bool(torch.isin(next_token, eos))
         ):
             break
-        draft = lookup_draft(tokens, max_ngram, min(limit, max_new_tokens - new))
+        k = min(limit, max_new_tokens - new)
+        if drafter is not None:
+            draft = drafter.draft(tokens, k)
+        else:
+            draft = lookup_draft(tokens, max_ngram, k)
         step = torch.cat([next_token[None], draft])[None]  # (1, 1 + k)
         logits, _ = model(step, kv_cache=cache)
         stats.forward_passes += 1
@@ -128,6 +180,8 @@ def speculative_greedy(
             new += 1
             if stream is not None:
                 stream(token[None])
+        if drafter is not None:  # the draft's cache keeps only the verified text
+            drafter.keep(len(tokens))
         if eos is not None and n_ok and bool(torch.isin(draft[n_ok - 1], eos)):
             break
         next_token = choice[n_ok]

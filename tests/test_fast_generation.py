@@ -19,6 +19,7 @@ from smol.quantize import (
     quantize_per_channel,
 )
 from smol.speculative import (
+    ModelDraft,
     SpeculativeStats,
     lookup_draft,
     next_draft_limit,
@@ -236,6 +237,91 @@ def test_speculative_drafts_shrink_where_they_are_rejected(model, monkeypatch):
     assert wasted < wasted_fixed, (wasted, wasted_fixed)
 
 
+def test_draft_model_gives_the_model_s_tokens_whatever_it_drafts(model, monkeypatch):
+    g = torch.Generator().manual_seed(7)
+    ids = torch.randint(0, 211, (1, 9), generator=g)
+    expected = generate(model, ids, 40, temperature=0)
+
+    def run(draft_model, eos=None):
+        stats = SpeculativeStats()
+        cache = KVCache(CONFIG, 1, 9 + 40 + 6)
+        out = speculative_greedy(
+            model, ids, 40, cache, num_draft=6, draft_model=draft_model, stats=stats
+        )
+        return out, stats
+
+    # a draft that is the model itself: every drafted token is kept, so the draft's
+    # own cache follows the verified text (a cache one token off drafts wrong tokens)
+    out, stats = run(copy.deepcopy(model))
+    assert torch.equal(out, expected)
+    assert stats.acceptance_rate == 1.0 and stats.forward_passes <= 40 // 6 + 1
+    # a draft from other weights is mostly wrong; verification keeps the model's tokens
+    # (taking the draft's tokens unverified fails here)
+    drafters = []
+    monkeypatch.setattr(
+        speculative,
+        "ModelDraft",
+        lambda *a: drafters.append(ModelDraft(*a)) or drafters[-1],
+    )
+    out, stats = run(peaked(CONFIG, seed=1))
+    assert torch.equal(out, expected) and stats.acceptance_rate < 0.5
+    # after many rejections the draft's cache holds the final text's keys, and no
+    # rejected token's (a draft that never forgets fails here)
+    draft = drafters[0]
+    n = draft.cache.length
+    fresh = KVCache(CONFIG, 1, n)
+    with torch.no_grad():
+        draft.model(out[:, :n], kv_cache=fresh)
+    assert n >= 40
+    # (prefilled at once or token by token, float32 keys agree to rounding: 3e-5 of 11)
+    assert torch.allclose(draft.cache.k[..., :n, :], fresh.k, rtol=1e-5, atol=1e-4)
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    assert torch.equal(
+        generate(model, ids, 40, temperature=0, speculative=6, draft_model=bf16),
+        expected,
+    )
+    eos = expected[0, 9 + 12].item()
+    assert torch.equal(
+        generate(
+            model,
+            ids,
+            40,
+            temperature=0,
+            speculative=6,
+            draft_model=bf16,
+            eos_token_id=eos,
+        ),
+        generate(model, ids, 40, temperature=0, eos_token_id=eos),
+    )
+
+
+def test_model_draft_feeds_only_what_its_cache_lacks(model):
+    draft = ModelDraft(copy.deepcopy(model), 32)
+    tokens = torch.randint(0, 211, (1, 10), generator=torch.Generator().manual_seed(8))
+    greedy = generate(model, tokens, 4, temperature=0)[0, 10:]
+    assert torch.equal(draft.draft(tokens[0], 4), greedy)
+    assert draft.cache.length == 10 + 3  # the last drafted token is not fed yet
+    draft.keep(11)  # verification kept one drafted token
+    assert draft.cache.length == 11
+    assert torch.equal(draft.draft(torch.cat([tokens[0], greedy[:2]]), 2), greedy[2:])
+    draft.keep(40)  # keeping more than is cached changes nothing
+    assert draft.cache.length == 13
+
+
+def test_draft_model_is_checked(model):
+    ids = torch.randint(0, 211, (1, 5))
+    with pytest.raises(ValueError, match="pass speculative=k"):
+        generate(model, ids, 4, temperature=0, draft_model=model)
+    other = peaked(config(300, 64, 96, 3, 4, 2, 256, rope_theta=10000.0))
+    with pytest.raises(ValueError, match=r"vocabulary \(300 tokens\) is not"):
+        generate(model, ids, 4, temperature=0, speculative=4, draft_model=other)
+    elsewhere = copy.deepcopy(model).to("meta")
+    with pytest.raises(
+        ValueError, match="the draft model is on meta, the tokens on cpu"
+    ):
+        generate(model, ids, 4, temperature=0, speculative=4, draft_model=elsewhere)
+
+
 # --- int8 weights ---------------------------------------------------------------------
 def test_quantize_per_channel_rounds_each_row_to_its_own_scale():
     torch.manual_seed(0)
@@ -366,6 +452,20 @@ def test_real_speculative_equals_greedy_and_accepts_drafts(real_model):
     )
     assert torch.equal(out, expected)
     assert stats.acceptance_rate > 0.3 and stats.forward_passes < 25
+
+
+def test_real_bf16_draft_keeps_float32_tokens(real_model, real_bf16):
+    """On the benchmark prompt bfloat16's own greedy text parts from float32's at a near
+    tie; drafted by bfloat16 and verified in float32, the tokens are float32's."""
+    model, tokenizer = real_model
+    ids = ids_of(tokenizer, BENCH_PROMPT)
+    stats = SpeculativeStats()
+    cache = KVCache(model.config, 1, ids.shape[1] + 32 + 8)
+    out = speculative_greedy(
+        model, ids, 32, cache, num_draft=8, draft_model=real_bf16, stats=stats
+    )
+    assert torch.equal(out, generate(model, ids, 32, temperature=0))
+    assert stats.acceptance_rate > 0.5 and stats.forward_passes < 16
 
 
 def test_real_int8_logits_stay_close(real_model):
