@@ -13,6 +13,7 @@ Training has its own entry point: python -m smol.train.
 from __future__ import annotations
 
 import argparse
+import copy
 import math
 import sys
 import time
@@ -74,6 +75,13 @@ def check_args(args) -> None:
             "--speculative and --compile do not combine (the verifying step "
             "changes length from step to step); choose one"
         )
+    if args.draft and not args.speculative:
+        raise UsageError("--draft drafts for --speculative K: give both")
+    if args.draft and (args.quantize or args.dtype not in (None, "float32")):
+        raise UsageError(
+            "--draft bfloat16 drafts for the float32 model, whose tokens it keeps: "
+            "leave out --dtype and --quantize"
+        )
     if args.command == "chat" and text is None:
         for flag in ("speculative", "compile"):
             if getattr(args, flag):
@@ -107,7 +115,7 @@ def _load(args):
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     # int8 weights want bfloat16 activations: PyTorch's int8 kernel is slow in float32
-    half = device.startswith("cuda") or args.quantize
+    half = (device.startswith("cuda") or args.quantize) and not args.draft
     default = torch.bfloat16 if half else torch.float32
     dtype = getattr(torch, args.dtype) if args.dtype else default
     start = time.perf_counter()
@@ -118,7 +126,8 @@ def _load(args):
         quantize_int8_(model)
     print(
         f"[loaded in {time.perf_counter() - start:.1f} s on {device}, {dtype}"
-        f"{', int8 weights' if args.quantize else ''}]",
+        f"{', int8 weights' if args.quantize else ''}"
+        f"{f', {args.draft} draft' if args.draft else ''}]",
         file=sys.stderr,
     )
     if args.compile:
@@ -165,6 +174,7 @@ def _generate(args, model, tokenizer, ids, skip_special_tokens):
 
     n = _fit(ids, args, model)
     ids = torch.tensor([ids], device=model.model.embed_tokens.weight.device)
+    draft = copy.deepcopy(model).to(getattr(torch, args.draft)) if args.draft else None
     generate(
         model,
         ids,
@@ -172,6 +182,7 @@ def _generate(args, model, tokenizer, ids, skip_special_tokens):
         eos_token_id=tokenizer.eos_token_id,
         compile=args.compile,
         speculative=args.speculative,
+        draft_model=draft,
         stream=TextStream(tokenizer, skip_special_tokens),
         **_sampling(args, ids.device),
     )
@@ -292,6 +303,13 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         default=0,
         metavar="K",
         help="greedy prompt-lookup speculative decoding with up to K draft tokens",
+    )
+    p.add_argument(
+        "--draft",
+        choices=["bfloat16"],
+        default=None,
+        help="with --speculative K: draft with a bfloat16 copy of the model instead "
+        "of prompt lookup (float32's tokens, checked in float32)",
     )
 
 

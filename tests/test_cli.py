@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import smol.pretrained
+from smol import speculative
 from smol.__main__ import main
 from smol.gguf import bundled_gguf_path
 
@@ -58,6 +59,33 @@ def fake_load(real_model, monkeypatch):
         ),
         (["generate", "Hi", "--device", "tpu"], "--device must be cpu, cuda"),
         (["chat", "--speculative", "4"], "not the interactive chat"),
+        (["generate", "Hi", "--draft", "bfloat16"], "--draft drafts for --speculative"),
+        (
+            [
+                "generate",
+                "Hi",
+                "--speculative",
+                "4",
+                "--draft",
+                "bfloat16",
+                "--quantize",
+                "int8",
+            ],
+            "leave out --dtype and --quantize",
+        ),
+        (
+            [
+                "chat",
+                "Hi",
+                "--speculative",
+                "4",
+                "--draft",
+                "bfloat16",
+                "--dtype",
+                "bfloat16",
+            ],
+            "leave out --dtype and --quantize",
+        ),
         (["chat", "--compile"], "--compile works for one message, not the interactive"),
     ],
 )
@@ -115,7 +143,7 @@ def test_prompt_longer_than_the_context_exits_1(fake_load, capsys):
     assert err.count("error:") == 1 and err.endswith("8192\n")  # after the status line
 
 
-def test_fast_options_give_the_same_text(fake_load, capsys):
+def test_fast_options_give_the_same_text(fake_load, capsys, monkeypatch):
     base = [
         "generate",
         "The capital of France is",
@@ -127,6 +155,16 @@ def test_fast_options_give_the_same_text(fake_load, capsys):
     code, expected, _ = run(base, capsys)
     assert code == 0 and "Paris" in expected
     assert run(base + ["--speculative", "4"], capsys)[1] == expected
+    drafts = []  # the dtype of each draft model speculative decoding is given
+    make = speculative.ModelDraft
+    monkeypatch.setattr(
+        speculative,
+        "ModelDraft",
+        lambda m, n: drafts.append(m.model.embed_tokens.weight.dtype) or make(m, n),
+    )
+    code, out, err = run(base + ["--speculative", "4", "--draft", "bfloat16"], capsys)
+    assert code == 0 and out == expected and "float32, bfloat16 draft" in err
+    assert drafts == [torch.bfloat16]
     code, out, err = run(base + ["--dtype", "bfloat16"], capsys)
     assert code == 0 and out == expected and "bfloat16" in err
     code, out, err = run(base + ["--quantize", "int8"], capsys)
