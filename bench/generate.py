@@ -5,10 +5,11 @@ reported.
 
 Paths at batch 1: smol float32 (KV cache; and without the cache), bfloat16, int8 weights
 (with float32 and bfloat16 activations), the compiled step with a static cache
-(--compile), prompt-lookup speculative decoding (on the story prompt and on a
-summarising prompt, which repeats its input); transformers' generate in float32 and
-bfloat16. Then batches of 1, 4 and 16 left-padded prompts. Each path's tokens are
-compared with smol's float32 greedy tokens.
+(--compile), speculative decoding with prompt-lookup drafts and with drafts of the
+bfloat16 copy verified in float32 (on the story prompt and on a summarising prompt,
+which repeats its input); transformers' generate in float32 and bfloat16. Then batches
+of 1, 4 and 16 left-padded prompts. Each path's tokens are compared with smol's float32
+greedy tokens.
 
     python bench/generate.py [--new-tokens 200] [--runs 3] [--threads N] [--device cpu]
         [--compile] [--preset tiny] [--csv bench/results/generate.csv]
@@ -135,13 +136,21 @@ def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
     def smol(m, x, **kw):
         return lambda k: generate(m, x, k, temperature=0, **kw)
 
-    def spec(m, x, name):
+    def spec(m, x, name, draft_model=None, num_draft=8):
         def run(k):
             stats = spec_stats.setdefault(name, SpeculativeStats())
             dtype = m.model.embed_tokens.weight.dtype
-            size = x.shape[1] + k + 8
+            size = x.shape[1] + k + num_draft
             cache = KVCache(m.config, 1, size, device=args.device, dtype=dtype)
-            return speculative_greedy(m, x, k, cache, num_draft=8, stats=stats)
+            return speculative_greedy(
+                m,
+                x,
+                k,
+                cache,
+                num_draft=num_draft,
+                draft_model=draft_model,
+                stats=stats,
+            )
 
         return run
 
@@ -154,10 +163,17 @@ def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
         ("smol, int8 weights, bf16", "int8 / bfloat16", "story", smol(int8_bf16, ids)),
         ("smol, speculative", "float32", "story", None),
         ("smol, speculative, bf16", "bfloat16", "story", None),
+        ("smol, speculative, bf16 draft", "float32", "story", "draft"),
         ("transformers generate (summary)", "float32", "summary", hf(ref, summary)),
         ("smol, KV cache (summary)", "float32", "summary", smol(model, summary)),
         ("smol, speculative (summary)", "float32", "summary", None),
         ("smol, speculative, bf16 (summary)", "bfloat16", "summary", None),
+        (
+            "smol, speculative, bf16 draft (summary)",
+            "float32",
+            "summary",
+            "draft",
+        ),
     ]
     if args.no_cache_path:
         table.append(
@@ -174,9 +190,11 @@ def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
             table.append((name, dtype, "story", run))
     paths = {}
     for name, dtype, prompt, run in table:
-        if run is None:  # speculative: the weights by dtype, the prompt by label
-            weights = bf16 if dtype == "bfloat16" else model
-            run = spec(weights, ids if prompt == "story" else summary, name)
+        x = ids if prompt == "story" else summary
+        if run is None:  # prompt lookup: the weights by dtype, the prompt by label
+            run = spec(bf16 if dtype == "bfloat16" else model, x, name)
+        elif run == "draft":  # float32's tokens, drafted by the bfloat16 copy
+            run = spec(model, x, name, draft_model=bf16, num_draft=16)
         paths[name] = (dtype, prompt, run)
     if args.only:
         keep = args.only.split(";") + ["transformers generate", "smol, KV cache"]
@@ -187,8 +205,10 @@ def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
 def measure(paths: dict, n: int, runs: int, sync, after_warm_up):
     """Tokens/s of every path (each round runs each path once) and its last output."""
     for name, (_, _, run) in paths.items():  # warm-up (and compilation)
+        sync()
         start = time.perf_counter()
         run(8)
+        sync()
         print(f"  warm-up {name}: {time.perf_counter() - start:.1f} s", flush=True)
     after_warm_up()
     rates, outputs = {name: [] for name in paths}, {}
