@@ -242,7 +242,7 @@ def test_draft_model_gives_the_model_s_tokens_whatever_it_drafts(model, monkeypa
     ids = torch.randint(0, 211, (1, 9), generator=g)
     expected = generate(model, ids, 40, temperature=0)
 
-    def run(draft_model, eos=None):
+    def run(draft_model):
         stats = SpeculativeStats()
         cache = KVCache(CONFIG, 1, 9 + 40 + 6)
         out = speculative_greedy(
