@@ -139,9 +139,7 @@ def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
     def spec(m, x, name, draft_model=None, num_draft=8):
         def run(k):
             stats = spec_stats.setdefault(name, SpeculativeStats())
-            dtype = m.model.embed_tokens.weight.dtype
-            size = x.shape[1] + k + num_draft
-            cache = KVCache(m.config, 1, size, device=args.device, dtype=dtype)
+            cache = KVCache.for_model(m, 1, x.shape[1] + k + num_draft)
             return speculative_greedy(
                 m,
                 x,

@@ -47,13 +47,10 @@ class ChatSession:
                 f"context of {self.model.config.max_position_embeddings}: /reset it"
             )
         if self.cache is None or self.cache.max_len < total:
-            weight = self.model.model.embed_tokens.weight
             size = min(
                 self.model.config.max_position_embeddings, max(self.max_len, 2 * total)
             )
-            self.cache = KVCache(
-                self.model.config, 1, size, device=weight.device, dtype=weight.dtype
-            )
+            self.cache = KVCache.for_model(self.model, 1, size)
             self.cached = []
         return self.cache
 

@@ -135,9 +135,7 @@ def generate(
         return _generate_static(model, input_ids, mask, *steps, compile, compile_mode)
     cache = kv_cache
     if use_cache and cache is None:
-        dtype = next(model.parameters()).dtype
-        size = T + max_new_tokens + speculative
-        cache = KVCache(model.config, B, size, device=input_ids.device, dtype=dtype)
+        cache = KVCache.for_model(model, B, T + max_new_tokens + speculative)
     if fast == "speculative":
         from smol.speculative import speculative_greedy
 

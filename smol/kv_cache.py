@@ -33,6 +33,15 @@ class KVCache:
         self.max_len = max_len
         self.length = 0
 
+    @classmethod
+    def for_model(cls, model, batch_size: int, max_len: int) -> KVCache:
+        """A cache for `model`: its config, and the device and dtype of its weights (its
+        token embedding's)."""
+        weight = model.model.embed_tokens.weight
+        return cls(
+            model.config, batch_size, max_len, device=weight.device, dtype=weight.dtype
+        )
+
     @staticmethod
     def shape(config: SmolConfig, batch_size: int, max_len: int) -> tuple[int, ...]:
         """(layers, B, H_kv, max_len, D): one tensor holds every layer's keys (and one
