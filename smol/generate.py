@@ -112,8 +112,8 @@ def generate(
     compiled with torch.compile (`compile_mode="reduce-overhead"` adds CUDA graphs on a
     GPU; a string names the compile backend, e.g. "aot_eager"); `speculative=k` (greedy,
     batch 1) drafts up to k tokens per step by prompt lookup, or with `draft_model` (a
-    cheaper model of the same vocabulary, e.g. a bfloat16 copy: the model's own tokens
-    at the draft's pace), and verifies them in one pass. `kv_cache`: a KVCache already
+    cheaper model of the same vocabulary, e.g. a bfloat16 copy, whose drafts end after
+    a near tie; see smol.speculative.ModelDraft), and verifies them in one pass. `kv_cache`: a KVCache already
     holding the keys and values of input_ids[:, :kv_cache.length] (a chat's earlier
     turns); only the rest is prefilled, and the cache keeps the new tokens."""
     B, T = _check_input_ids(input_ids, max_new_tokens)

@@ -56,24 +56,35 @@ class ModelDraft:
     """Drafts by greedy decoding with `model` (e.g. a bfloat16 copy of the verifying
     model), which keeps its own KV cache of `max_len` tokens across drafts.
 
-    `draft(tokens, k)` feeds the tokens (N,) its cache lacks and returns its next k
-    greedy tokens (k,); `keep(n)` forgets every cached token after the first n, once
-    verification has settled how much of the text stands."""
+    `draft(tokens, k)` feeds the tokens (N,) its cache lacks and returns its next (up
+    to) k greedy tokens; `keep(n)` forgets every cached token after the first n, once
+    verification has settled how much of the text stands.
 
-    def __init__(self, model, max_len: int):
-        weight = model.model.embed_tokens.weight
+    A draft ends early after a *near tie*: a token whose logit leads the runner-up's by
+    at most `stop_margin` (None: never). There the verifying model may well choose the
+    other token, and every token drafted after it would then be a step spent in vain;
+    checking at once costs one pass instead. The default, 1/8, is one rounding step of
+    bfloat16 for logits between 16 and 32, where SmolLM2's top logits lie: given
+    float32's 200 greedy tokens after the story and the summary prompts of
+    bench/generate.py, every position where the bfloat16 copy picks another token is
+    such a tie (it leads by 0 or 1/8)."""
+
+    def __init__(self, model, max_len: int, stop_margin: float | None = 0.125):
         self.model = model
-        self.cache = KVCache(
-            model.config, 1, max_len, device=weight.device, dtype=weight.dtype
-        )
+        self.stop_margin = stop_margin
+        self.cache = KVCache.for_model(model, 1, max_len)
 
     @torch.no_grad()
     def draft(self, tokens: torch.Tensor, k: int) -> torch.Tensor:
         feed, out = tokens[self.cache.length :], []  # what the cache has not seen
         for _ in range(k):
             logits, _ = self.model(feed[None], kv_cache=self.cache)
-            feed = logits[0, -1].argmax()[None]
+            top = logits[0, -1].topk(2)
+            feed = top.indices[:1]
             out.append(feed)
+            lead = float(top.values[0] - top.values[1])
+            if self.stop_margin is not None and lead <= self.stop_margin:
+                break  # a near tie: let the verifying model settle it first
         return torch.cat(out) if out else tokens[:0]
 
     def keep(self, n: int) -> None:
@@ -114,6 +125,7 @@ def speculative_greedy(
     max_ngram: int = 3,
     num_draft: int = 8,
     draft_model=None,
+    draft_stop_margin: float | None = 0.125,
     eos=None,
     stream=None,
     stats: SpeculativeStats | None = None,
@@ -124,10 +136,11 @@ def speculative_greedy(
     `stream(tokens (1,))` gets each token.
 
     Drafts come from prompt lookup, or from `draft_model` (a model with the same
-    vocabulary, decoding greedily with a cache of its own). They are at most num_draft
-    tokens long, and their length adapts: two more after a draft accepted whole, one
-    fewer (down to 1) after a rejection, so that where drafts stop being right the
-    passes shrink back towards one token's step."""
+    vocabulary, decoding greedily with a cache of its own; its drafts end after a near
+    tie, a lead of at most draft_stop_margin, see `ModelDraft`). They are at most
+    num_draft tokens long, and their length adapts: two more after a draft accepted
+    whole, one fewer (down to 1) after a rejection, so that where drafts stop being
+    right the passes shrink back towards one token's step."""
     if input_ids.shape[0] != 1:
         raise ValueError(
             f"speculative decoding takes one sequence, got a batch of "
@@ -145,7 +158,7 @@ def speculative_greedy(
             raise ValueError(
                 f"the draft model is on {where}, the tokens on {input_ids.device}"
             )
-        drafter = ModelDraft(draft_model, cache.max_len)
+        drafter = ModelDraft(draft_model, cache.max_len, draft_stop_margin)
     stats = stats if stats is not None else SpeculativeStats()
     tokens = input_ids[0]
     logits, _ = model(input_ids, kv_cache=cache)  # prefill

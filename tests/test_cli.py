@@ -160,7 +160,7 @@ def test_fast_options_give_the_same_text(fake_load, capsys, monkeypatch):
     monkeypatch.setattr(
         speculative,
         "ModelDraft",
-        lambda m, n: drafts.append(m.model.embed_tokens.weight.dtype) or make(m, n),
+        lambda m, *a: drafts.append(m.model.embed_tokens.weight.dtype) or make(m, *a),
     )
     code, out, err = run(base + ["--speculative", "4", "--draft", "bfloat16"], capsys)
     assert code == 0 and out == expected and "float32, bfloat16 draft" in err
