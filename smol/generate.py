@@ -113,9 +113,10 @@ def generate(
     GPU; a string names the compile backend, e.g. "aot_eager"); `speculative=k` (greedy,
     batch 1) drafts up to k tokens per step by prompt lookup, or with `draft_model` (a
     cheaper model of the same vocabulary, e.g. a bfloat16 copy, whose drafts end after
-    a near tie; see smol.speculative.ModelDraft), and verifies them in one pass. `kv_cache`: a KVCache already
-    holding the keys and values of input_ids[:, :kv_cache.length] (a chat's earlier
-    turns); only the rest is prefilled, and the cache keeps the new tokens."""
+    a near tie; see smol.speculative.ModelDraft), and verifies them in one pass.
+    `kv_cache`: a KVCache already holding the keys and values of
+    input_ids[:, :kv_cache.length] (a chat's earlier turns); only the rest is
+    prefilled, and the cache keeps the new tokens."""
     B, T = _check_input_ids(input_ids, max_new_tokens)
     mask, padded = _prompt_mask(input_ids, attention_mask)
     eos = _eos_ids(eos_token_id, model.config.vocab_size, input_ids.device)
