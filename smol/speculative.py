@@ -82,8 +82,9 @@ class ModelDraft:
             top = logits[0, -1].topk(2)
             feed = top.indices[:1]
             out.append(feed)
-            lead = float(top.values[0] - top.values[1])
-            if self.stop_margin is not None and lead <= self.stop_margin:
+            if self.stop_margin is None:
+                continue  # (reading the lead would wait for the GPU at every step)
+            if float(top.values[0] - top.values[1]) <= self.stop_margin:
                 break  # a near tie: let the verifying model settle it first
         return torch.cat(out) if out else tokens[:0]
 
