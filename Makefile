@@ -24,8 +24,12 @@ $(STAMP): requirements.txt pyproject.toml
 book: setup
 	$(VENV)/bin/jupyter-book build . --path-output . -W --keep-going
 
+# Every test, then the chapters again on PyTorch's scalar CPU kernels (tests/kernels.py):
+# their stored outputs must hold on every CPU, not only on the one that stored them.
 test: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -n $(NPROC) --dist loadfile
+	kernels="$$($(PY) -m tests.kernels)" && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+		env $$kernels $(PY) -m pytest -n $(NPROC) --dist loadfile chapters
 
 # Format smol/, tests/, bench/ and every notebook's code cells with ruff (line length 88, as the
 # book's code boxes show it), then rewrite the chapters' closing `# smol/...` cells from smol/.
