@@ -170,6 +170,317 @@ def test_internal_links_and_assets_resolve(book):
     )
 
 
+def chapter_titles() -> dict[int, str]:
+    """Each chapter of _toc.yml by its number, with its title: its notebook's first
+    heading, "# 7. The tokenizer"."""
+    import nbformat
+
+    titles = {}
+    for page in toc_pages():
+        if not page.startswith("chapters/"):
+            continue
+        nb = nbformat.read(source_of(page), as_version=4)
+        heading = next(
+            line
+            for cell in nb.cells
+            if cell.cell_type == "markdown"
+            for line in cell.source.splitlines()
+            if line.startswith("# ")
+        )
+        number, _, title = heading.removeprefix("# ").partition(". ")
+        titles[int(number)] = title.strip()
+    return titles
+
+
+def landing_figure() -> Path:
+    """The picture of the model on the landing page."""
+    intro = (ROOT / f"{toc_pages()[0]}.md").read_text()
+    (name,) = re.findall(r"```\{figure\}\s+(\S+)", intro)
+    return (ROOT / toc_pages()[0]).parent / name
+
+
+FIGURE_LABEL = re.compile(r"ch\. (\d+) · (.+)")
+
+
+def figure_label_problems(svg: str, titles: dict[int, str]) -> list[str]:
+    """The figure's chapter labels ("ch. 7 · The tokenizer") against the chapters:
+    each label names a chapter by its number and title, and every chapter has one."""
+    import xml.etree.ElementTree as ET
+
+    texts = [
+        "".join(t.itertext()).strip()
+        for t in ET.fromstring(svg).iter("{http://www.w3.org/2000/svg}text")
+    ]
+    labels = [m.groups() for m in map(FIGURE_LABEL.fullmatch, texts) if m]
+    problems = [
+        f"label 'ch. {n} · {title}': chapter {n} is "
+        + (f"'{titles[int(n)]}'" if int(n) in titles else "not in _toc.yml")
+        for n, title in labels
+        if titles.get(int(n)) != title
+    ]
+    missing = sorted(set(titles) - {int(n) for n, _ in labels})
+    problems += [f"no label for chapter {n}, '{titles[n]}'" for n in missing]
+    return problems
+
+
+def test_landing_figure_labels_the_chapters():
+    """The landing figure says which chapter builds each part, in the chapters' own
+    numbers and titles, and leaves none out."""
+    titles = chapter_titles()
+    assert len(titles) >= 13, titles
+    problems = figure_label_problems(landing_figure().read_text(), titles)
+    assert not problems, f"{landing_figure().name}:\n" + "\n".join(problems)
+
+
+def test_figure_label_check_catches_old_labels():
+    """The label check fails on a renumbered chapter, a title that no longer matches,
+    and a missing chapter."""
+    svg = """<svg xmlns="http://www.w3.org/2000/svg"><text>ch. 1 · RMSNorm</text>
+        <text>ch. 2 · RoPE</text><text>ch. 3 · The tokenizer</text></svg>"""
+    titles = {1: "RMSNorm", 2: "Rotary position embeddings (RoPE)", 7: "The tokenizer"}
+    assert figure_label_problems(svg, titles) == [
+        "label 'ch. 2 · RoPE': chapter 2 is 'Rotary position embeddings (RoPE)'",
+        "label 'ch. 3 · The tokenizer': chapter 3 is not in _toc.yml",
+        "no label for chapter 7, 'The tokenizer'",
+    ]
+
+
+# every text of a picture inside its frame, and no two texts on top of each other
+TEXT_IN_PICTURE = """() => {
+    const svg = document.documentElement;
+    const frame = svg.getBoundingClientRect();  // as drawn: rotated texts too
+    const boxes = [...svg.querySelectorAll("text")]
+        .map(t => [t.textContent, t.getBoundingClientRect()]);
+    const found = [];
+    for (const [text, b] of boxes) {
+        if (b.left < frame.left - 0.5 || b.top < frame.top - 0.5
+                || b.right > frame.right + 0.5 || b.bottom > frame.bottom + 0.5) {
+            found.push(`"${text}" reaches outside the picture`);
+        }
+    }
+    boxes.forEach(([text, a], i) => boxes.slice(i + 1).forEach(([other, b]) => {
+        const apart = a.right <= b.left || b.right <= a.left
+                      || a.bottom <= b.top || b.bottom <= a.top;
+        if (!apart) found.push(`"${text}" overlaps "${other}"`);
+    }));
+    return found;
+}"""
+
+
+def test_landing_figure_text_fits(tmp_path):
+    """Drawn by the browser, the landing figure's texts lie inside the picture and
+    apart from each other (a longer label would run off its right edge)."""
+    _require_browser()
+    from playwright.sync_api import sync_playwright
+
+    bad = tmp_path / "bad.svg"
+    bad.write_text(
+        '<svg xmlns="http://www.w3.org/2000/svg" width="100" height="40">'
+        '<text x="60" y="15">ch. 3 · Attention</text>'
+        '<text x="2" y="20">one</text><text x="4" y="22">two</text></svg>'
+    )
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            page = browser.new_page()
+            page.goto(landing_figure().as_uri())
+            problems = page.evaluate(TEXT_IN_PICTURE)
+            page.goto(bad.as_uri())
+            broken = page.evaluate(TEXT_IN_PICTURE)
+        finally:
+            browser.close()
+    assert not problems, f"{landing_figure().name}:\n" + "\n".join(problems)
+    assert broken == [
+        '"ch. 3 · Attention" reaches outside the picture',
+        '"one" overlaps "two"',
+    ], broken
+
+
+class _Anchors(HTMLParser):
+    """Every link of a page, as (href, text)."""
+
+    def __init__(self):
+        super().__init__()
+        self.links: list[tuple[str, str]] = []
+        self._open: list[list[str]] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "a":
+            self._open.append([dict(attrs).get("href") or "", ""])
+
+    def handle_data(self, data):
+        for link in self._open:
+            link[1] += data
+
+    def handle_endtag(self, tag):
+        if tag == "a" and self._open:
+            href, text = self._open.pop()
+            self.links.append((href, " ".join(text.split())))
+
+
+# "Kingma and Ba, 2015", "Allal et al., 2025", "Dao, 2024"
+CITATION = re.compile(
+    r"[A-Z][\w'’-]*(?: and [A-Z][\w'’-]*| et al\.)?, (?:19|20)\d\d[a-z]?"
+)
+
+
+def citation_problems(pages: dict[str, list[tuple[str, str]]], listed: set[str]):
+    """(the citations found, what is wrong with them): each citation must link to the
+    paper itself, at an address the references page lists. pages: each page's links as
+    _Anchors finds them; listed: the addresses of the references page's entries."""
+    cited, problems = 0, []
+    for page, links in sorted(pages.items()):
+        for href, text in links:
+            if not CITATION.fullmatch(text):
+                continue
+            cited += 1
+            if href not in listed:
+                problems.append(
+                    f"{page}: ({text}) links to {href}, not to a paper listed"
+                )
+    return cited, problems
+
+
+def test_citations_link_to_the_papers_the_references_list(book):
+    """A citation ("Kingma and Ba, 2015") links to the paper itself, so that it works
+    in Jupyter and Colab too, at an address that the references page lists; and the
+    references page says so."""
+    pages = {}
+    for path in book.html.rglob("*.html"):
+        if path.relative_to(book.html).parts[0] == "_static":
+            continue
+        parser = _Anchors()
+        parser.feed(path.read_text(errors="replace"))
+        pages[str(path.relative_to(book.html))] = parser.links
+    references = (book.html / "book" / "references.html").read_text()
+    entries = references.partition('class="citation-list"')[2]
+    listed = {h for h, _ in pages["book/references.html"] if urlsplit(h).scheme} & {
+        h for h in re.findall(r'href="([^"]+)"', entries)
+    }
+    assert len(listed) >= 20, listed
+    cited, problems = citation_problems(pages, listed)
+    assert cited >= 30, f"only {cited} citations found: is CITATION out of date?"
+    assert not problems, "\n".join(problems)
+    text = " ".join(re.sub(r"<[^>]+>", " ", references).split())
+    assert "A citation in the text" in text and "links to the paper itself" in text, (
+        "book/references.md must say where a citation leads: to the paper itself"
+    )
+
+
+def test_citation_check_catches_wrong_links():
+    """The citation check fails on a citation that links into the references page, and
+    on one whose paper the references page does not list."""
+    listed = {"https://arxiv.org/abs/1412.6980"}
+    pages = {
+        "a.html": [
+            ("https://arxiv.org/abs/1412.6980", "Kingma and Ba, 2015"),
+            ("references.html#id8", "Allal et al., 2025"),
+            ("https://arxiv.org/abs/9999.99999", "Dao, 2024"),
+            ("intro.html", "Chapter 7, 2024 edition"),
+        ]
+    }
+    assert citation_problems(pages, listed) == (
+        3,
+        [
+            "a.html: (Allal et al., 2025) links to references.html#id8, "
+            + "not to a paper listed",
+            "a.html: (Dao, 2024) links to https://arxiv.org/abs/9999.99999, "
+            + "not to a paper listed",
+        ],
+    )
+
+
+def glossary_terms(markdown: str) -> dict[str, str]:
+    """The terms of a page's {glossary} block, each with its definition."""
+    (block,) = re.findall(r"```\{glossary\}\n(.*?)\n```", markdown, re.DOTALL)
+    terms, term = {}, None
+    for line in block.splitlines():
+        if line and not line[0].isspace():
+            term = line.strip()
+            terms[term] = ""
+        elif term:
+            terms[term] += line.strip() + " "
+    return terms
+
+
+def glossary_problems(terms: dict[str, str], chapters: list[str]) -> list[str]:
+    """Each term must link to a chapter that explains it, and each chapter (e.g.
+    "chapters/07_the_tokenizer") must have a term."""
+    linked = {
+        t: set(re.findall(r"<\.\./(chapters/[^>]+)>`", d)) for t, d in terms.items()
+    }
+    problems = [f"'{t}' names no chapter" for t, cs in linked.items() if not cs]
+    problems += [
+        f"'{t}' names {c}, not a chapter"
+        for t, cs in linked.items()
+        for c in sorted(cs - set(chapters))
+    ]
+    every = set().union(*linked.values())
+    problems += [f"no term from {c}" for c in chapters if c not in every]
+    return problems
+
+
+def test_glossary_has_terms_from_every_chapter():
+    """The glossary's terms link to the chapters that explain them, and every chapter
+    of _toc.yml contributes terms (the tokenizer's, fast generation's and LoRA's
+    too)."""
+    chapters = [p for p in toc_pages() if p.startswith("chapters/")]
+    terms = glossary_terms((ROOT / "book" / "glossary.md").read_text())
+    problems = glossary_problems(terms, chapters)
+    assert not problems, "book/glossary.md:\n" + "\n".join(problems)
+    assert len(terms) >= 20, terms
+    bad = glossary_problems(
+        {"BPE": "Merges pairs.", "RoPE": "({doc}`chapter 2 <../chapters/02_rope>`)"},
+        ["chapters/02_rope", "chapters/07_the_tokenizer"],
+    )
+    assert bad == ["'BPE' names no chapter", "no term from chapters/07_the_tokenizer"]
+
+
+def pinned_torch() -> str:
+    """The PyTorch release the Makefile installs, e.g. "2.13.0"."""
+    (version,) = re.findall(
+        r"(?m)^TORCH\s*:?=\s*torch==(\S+)", (ROOT / "Makefile").read_text()
+    )
+    return version
+
+
+def torch_versions(text: str) -> list[str]:
+    """The PyTorch releases a text says it uses ("PyTorch 2.13.0", "torch==2.13.0"),
+    leaving out the release a feature first came in ("since PyTorch 2.5")."""
+    return [
+        m.group(1)
+        for m in re.finditer(
+            r"(?i)(?<!since )\b(?:pytorch|torch)\s*(?:==\s*)?(\d+\.\d+(?:\.\d+)?)", text
+        )
+    ]
+
+
+def test_chapters_quote_the_pinned_pytorch():
+    """A chapter that names the PyTorch release it runs names the Makefile's pin; the
+    GPU chapter, whose kernels change between releases, names it."""
+    import nbformat
+
+    pin = pinned_torch()
+    wrong, named = [], set()
+    for page in toc_pages():
+        if not page.startswith("chapters/"):
+            continue
+        nb = nbformat.read(source_of(page), as_version=4)
+        prose = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+        for version in torch_versions(prose):
+            named.add(page)
+            if not f"{pin}.".startswith(f"{version}."):
+                wrong.append(f"{page}: PyTorch {version}, the Makefile pins {pin}")
+    assert not wrong, "\n".join(wrong)
+    assert "chapters/11_sdpa_on_a_gpu" in named, "chapter 11 names no PyTorch release"
+    assert torch_versions(
+        "Since PyTorch 2.5, SDPA groups heads. Measured under PyTorch 2.11; "
+        "`torch==2.13.0` is pinned, and torch 2.13 too."
+    ) == ["2.11", "2.13.0", "2.13"]
+
+
 def test_repository_url_lives_in_config():
     """_config.yml holds the repository URL and branch; the setup cell
     (tests/test_notebooks.py checks every notebook against it), the README and the
@@ -303,6 +614,88 @@ CUT_OFF_ON_A_PHONE = """() => {
     return found;
 }"""
 
+PAGE_WIDER_THAN_SCREEN = """() => {
+    const screen = document.documentElement.clientWidth;
+    const width = document.documentElement.scrollWidth;
+    if (width <= screen + 1) return [];
+    // what sticks out: the innermost elements past the right edge that no box clips
+    const out = [];
+    for (const el of document.querySelectorAll("body *")) {
+        if (el.getClientRects().length === 0) continue;
+        if (el.getBoundingClientRect().right <= screen + 1) continue;
+        let free = true;  // neither clipped by a box nor fixed to the screen
+        for (let e = el; e && e !== document.body; e = e.parentElement) {
+            const s = getComputedStyle(e);
+            if (s.position === "fixed" || (e !== el && s.overflowX !== "visible")) {
+                free = false;
+                break;
+            }
+        }
+        if (free) out.push(el);
+    }
+    const leaves = out.filter(el => !out.some(o => o !== el && el.contains(o)));
+    const names = leaves.slice(0, 3).map(el => `${el.tagName.toLowerCase()} `
+        + `"${el.textContent.trim().slice(0, 50)}"`);
+    return [`the page is ${width} px wide on a ${screen} px screen: `
+            + (names.join(", ") || "(no single element)")];
+}"""
+
+WIDER_THAN_COLUMN = """() => {
+    const article = document.querySelector("article");
+    if (!article) return ["no article"];
+    const style = getComputedStyle(article);
+    const box = article.getBoundingClientRect();
+    const right = box.right - parseFloat(style.paddingRight);
+    const found = [];
+    const reported = [];  // once per equation: its div.math or its mjx-container
+    for (const el of article.querySelectorAll(
+            "table, div.math, mjx-container[display='true']")) {
+        if (el.getClientRects().length === 0) continue;
+        if (reported.some(r => r.contains(el) || el.contains(r))) continue;
+        const hidden = el.scrollWidth - el.clientWidth;  // behind a sideways scroll
+        const over = el.getBoundingClientRect().right - right;  // past the column
+        if (hidden > 1 || over > 1) {
+            reported.push(el);
+            found.push(`a ${el.tagName.toLowerCase()} is wider than the text column by `
+                       + `${Math.round(Math.max(hidden, over))} px: `
+                       + el.textContent.trim().slice(0, 60));
+        }
+    }
+    return found;
+}"""
+
+SET_THEME = """theme => {  // what the theme's light/dark switch does
+    const html = document.documentElement;
+    const before = html.dataset.theme === undefined ? null : html.dataset.theme;
+    if (theme === null) delete html.dataset.theme; else html.dataset.theme = theme;
+    return before;
+}"""
+
+# Every element of a table or a cell's output that holds text of its own: the text, its
+# colour, and the background colour and image of each box from <html> down to it.
+TEXT_ON_BACKGROUND = """() => {
+    const found = [];
+    const seen = new Set();
+    const roots = document.querySelectorAll("article table, article div.cell_output");
+    for (const root of roots) {
+        for (const el of [root, ...root.querySelectorAll("*")]) {
+            if (seen.has(el)) continue;
+            seen.add(el);
+            if (el.getClientRects().length === 0) continue;
+            const own = [...el.childNodes].filter(n => n.nodeType === Node.TEXT_NODE)
+                .map(n => n.textContent).join("").trim();
+            if (!own) continue;
+            const layers = [];
+            for (let e = el; e; e = e.parentElement) {
+                const s = getComputedStyle(e);
+                layers.unshift([s.backgroundColor, s.backgroundImage]);
+            }
+            found.push([own.slice(0, 40), getComputedStyle(el).color, layers]);
+        }
+    }
+    return found;
+}"""
+
 PAGE_TEXT = "() => document.body.textContent"
 LINKS_IN_TEXT = (
     "() => [...document.querySelectorAll('article a[href]')].map(a => a.href)"
@@ -338,6 +731,74 @@ def lowercased_acronyms(text: str) -> list[str]:
             if match.group() != acronym:
                 found.add(f"{match.group()!r} should read {acronym!r}")
     return sorted(found)
+
+
+# WCAG 2's minimum contrast for body text
+MIN_CONTRAST = 4.5
+Colour = tuple[float, float, float]
+
+
+def css_colours(text: str) -> list[tuple[float, float, float, float]]:
+    """The rgb()/rgba() colours in a computed style value, as (r, g, b, alpha)."""
+    other = re.search(r"\b(?:color|lab|lch|oklab|oklch|hsla?|hwb)\(", text)
+    if other:
+        raise ValueError(f"a colour that is not rgb() or rgba(): {text!r}")
+    colours = []
+    for args in re.findall(r"rgba?\(([^)]*)\)", text):
+        parts = [float(x) for x in re.split(r"[\s,/]+", args.strip()) if x]
+        colours.append((*parts[:3], parts[3] if len(parts) > 3 else 1.0))
+    return colours
+
+
+def over(top: tuple[float, float, float, float], below: Colour) -> Colour:
+    """`top` painted over the opaque colour `below`."""
+    *rgb, alpha = top
+    return tuple(alpha * t + (1 - alpha) * b for t, b in zip(rgb, below))
+
+
+def contrast(a: Colour, b: Colour) -> float:
+    """WCAG 2's contrast ratio of two opaque sRGB colours (1 to 21)."""
+
+    def luminance(c: Colour) -> float:
+        lin = [
+            v / 12.92 if v <= 0.04045 else ((v + 0.055) / 1.055) ** 2.4
+            for v in (x / 255 for x in c)
+        ]
+        return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+    hi, lo = sorted((luminance(a), luminance(b)), reverse=True)
+    return (hi + 0.05) / (lo + 0.05)
+
+
+def backdrops(layers: list[list[str]]) -> set[Colour]:
+    """Every colour that can lie behind an element's text, from the background colour
+    and image of each box from <html> down to it (pairs of computed styles): each
+    background colour painted over what lies below, and each colour stop of a
+    background image that is at least half opaque (the covers of the scroll shadows,
+    not the faint shadows themselves) painted over that."""
+    found = {(255.0, 255.0, 255.0)}  # the browser's canvas
+    for colour, image in layers:
+        for c in css_colours(colour):
+            found = {over(c, b) for b in found}
+        stops = [c for c in css_colours(image) if c[3] >= 0.5]
+        found |= {over(c, b) for c in stops for b in found}
+    return found
+
+
+def low_contrast(items: list, theme: str) -> list[str]:
+    """The texts whose colour contrasts with something behind them by less than
+    MIN_CONTRAST; items as TEXT_ON_BACKGROUND returns them."""
+    found = []
+    for text, colour, layers in items:
+        (fg,) = css_colours(colour)
+        worst = min((contrast(over(fg, b), b), b) for b in backdrops(layers))
+        if worst[0] < MIN_CONTRAST:
+            behind = "#" + "".join(f"{round(v):02x}" for v in worst[1])
+            found.append(
+                f"in {theme} mode {text!r} ({colour}) on {behind}: contrast "
+                f"{worst[0]:.1f} < {MIN_CONTRAST}"
+            )
+    return found
 
 
 def links_to(hrefs: list[str], page: str) -> bool:
@@ -491,9 +952,11 @@ def _math_problems(page, doc: str, n_math: int) -> tuple[list[str], bool]:
 
 
 def _reader_problems(page, doc: str) -> list[str]:
-    """What a reader trips over: cut-off lines, shrunken pictures, tqdm's notice,
-    missing chapter <-> exercise links, lowercased acronyms in the references."""
-    found = page.evaluate(WIDER_THAN_BOX) + page.evaluate(SHRUNK_IMAGES)
+    """What a reader trips over: cut-off lines, tables and equations wider than the
+    text column, shrunken pictures, tqdm's notice, missing chapter <-> exercise links,
+    lowercased acronyms in the references."""
+    found = page.evaluate(WIDER_THAN_BOX) + page.evaluate(WIDER_THAN_COLUMN)
+    found += page.evaluate(SHRUNK_IMAGES)
     if mentions_iprogress(page.evaluate(PAGE_TEXT)):
         found.append("the page shows tqdm's IProgress notice")
     target, what = exercise_links(doc)
@@ -516,12 +979,30 @@ def _phone_problems(phone, url: str, doc: str, has_math: bool) -> list[str]:
         except PlaywrightTimeout:
             pass  # reported at desktop width
     width = PHONE["width"]
-    return [f"{doc} at {width} px: {p}" for p in phone.evaluate(CUT_OFF_ON_A_PHONE)]
+    found = phone.evaluate(CUT_OFF_ON_A_PHONE) + phone.evaluate(PAGE_WIDER_THAN_SCREEN)
+    return [f"{doc} at {width} px: {p}" for p in found]
+
+
+def _theme_problems(page, doc: str, most: int = 5) -> list[str]:
+    """Text in tables and cells' outputs that does not stand out from what lies behind
+    it, in the light theme and in the dark one."""
+    found = []
+    before = page.evaluate(SET_THEME, "light")
+    try:
+        for theme in ("light", "dark"):
+            page.evaluate(SET_THEME, theme)
+            low = low_contrast(page.evaluate(TEXT_ON_BACKGROUND), theme)
+            found += low[:most] + [f"... and {len(low) - most} more"] * (
+                len(low) > most
+            )
+    finally:
+        page.evaluate(SET_THEME, before)
+    return [f"{doc}: {p}" for p in found]
 
 
 def _page_problems(page, phone, doc: str, links: RepoLinks) -> tuple[list[str], bool]:
-    """Every check of one page, at a desktop's and at a phone's width: (the problems
-    found, whether MathJax rendered formulas on it)."""
+    """Every check of one page, at a desktop's and at a phone's width, in the light and
+    the dark theme: (the problems found, whether MathJax rendered formulas on it)."""
     problems = []
     if not page.locator("article h1").first.is_visible():
         problems.append(f"{doc}: no visible title")
@@ -532,6 +1013,7 @@ def _page_problems(page, phone, doc: str, links: RepoLinks) -> tuple[list[str], 
         found, rendered = _math_problems(page, doc, n_math)
         problems += found
     problems += _reader_problems(page, doc)
+    problems += _theme_problems(page, doc)
     problems += _phone_problems(phone, page.url, doc, n_math > 0)
     return problems, rendered
 
@@ -572,7 +1054,8 @@ def _book_in_chromium(served: str, profile: Path, errors: list[str], current: di
 
 def test_pages_in_chromium(book, served, tmp_path):
     """Open the landing page, then follow the "next" link through every page of
-    _toc.yml, checking each at a desktop's and at a phone's width."""
+    _toc.yml, checking each at a desktop's and at a phone's width, and the colours of
+    its tables and outputs in the light and the dark theme."""
     _require_browser()
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
@@ -712,3 +1195,70 @@ def test_reader_checks_catch_broken_pages(tmp_path):
         "its chapter",
     )
     assert exercise_links("chapters/00_the_model_at_a_glance") == (None, None)
+
+
+BROKEN_LAYOUT_PAGE = """<!doctype html><html><head><style>
+  body { margin: 0; font: 16px sans-serif; }
+  td.band { color: #222832; background: linear-gradient(to right, #14181e 30%,
+            transparent) left / 2.5rem 100% no-repeat, #ced6dd; }
+  td.fine { color: #cf222e; background: linear-gradient(to right, #f3f4f5 30%,
+            transparent) left / 2.5rem 100% no-repeat, radial-gradient(farthest-side
+            at 0 50%, rgba(0, 0, 0, 0.25), transparent) left / 0.8rem 100% no-repeat,
+            #f3f4f5; }
+  html[data-theme="dark"] td.pink { background: #ced6dd; color: #f3c7ee; }
+</style></head><body><article style="width: 300px">
+  <table><tr>
+    <td style="color: #cf222e; background: #ced6dd">FAIL</td><td class="band">rms</td>
+    <td class="fine">values</td><td class="pink">not written</td>
+  </tr></table>
+  <div style="overflow-x: auto"><table style="width: 500px"><tr><td>
+    a table wider than the column, scrolling in its own box</td></tr></table></div>
+  <div class="math" style="overflow-x: auto">
+    <span style="display: inline-block; width: 500px">x = 1</span></div>
+  <p>See <code class="literal"><span class="pre" style="white-space: nowrap"
+    >torch.nn.functional.scaled_dot_product_attention_of_a_long_name</span></code>.</p>
+</article></body></html>"""
+
+
+def test_layout_and_theme_checks_catch_broken_pages():
+    """The checks of tables, equations, page width and colours, each on a page made
+    to break it: low-contrast text (red on grey, a dark band over the first letters,
+    and pale pink on grey in the dark theme only; the same red on a lighter box, under
+    a faint scroll shadow, passes), a table and an equation wider than the text column
+    even inside their own scrolling box, and a long unbreakable name that makes a
+    phone's page wider than its screen (the same name allowed to break passes)."""
+    _require_browser()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            page = browser.new_page(viewport=PHONE)
+            page.set_content(BROKEN_LAYOUT_PAGE)
+            colours = _theme_problems(page, "broken")
+            theme_after = page.evaluate("() => document.documentElement.dataset.theme")
+            column = page.evaluate(WIDER_THAN_COLUMN)
+            screen = page.evaluate(PAGE_WIDER_THAN_SCREEN)
+            page.locator("span.pre").evaluate(
+                "el => { el.style.whiteSpace = 'pre-wrap';"
+                " el.parentElement.style.overflowWrap = 'break-word'; }"
+            )
+            screen_fixed = page.evaluate(PAGE_WIDER_THAN_SCREEN)
+        finally:
+            browser.close()
+    assert [p.split(" (")[0] for p in colours] == [
+        "broken: in light mode 'FAIL'",
+        "broken: in light mode 'rms'",
+        "broken: in dark mode 'FAIL'",
+        "broken: in dark mode 'rms'",
+        "broken: in dark mode 'not written'",
+    ], colours
+    assert theme_after is None  # the page's own theme is put back
+    assert [p.split(" is wider")[0] for p in column] == ["a table", "a div"], column
+    assert len(screen) == 1 and "torch.nn.functional" in screen[0], screen
+    assert screen_fixed == []
+    assert round(contrast((255, 255, 255), (0, 0, 0)), 1) == 21.0
+    # the lightest grey with WCAG's 4.5 on white, as WebAIM's checker gives it
+    assert round(contrast((0x76, 0x76, 0x76), (255, 255, 255)), 2) == 4.54

@@ -4,8 +4,8 @@ A notebook's first cell is the shared setup cell, above the title: Colab runs it
 book's page the title comes first, then the setup cell (the cell moves into the title's section,
 right after the title).
 
-The book's own style sheet (static/smol.css) wraps long outputs, and lets wide tables and display
-math scroll inside their box on a phone.
+The book's own style sheet (static/smol.css) wraps long outputs, lets wide tables and display
+math scroll inside their box on a phone, and keeps the grading tables readable in dark mode.
 
 Sphinx 7.4 adds an inline script that an extension registers after the builder has started twice
 (once with filename None, once with ''). sphinx-thebe registers `const THEBE_JS_URL = ...` that
