@@ -81,7 +81,8 @@ def weights_requirement() -> str:
 
 # The setup cell, as notebooks hold it (written flush left, so that its lines are as
 # wide here as in the notebook); setup_cell_source fills in the fields.
-SETUP_CELL = r"""# Setup: in Colab, install the course package, the libraries the notebooks compare it
+SETUP_CELL = """\
+# Setup: in Colab, install the course package, the libraries the notebooks compare it
 # with and the released weights, once per runtime (Colab's torch is kept); elsewhere
 # `make setup` has installed all of them.
 import importlib, re, subprocess, sys
@@ -89,7 +90,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 
 def release(v):  # "0.10.0rc1" -> (0, 10): its numbers, without trailing zeros
-    numbers = [int(n) for n in re.match(r"\d+(\.\d+)*", v)[0].split(".")]
+    numbers = [int(n) for n in re.match("[0-9]+([.][0-9]+)*", v)[0].split(".")]
     while numbers and numbers[-1] == 0:
         numbers.pop()
     return tuple(numbers)
