@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 NPROC ?= 2
 
-.PHONY: setup book test bench clean chromium exercises gpu-check
+.PHONY: setup book test bench clean chromium exercises gpu-check colab-check
 
 setup: $(STAMP)
 
@@ -59,3 +59,9 @@ clean:
 # that the scripts run on the CPU. See bench/gpu_check.sh.
 gpu-check: setup
 	bash bench/gpu_check.sh $(OUT)
+
+# A simulated Colab run (not part of `make test`): each notebook in a fresh environment
+# with only torch, outside the repository, installing what it needs with its own setup
+# cell (smol from this repository's HEAD). NOTEBOOKS= names others than the chapters.
+colab-check: setup
+	nice -n 10 $(PY) -m tests.colab_sim $(NOTEBOOKS)

