@@ -2,4 +2,4 @@
 them, in course order (the order of `TASKS`)."""
 
 from smol.grading.checks import norm, rope, gqa, swiglu, init  # noqa: F401
-from smol.grading.checks import training, generation, bpe, lora  # noqa: F401
+from smol.grading.checks import bpe, generation, training, lora  # noqa: F401

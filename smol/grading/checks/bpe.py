@@ -1,4 +1,4 @@
-"""08 BPE: GPT-2's byte map, one training step of BPE, encoding with merge ranks, and an
+"""07 BPE: GPT-2's byte map, one training step of BPE, encoding with merge ranks, and an
 encoder that applies its merges in the wrong order."""
 
 from functools import lru_cache

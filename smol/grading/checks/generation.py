@@ -1,4 +1,4 @@
-"""07 KV-cache generation: top-k and top-p filters, greedy decoding with a cache, and an
+"""08 KV-cache generation: top-k and top-p filters, greedy decoding with a cache, and an
 attention mask that stops being causal when a padding mask is passed."""
 
 import torch

@@ -1,4 +1,4 @@
-"""09 LoRA: the initialisation of A and B (and why B is zero), the LoRALinear forward,
+"""12 LoRA: the initialisation of A and B (and why B is zero), the LoRALinear forward,
 merging an adapter into its base layer, and supervised fine-tuning targets without the
 prompt.
 

@@ -1,4 +1,4 @@
-"""06 Training loop: next-token batches, the learning-rate schedule, weight-decay
+"""10 Training loop: next-token batches, the learning-rate schedule, weight-decay
 groups, and a train step whose loss is not shifted.
 
 The checks are properties (warmup ends at max_lr, cosine midpoint, ...) rather than a
