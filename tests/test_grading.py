@@ -360,8 +360,9 @@ class UnscaledLoRALinear(nn.Module):
     def __init__(self, base_layer, r, alpha):
         super().__init__()
         self.base_layer = base_layer.requires_grad_(False)
-        self.lora_A = nn.Parameter(torch.randn(r, base_layer.in_features) * 0.1)
-        self.lora_B = nn.Parameter(torch.zeros(base_layer.out_features, r))
+        like = dict(dtype=base_layer.weight.dtype)
+        self.lora_A = nn.Parameter(torch.randn(r, base_layer.in_features, **like) / 9)
+        self.lora_B = nn.Parameter(torch.zeros(base_layer.out_features, r, **like))
 
     def forward(self, x):
         return self.base_layer(x) + x @ self.lora_A.T @ self.lora_B.T
@@ -871,7 +872,7 @@ class DividingRMSNorm(nn.Module):
 def additive_mask_attention(q, k, v):
     n_rep, T = q.shape[1] // k.shape[1], q.shape[2]
     k, v = k.repeat_interleave(n_rep, 1), v.repeat_interleave(n_rep, 1)
-    bias = torch.full((T, T), float("-inf")).triu(1)
+    bias = torch.full((T, T), float("-inf"), dtype=q.dtype).triu(1)
     return torch.softmax(q @ k.mT * q.shape[-1] ** -0.5 + bias, dim=-1) @ v
 
 
@@ -1161,6 +1162,328 @@ def test_other_correct_implementations_score_full_marks(task):
     assert result.score == result.total, result.table()
 
 
+# --- hole classes: each kind of leak a check can have, a mutant that went through it
+# (full marks before the check was fixed), and a correct variant that still passes
+# ----------------------------------------------------------------------------------
+
+
+def repeat_kv_into_float32(x, n_rep):  # a fresh torch.empty is float32
+    B, H, T, D = x.shape
+    out = torch.empty(B, H * n_rep, T, D)
+    for h in range(H * n_rep):
+        out[:, h] = x[:, h // n_rep]
+    return out
+
+
+def attention_in_float32(q, k, v):  # right values, float32 for bfloat16 inputs
+    q, k, v = q.float(), k.float(), v.float()
+    return additive_mask_attention(q, k, v)
+
+
+def silu_in_float32(x):
+    x = x.float()
+    return x * torch.sigmoid(x)
+
+
+class Float32LoRALinear(nn.Module):  # float32 adapters whatever the base's dtype
+    def __init__(self, base_layer, r, alpha):
+        super().__init__()
+        self.base_layer = base_layer.requires_grad_(False)
+        self.lora_A = nn.Parameter(torch.empty(r, base_layer.in_features))
+        self.lora_B = nn.Parameter(torch.zeros(base_layer.out_features, r))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        self.scaling = alpha / r
+
+    def forward(self, x):
+        delta = x.float() @ self.lora_A.T @ self.lora_B.T
+        return self.base_layer(x) + delta * self.scaling
+
+
+def merge_into_float32(layer):  # nn.Linear's default dtype
+    base = layer.base_layer
+    out = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None)
+    with torch.no_grad():
+        delta = layer.lora_B.float() @ layer.lora_A.float()
+        out.weight.copy_(base.weight.float() + layer.scaling * delta)
+        if base.bias is not None:
+            out.bias.copy_(base.bias)
+    return out
+
+
+def rope_tables_theta_ignored(length, head_dim, theta):  # 10000 whatever theta says
+    freqs = 1.0 / 10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.outer(torch.arange(length).float(), freqs)
+    angles = torch.cat((angles, angles), -1)
+    return angles.cos(), angles.sin()
+
+
+def attention_by_integer_root(q, k, v):  # math.isqrt(4) == sqrt(4), isqrt(6) is not
+    n_rep, T = q.shape[1] // k.shape[1], q.shape[2]
+    k, v = k.repeat_interleave(n_rep, 1), v.repeat_interleave(n_rep, 1)
+    scores = q @ k.mT / math.isqrt(q.shape[-1])
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf)
+    return scores.softmax(-1) @ v
+
+
+class FourTimesWideMLP(MLP):  # GPT-2's 4 C, whatever the config says
+    def __init__(self, config):
+        super().__init__(config.replace(intermediate_size=4 * config.hidden_size))
+
+
+def init_scaled_by_half_the_depth(model):  # L / 2 equals sqrt(2 L) at L = 8
+    std, L = model.config.initializer_range, model.config.num_hidden_layers
+    for name, p in model.named_parameters():
+        if p.dim() == 1:
+            nn.init.ones_(p)
+        else:
+            scaled = name.endswith(("o_proj.weight", "down_proj.weight"))
+            nn.init.normal_(p, std=std / (L / 2) if scaled else std)
+
+
+def lr_min_a_tenth(step, *, max_lr, warmup_steps, total_steps, min_lr=0.0):
+    min_lr = max_lr / 10  # a common choice, hard-coded over the argument
+    if step < warmup_steps:
+        return max_lr * step / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    return min_lr + (max_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def groups_decay_fixed(model, weight_decay):  # 0.1 whatever the argument
+    params = list(model.parameters())
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+class FloorScaledLoRALinear(LoRAByFLinear):  # alpha // r: right while r divides alpha
+    def __init__(self, base_layer, r, alpha):
+        super().__init__(base_layer, r, alpha)
+        self.scaling = alpha // r
+
+
+def merge_floor_scaled(layer):
+    out = merge_into_a_copy(layer)
+    with torch.no_grad():
+        delta = layer.lora_B @ layer.lora_A
+        out.weight.copy_(layer.base_layer.weight + (layer.alpha // layer.r) * delta)
+    return out
+
+
+def loss_after_the_step(model, optimizer, tokens):  # hidden by a learning rate of 0
+    optimizer.zero_grad()
+    model(tokens[:, :-1], targets=tokens[:, 1:])[1].backward()
+    optimizer.step()
+    with torch.no_grad():
+        return model(tokens[:, :-1], targets=tokens[:, 1:])[1].item()
+
+
+def batch_right_padding_only(tokens, attention_mask=None):  # padding after the tokens
+    inputs, targets = tokens[:, :-1], tokens[:, 1:].clone()
+    if attention_mask is not None:
+        for b, n in enumerate(attention_mask.sum(1).tolist()):
+            targets[b, n - 1 :] = -100
+    return inputs, targets
+
+
+def _positions(T, offset):
+    return torch.arange(offset, offset + T)[:, None], torch.arange(offset + T)[None, :]
+
+
+def mask_left_padding_only(attention_mask, T, offset=0):  # padding before the tokens
+    q, k = _positions(T, offset)
+    causal = (k <= q)[None, None]
+    if attention_mask is None:
+        return causal
+    pad = (attention_mask.shape[1] - attention_mask.sum(1))[:, None, None, None]
+    return causal & (k >= pad) | (k == q)
+
+
+def mask_offset_ignored_when_padded(attention_mask, T, offset=0):
+    q, k = _positions(T, offset)
+    if attention_mask is None:
+        return (k <= q)[None, None]
+    q = torch.arange(T)[:, None]  # as if nothing were cached
+    return (k <= q)[None, None] & attention_mask.bool()[:, None, None, :] | (k == q)
+
+
+def mask_hiding_all_but_itself(attention_mask, T, offset=0):
+    q, k = _positions(T, offset)
+    if attention_mask is None:
+        return (k <= q)[None, None]
+    return (k == q)[None, None].expand(len(attention_mask), 1, T, offset + T)
+
+
+class DetachedInputLoRALinear(LoRAByFLinear):  # A and B still get their gradients
+    def forward(self, x):
+        delta = F.linear(F.linear(x.detach(), self.lora_A), self.lora_B)
+        return self.base_layer(x) + self.scaling * delta
+
+
+def rms_of_detached(x, eps):
+    return torch.sqrt(x.detach().pow(2).mean(-1, keepdim=True) + eps)
+
+
+def init_with_a_seed_per_matrix(model):  # every matrix the same numbers, rescaled
+    std, L = model.config.initializer_range, model.config.num_hidden_layers
+    for name, p in model.named_parameters():
+        torch.manual_seed(0)
+        if p.dim() == 1:
+            nn.init.ones_(p)
+        else:
+            scaled = name.endswith(("o_proj.weight", "down_proj.weight"))
+            nn.init.normal_(p, std=std / math.sqrt(2 * L) if scaled else std)
+
+
+def init_lora_seeded(A, B):  # every adapter of a model the same A
+    torch.manual_seed(0)
+    init_lora_by_bound(A, B)
+
+
+def top_p_in_place(logits, p):
+    remove = hf_style_top_p(logits, p) == -math.inf
+    logits[remove] = -math.inf
+    return logits
+
+
+class InPlaceRMSNorm(RMSNorm):  # normalises the residual stream itself
+    def forward(self, x):
+        return x.mul_(torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).mul_(
+            self.weight
+        )
+
+
+def _merge_step_counting(pairs_of):
+    """A merge step whose pair counts come from pairs_of(word); right otherwise."""
+    from smol.bpe import merge
+
+    def merge_step(word_counts, new_id):
+        pairs = {}
+        for word, count in word_counts.items():
+            for pair in pairs_of(word):
+                pairs[pair] = pairs.get(pair, 0) + count
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        merged = {}
+        for word, count in word_counts.items():
+            key = tuple(merge(list(word), best, new_id))
+            merged[key] = merged.get(key, 0) + count
+        return best, merged
+
+    return merge_step
+
+
+def _non_overlapping(word):  # (7, 7, 7) holds one (7, 7), as str.count would say
+    i = 0
+    while i < len(word) - 1:
+        yield word[i], word[i + 1]
+        i += 2 if word[i] == word[i + 1] else 1
+
+
+merge_step_counting_pairs_once = _merge_step_counting(
+    lambda word: set(zip(word, word[1:]))
+)
+merge_step_without_overlaps = _merge_step_counting(_non_overlapping)
+
+
+HOLES = {  # hole class: [(task, mutant, the check made for it)]
+    "dtype: float32 out for bfloat16 in": [
+        ("repeat_kv", repeat_kv_into_float32, "shape (B, H_kv * n_rep"),
+        ("gqa_attention", attention_in_float32, "shape: (B, H, T, D)"),
+        ("silu", silu_in_float32, "values: x * sigmoid(x)"),
+        ("lora_linear", Float32LoRALinear, "a bfloat16 base layer"),
+        ("lora_merge", merge_into_float32, "a bfloat16 layer merges"),
+    ],
+    "sweep: sizes and values that cannot tell formulas apart": [
+        ("rope_tables", rope_tables_theta_ignored, "values equal smol's"),
+        ("gqa_attention", attention_by_integer_root, "values equal SDPA"),
+        ("swiglu", FourTimesWideMLP, "gate_proj, up_proj"),
+        ("init_weights", init_scaled_by_half_the_depth, "o_proj and down_proj"),
+        ("lr_schedule", lr_min_a_tenth, "cosine decay"),
+        ("param_groups", groups_decay_fixed, "weight decay on matrices"),
+        ("lora_linear", FloorScaledLoRALinear, "forward is base(x)"),
+        ("lora_merge", merge_floor_scaled, "the merged nn.Linear computes"),
+        ("train_step_bug", loss_after_the_step, "the loss is next-token prediction"),
+    ],
+    "one side only": [
+        ("next_token_batch", batch_right_padding_only, "targets that are padding"),
+        ("attention_mask_bug", mask_left_padding_only, "real tokens see every"),
+        ("attention_mask_bug", mask_offset_ignored_when_padded, "real tokens see"),
+        ("attention_mask_bug", mask_hiding_all_but_itself, "real tokens see every"),
+    ],
+    "gradients: a detached input": [
+        ("lora_linear", DetachedInputLoRALinear, "gradients for x, A and B"),
+        ("rms", rms_of_detached, "values and gradients"),
+    ],
+    "state: copies and in-place writes": [
+        ("init_weights", init_with_a_seed_per_matrix, "every matrix draws"),
+        ("lora_init", init_lora_seeded, "two adapters get different A"),
+        ("filter_top_p", top_p_in_place, "leaves its input unchanged"),
+        ("rmsnorm", InPlaceRMSNorm, "float32 values equal smol's"),
+    ],
+    "counting: pairs repeated or overlapping in a word": [
+        ("merge_step", merge_step_counting_pairs_once, "merges the pair that occurs"),
+        ("merge_step", merge_step_without_overlaps, "merges the pair that occurs"),
+    ],
+}
+# A module of the wrong size cannot compute the right values, and an in-place write
+# into a leaf breaks its gradient: these lose more than the check made for them.
+LOSE_MORE = {FourTimesWideMLP, InPlaceRMSNorm}
+
+
+@pytest.mark.parametrize(
+    "hole, index",
+    [(hole, i) for hole, cases in HOLES.items() for i in range(len(cases))],
+    ids=lambda v: v if isinstance(v, str) else str(v),
+)
+def test_a_mutant_through_a_former_hole_loses_its_check(hole, index):
+    task, mutant, check = HOLES[hole][index]
+    result = run_checks(task, mutant)
+    lost = {row.check for row in result.rows if not row.passed}
+    made_for_it = check_named(task, check)
+    if mutant in LOSE_MORE:
+        assert made_for_it in lost, result.table()
+    else:
+        assert lost == {made_for_it}, result.table()
+
+
+HOLE_VARIANTS = {  # hole class: tasks whose correct variant (_variants) written
+    # differently from the solution keeps full marks through the fixed checks
+    "dtype: float32 out for bfloat16 in": [
+        "repeat_kv",
+        "gqa_attention",
+        "silu",
+        "lora_linear",
+        "lora_merge",
+    ],
+    "sweep: sizes and values that cannot tell formulas apart": [
+        "rope_tables",
+        "swiglu",
+        "init_weights",
+        "lr_schedule",
+        "param_groups",
+        "train_step_bug",
+    ],
+    "one side only": ["next_token_batch", "attention_mask_bug"],
+    "gradients: a detached input": ["rms", "lora_linear"],
+    "state: copies and in-place writes": [
+        "init_weights",
+        "init_bug",
+        "lora_init",
+        "filter_top_p",
+        "rmsnorm",
+    ],
+    "counting: pairs repeated or overlapping in a word": ["merge_step"],
+}
+
+
+@pytest.mark.parametrize("hole", sorted(HOLE_VARIANTS))
+def test_correct_variants_keep_full_marks_through_each_hole_class(hole):
+    assert set(HOLE_VARIANTS) == set(HOLES)
+    for task in HOLE_VARIANTS[hole]:
+        result = run_checks(task, _variants()[task])
+        assert result.score == result.total, result.table()
+
+
 def test_the_library_silu_loses_only_the_written_by_hand_check():
     assert failed("silu", F.silu) == {check_named("silu", "written by hand")}
 
@@ -1170,7 +1493,7 @@ def test_the_mask_reference_is_smols_mask():
     from smol.grading.checks.generation import PADDED, _reference_mask
 
     for am, T, offset in ((PADDED, 6, 0), (PADDED, 2, 4), (None, 3, 4)):
-        B = 2 if am is not None else 1
+        B = len(am) if am is not None else 1
         # uses no state
         mask, _ = SmolLM._attention_mask(None, am, B, T, offset, torch.device("cpu"))
         assert torch.equal(
