@@ -48,9 +48,12 @@ NOTEBOOKS = {  # topic -> file stem, in course order: exercise NN follows chapte
     "gqa_repeat_kv": "03_gqa_repeat_kv",
     "swiglu": "04_swiglu",
     "tying_and_init": "05_tying_and_init",
+    "assembled_model": "06_assembled_model",
     "bpe": "07_bpe",
     "kv_cache_generation": "08_kv_cache_generation",
+    "fast_generation": "09_fast_generation",
     "training_loop": "10_training_loop",
+    "tiled_attention": "11_tiled_attention",
     "lora": "12_lora",
 }
 
