@@ -555,6 +555,16 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it), in course or
         truncating_quantize,
         "rounded to the nearest step",
     ),
+    "speculative decoding keeps the rejected tokens' keys and values": (
+        "speculative_greedy",
+        lambda m, ids, n: speculative_by_smols_pieces(m, ids, n, rollback=False),
+        "the same tokens as greedy",
+    ),
+    "speculative decoding keeps draft tokens after a mismatch": (
+        "speculative_greedy",
+        lambda m, ids, n: speculative_by_smols_pieces(m, ids, n, up_to_mismatch=False),
+        "the same tokens as greedy",
+    ),
     "loss not shifted": (
         "train_step_bug",
         unshifted_train_step,
@@ -1248,12 +1258,11 @@ class KeywordDecoderLayer(nn.Module):  # modules registered MLP first, keyword c
         return torch.add(h, self.mlp(self.post_attention_layernorm(h)))
 
 
-def quantize_with_torch(weight):  # PyTorch's own per-channel quantizer
-    w = weight.float()
-    scale = (w.abs().amax(1) / 127).clamp(min=1e-12)
-    zero = torch.zeros(len(w), dtype=torch.long)
-    q = torch.quantize_per_channel(w, scale.double(), zero, 0, torch.qint8)
-    return q.int_repr(), scale
+def quantize_by_reciprocal(weight):  # inf-norms, a multiplication, torch.where
+    w = weight.to(torch.float32)
+    peak = torch.linalg.vector_norm(w, ord=math.inf, dim=1)
+    scale = torch.where(peak > 0, peak / 127, torch.ones_like(peak))
+    return torch.round(w * (1 / scale)[:, None]).to(torch.int8), scale
 
 
 def quantize_half_up(weight):  # floor(x + 0.5): ties go up, not to even
@@ -1278,8 +1287,12 @@ def lookup_draft_in_python(tokens, max_ngram=3, num_draft=8):  # lists, from the
 
 
 @torch.no_grad()
-def speculative_by_smols_pieces(model, input_ids, max_new_tokens, num_draft=4):
-    """smol's lookup_draft and accepted(), a fixed draft length, positions counted."""
+def speculative_by_smols_pieces(
+    model, input_ids, max_new_tokens, num_draft=4, *, rollback=True, up_to_mismatch=True
+):
+    """smol's lookup_draft and accepted(), a fixed draft length, positions counted.
+    rollback=False keeps the rejected tokens' keys and values in the cache;
+    up_to_mismatch=False also keeps draft tokens that match after a mismatch."""
     from smol.kv_cache import KVCache
     from smol.speculative import accepted, lookup_draft
 
@@ -1297,8 +1310,12 @@ def speculative_by_smols_pieces(model, input_ids, max_new_tokens, num_draft=4):
             break
         step = torch.tensor([out[-1], *draft.tolist()])[None]
         choice = model(step, kv_cache=cache)[0][0].argmax(-1)
-        n = accepted(choice, draft)
-        cache.length -= len(draft) - n
+        if up_to_mismatch:
+            n = accepted(choice, draft)
+        else:
+            n = int((choice[:-1] == draft).sum())
+        if rollback:
+            cache.length -= len(draft) - n
         out += draft[:n].tolist()
         choice = choice[: n + 1]
     return torch.tensor(out)[None]
@@ -1382,7 +1399,7 @@ def _variants():
         "count_params": count_params_by_shapes,
         "forward_logits": forward_by_reduce,
         "decoder_layer_bug": KeywordDecoderLayer,
-        "quantize_int8": quantize_with_torch,
+        "quantize_int8": quantize_by_reciprocal,
         "quantize_bug": quantize_half_up,
         "int8_linear": int8_linear_einsum,
         "lookup_draft": lookup_draft_in_python,

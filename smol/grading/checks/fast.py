@@ -7,6 +7,7 @@ import torch
 from smol import SmolLM
 from smol.generate import generate
 from smol.grading.checks._util import close, is_tensor, pair, small_config, unchanged
+from smol.grading.checks.generation import _Spy
 from smol.grading.core import check, task
 from smol.speculative import lookup_draft as reference_lookup
 
@@ -264,21 +265,8 @@ def _spec_model(scale, seed):
     return model, prompt
 
 
-class _Spy:
-    """Records, for each forward call, how many tokens came in and whether a cache came
-    along."""
-
-    def __init__(self, model):
-        self.calls, self.forward = [], model.forward
-
-    def __call__(self, input_ids, *args, **kwargs):
-        cache = kwargs.get("kv_cache", args[3] if len(args) > 3 else None)
-        self.calls.append((input_ids.shape[1], cache is not None))
-        return self.forward(input_ids, *args, **kwargs)
-
-
 def _greedy(model, prompt, n):
-    return generate(model, prompt, n, temperature=0.0, use_cache=False)
+    return generate(model, prompt, n, temperature=0.0)
 
 
 @check(
@@ -288,7 +276,7 @@ def _greedy(model, prompt, n):
     "append the next token and the accepted draft tokens; stop at max_new_tokens",
 )
 def _(fn):
-    model, prompt = _spec_model(4, 2)
+    model, prompt = _spec_model(4, 5)
     out = is_tensor(fn(model, prompt, 15), "the output")
     assert tuple(out.shape) == (1, 21), f"shape {tuple(out.shape)}, expected (1, 21)"
     assert torch.equal(out[:, :6], prompt), "the output does not start with the prompt"
@@ -303,7 +291,8 @@ def _(fn):
     "-= rejected)",
 )
 def _(fn):
-    for scale, seed, n in ((8, 0, 40), (8, 1, 40), (4, 2, 40), (4, 2, 13)):
+    # greedy's top logit leads by more than 0.06 at every step: no near ties
+    for scale, seed, n in ((8, 5, 30), (8, 6, 30), (4, 5, 30), (4, 5, 13)):
         model, prompt = _spec_model(scale, seed)
         want = _greedy(model, prompt, n)
         out = is_tensor(fn(model, prompt, n), "the output")
@@ -321,7 +310,7 @@ def _(fn):
     "model(step, kv_cache=cache)",
 )
 def _(fn):
-    model, prompt = _spec_model(4, 0)
+    model, prompt = _spec_model(4, 1)
     spy = _Spy(model)
     model.forward = spy
     fn(model, prompt, 40)
