@@ -27,13 +27,13 @@ CHAPTER_EXERCISES = {
     "03_attention_and_gqa": "03_gqa_repeat_kv",
     "04_swiglu": "04_swiglu",
     "05_tying_and_init": "05_tying_and_init",
-    "06_the_assembled_model": None,
-    "07_the_tokenizer": "08_bpe",
-    "08_running_the_real_smollm2": "07_kv_cache_generation",
-    "09_fast_generation": None,
-    "10_training": "06_training_loop",
-    "11_sdpa_on_a_gpu": None,
-    "12_fine_tuning_with_lora": "09_lora",
+    "06_the_assembled_model": "06_assembled_model",
+    "07_the_tokenizer": "07_bpe",
+    "08_running_the_real_smollm2": "08_kv_cache_generation",
+    "09_fast_generation": "09_fast_generation",
+    "10_training": "10_training_loop",
+    "11_sdpa_on_a_gpu": "11_tiled_attention",
+    "12_fine_tuning_with_lora": "12_lora",
 }
 
 

@@ -9,6 +9,7 @@ import io
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -21,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from smol.attention import Attention
 from smol.grading import NOTEBOOKS, TASKS, core, grade, preview, run_checks
 from smol.grading.make_exercises import (
     BEGIN,
@@ -86,6 +88,32 @@ def test_seven_notebooks_each_with_tasks_and_one_bug_hunt():
                 assert (
                     cell.source.startswith("grade(") and "\n" not in cell.source.strip()
                 )
+
+
+def test_one_exercise_per_chapter_and_the_exercises_page_lists_each():
+    """Exercise NN follows chapter NN, chapters 1 to 12; book/exercises.md has a row per
+    exercise, with its chapter, the names of its tasks and its points."""
+    from tests.nbtools import CHAPTER_EXERCISES
+
+    stems = list(NOTEBOOKS.values())
+    assert [int(s[:2]) for s in stems] == list(range(1, 13)), stems
+    chapters = {e: c for c, e in CHAPTER_EXERCISES.items() if e}
+    assert sorted(chapters) == sorted(stems)
+    text = (ROOT / "book" / "exercises.md").read_text()
+    rows = re.findall(
+        r"^\| \{doc\}`(\d+): [^<]+<\.\./exercises/(\w+)>` "
+        r"\| \{doc\}`(\d+)\. [^<]+<\.\./chapters/(\w+)>` \| (.+) \| (\d+) \|$",
+        text,
+        re.MULTILINE,
+    )
+    assert [row[1] for row in rows] == stems, "one row per exercise, in course order"
+    topics = {stem: topic for topic, stem in NOTEBOOKS.items()}
+    for number, stem, chapter_number, chapter, tasks, points in rows:
+        assert int(number) == int(chapter_number) == int(stem[:2]), stem
+        assert chapters[stem] == chapter, f"{stem} follows {chapters[stem]}"
+        want = [t for t in TASKS.values() if t.notebook == topics[stem]]
+        assert re.findall(r"`(\w+)`", tasks) == [t.name for t in want], stem
+        assert int(points) == sum(t.points for t in want), stem
 
 
 def test_strip_solutions_makes_an_indented_stub():
@@ -173,9 +201,12 @@ def test_each_bug_hunt_shows_a_bug_that_fails_one_check(path):
 
 def test_smols_reference_implementations_score_full_marks():
     from smol.attention import repeat_kv
-    from smol.generate import filter_top_k, filter_top_p
+    from smol.generate import filter_top_k, filter_top_p, generate
     from smol.lora import LoRALinear
+    from smol.model import DecoderLayer
+    from smol.quantize import QuantLinear, quantize_per_channel
     from smol.rope import apply_rope, rotate_half
+    from smol.speculative import lookup_draft
 
     for task, obj in [
         ("rmsnorm", RMSNorm),
@@ -194,6 +225,16 @@ def test_smols_reference_implementations_score_full_marks():
             lambda A, B: LoRALinear.reset_parameters(
                 type("Adapter", (), {"lora_A": A, "lora_B": B})()
             ),
+        ),
+        ("decoder_layer_bug", DecoderLayer),
+        ("forward_logits", lambda model, ids: model(ids)[0]),
+        ("quantize_int8", quantize_per_channel),
+        ("quantize_bug", quantize_per_channel),
+        ("int8_linear", lambda x, q, scale: QuantLinear(q, scale)(x)),
+        ("lookup_draft", lookup_draft),
+        (
+            "speculative_greedy",
+            lambda model, ids, n: generate(model, ids, n, temperature=0, speculative=4),
         ),
     ]:
         assert not failed(task, obj), task
@@ -360,8 +401,9 @@ class UnscaledLoRALinear(nn.Module):
     def __init__(self, base_layer, r, alpha):
         super().__init__()
         self.base_layer = base_layer.requires_grad_(False)
-        self.lora_A = nn.Parameter(torch.randn(r, base_layer.in_features) * 0.1)
-        self.lora_B = nn.Parameter(torch.zeros(base_layer.out_features, r))
+        like = dict(dtype=base_layer.weight.dtype)
+        self.lora_A = nn.Parameter(torch.randn(r, base_layer.in_features, **like) / 9)
+        self.lora_B = nn.Parameter(torch.zeros(base_layer.out_features, r, **like))
 
     def forward(self, x):
         return self.base_layer(x) + x @ self.lora_A.T @ self.lora_B.T
@@ -375,6 +417,56 @@ def merge_in_place(layer):
 
 def sft_targets_on_the_prompt(ids, prompt_lens):
     return ids[:, :-1], ids[:, 1:].clone()
+
+
+class NormsSwappedDecoderLayer(nn.Module):  # each norm before the other's sublayer
+    def __init__(self, config, layer_idx=0):
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_idx)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(self, x, cos, sin, mask=None, is_causal=True, kv_cache=None):
+        h = self.post_attention_layernorm(x)
+        x = x + self.self_attn(h, cos, sin, mask, is_causal, kv_cache)
+        return x + self.mlp(self.input_layernorm(x))
+
+
+def truncating_quantize(weight):  # .to(torch.int8) rounds towards zero
+    w = weight.float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
+    return (w / scale[:, None]).to(torch.int8), scale
+
+
+def tiled_attention_by(q, k, v, block_size, is_causal=False, rescale=True):
+    """Attention over blocks of keys with an online softmax; rescale=False forgets to
+    rescale the output summed so far when the running maximum grows."""
+    B, H, Tq, D = q.shape
+    m = torch.full((B, H, Tq), -math.inf)
+    total, acc = torch.zeros(B, H, Tq), torch.zeros(B, H, Tq, D)
+    for start in range(0, k.shape[2], block_size):
+        kb, vb = (
+            k[:, :, start : start + block_size],
+            v[:, :, start : start + block_size],
+        )
+        s = q.float() @ kb.float().mT / math.sqrt(D)
+        if is_causal:
+            future = (
+                torch.arange(start, start + kb.shape[2]) > torch.arange(Tq)[:, None]
+            )
+            s = s.masked_fill(future, -math.inf)
+        new = torch.maximum(m, s.amax(-1))
+        safe = torch.where(new == -math.inf, 0.0, new)
+        p, c = torch.exp(s - safe[..., None]), torch.exp(m - safe)
+        total = total * c + p.sum(-1)
+        acc = (acc * c[..., None] if rescale else acc) + p @ vb.float()
+        m = new
+    return (acc / total[..., None]).to(q.dtype)
+
+
+def unrescaled_tiled_attention(q, k, v, block_size, is_causal=False):
+    return tiled_attention_by(q, k, v, block_size, is_causal, rescale=False)
 
 
 MUTANTS = {  # bug class: (task, mutant, the check written for it), in course order
@@ -438,15 +530,10 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it), in course or
         init_without_skip,
         "the tied matrix is initialised once",
     ),
-    "loss not shifted": (
-        "train_step_bug",
-        unshifted_train_step,
-        "the loss is next-token prediction",
-    ),
-    "causal mask lost with a padding mask": (
-        "attention_mask_bug",
-        mask_without_causality,
-        "with a padding mask",
+    "decoder layer norms swapped": (
+        "decoder_layer_bug",
+        NormsSwappedDecoderLayer,
+        "with trained norm gains",
     ),
     "BPE ties broken by first sight": (
         "merge_step",
@@ -457,6 +544,36 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it), in course or
         "bpe_bug",
         leftmost_first_encode,
         "the lowest rank first",
+    ),
+    "causal mask lost with a padding mask": (
+        "attention_mask_bug",
+        mask_without_causality,
+        "with a padding mask",
+    ),
+    "int8 values truncated instead of rounded": (
+        "quantize_bug",
+        truncating_quantize,
+        "rounded to the nearest step",
+    ),
+    "speculative decoding keeps the rejected tokens' keys and values": (
+        "speculative_greedy",
+        lambda m, ids, n: speculative_by_smols_pieces(m, ids, n, rollback=False),
+        "the same tokens as greedy",
+    ),
+    "speculative decoding keeps draft tokens after a mismatch": (
+        "speculative_greedy",
+        lambda m, ids, n: speculative_by_smols_pieces(m, ids, n, up_to_mismatch=False),
+        "the same tokens as greedy",
+    ),
+    "loss not shifted": (
+        "train_step_bug",
+        unshifted_train_step,
+        "the loss is next-token prediction",
+    ),
+    "online softmax: the output summed so far not rescaled": (
+        "tiled_attention_bug",
+        unrescaled_tiled_attention,
+        "many blocks equal SDPA",
     ),
     "LoRA's B initialised randomly": (
         "lora_init",
@@ -871,7 +988,7 @@ class DividingRMSNorm(nn.Module):
 def additive_mask_attention(q, k, v):
     n_rep, T = q.shape[1] // k.shape[1], q.shape[2]
     k, v = k.repeat_interleave(n_rep, 1), v.repeat_interleave(n_rep, 1)
-    bias = torch.full((T, T), float("-inf")).triu(1)
+    bias = torch.full((T, T), float("-inf"), dtype=q.dtype).triu(1)
     return torch.softmax(q @ k.mT * q.shape[-1] ** -0.5 + bias, dim=-1) @ v
 
 
@@ -1101,6 +1218,141 @@ def lr_warmup_from_step_one(s, *, max_lr, warmup_steps, total_steps, min_lr=0.0)
     return min_lr + (max_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
+def count_params_by_shapes(config):  # every matrix and vector listed, then summed
+    V, C, F = config.vocab_size, config.hidden_size, config.intermediate_size
+    q, kv = config.num_attention_heads, config.num_key_value_heads
+    layer = [(q * config.head_dim, C), (kv * config.head_dim, C)] * 2  # q, k, v, o
+    layer += [(F, C)] * 3 + [(C,)] * 2
+    shapes = [(V, C), (C,)] + layer * config.num_hidden_layers
+    shapes += [] if config.tie_word_embeddings else [(V, C)]
+    return sum(math.prod(shape) for shape in shapes)
+
+
+def forward_by_reduce(model, input_ids):  # the head as a matrix product, layers reduced
+    from functools import reduce
+
+    rope = model.model.rotary_emb(input_ids.shape[1], input_ids.device)
+    x = F.embedding(input_ids, model.model.embed_tokens.weight)
+    x = reduce(lambda h, layer: layer(h, *rope), model.model.layers, x)
+    return model.model.norm(x) @ model.lm_head.weight.T
+
+
+class KeywordDecoderLayer(nn.Module):  # modules registered MLP first, keyword calls
+    def __init__(self, config, layer_idx=0):
+        super().__init__()
+        self.mlp = MLP(config)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, layer_idx=layer_idx)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, x, cos, sin, mask=None, is_causal=True, kv_cache=None):
+        attended = self.self_attn(
+            x=self.input_layernorm(x),
+            cos=cos,
+            sin=sin,
+            mask=mask,
+            is_causal=is_causal,
+            kv_cache=kv_cache,
+        )
+        h = torch.add(x, attended)
+        return torch.add(h, self.mlp(self.post_attention_layernorm(h)))
+
+
+def quantize_by_reciprocal(weight):  # inf-norms, a multiplication, torch.where
+    w = weight.to(torch.float32)
+    peak = torch.linalg.vector_norm(w, ord=math.inf, dim=1)
+    scale = torch.where(peak > 0, peak / 127, torch.ones_like(peak))
+    return torch.round(w * (1 / scale)[:, None]).to(torch.int8), scale
+
+
+def quantize_half_up(weight):  # floor(x + 0.5): ties go up, not to even
+    w = weight.float()
+    scale = torch.where(w.abs().amax(1) > 0, w.abs().amax(1) / 127, 1.0)
+    return torch.floor(w / scale[:, None] + 0.5).clamp(-127, 127).to(torch.int8), scale
+
+
+def int8_linear_einsum(x, q, scale):
+    return torch.einsum("...i,oi->...o", x, q.to(x.dtype)) * scale.to(x.dtype)
+
+
+def lookup_draft_in_python(tokens, max_ngram=3, num_draft=8):  # lists, from the right
+    ids = tokens.tolist()
+    for n in range(min(max_ngram, len(ids) - 1), 0, -1):
+        tail = ids[-n:]
+        starts = [i for i in range(len(ids) - n) if ids[i : i + n] == tail]
+        if starts:
+            start = starts[-1] + n
+            return torch.tensor(ids[start : start + num_draft], dtype=torch.long)
+    return torch.zeros(0, dtype=torch.long)
+
+
+@torch.no_grad()
+def speculative_by_smols_pieces(
+    model, input_ids, max_new_tokens, num_draft=4, *, rollback=True, up_to_mismatch=True
+):
+    """smol's lookup_draft and accepted(), a fixed draft length, positions counted.
+    rollback=False keeps the rejected tokens' keys and values in the cache;
+    up_to_mismatch=False also keeps draft tokens that match after a mismatch."""
+    from smol.kv_cache import KVCache
+    from smol.speculative import accepted, lookup_draft
+
+    T = input_ids.shape[1]
+    cache = KVCache(model.config, 1, T + max_new_tokens + num_draft)
+    out = input_ids[0].tolist()
+    logits, _ = model(input_ids, kv_cache=cache)
+    choice = logits[0, -1:].argmax(-1)
+    while len(out) < T + max_new_tokens:
+        out.append(int(choice[-1]))
+        room = T + max_new_tokens - len(out)
+        draft = lookup_draft(torch.tensor(out), 3, max(1, min(num_draft, room)))
+        draft = draft[:room]
+        if not room:
+            break
+        step = torch.tensor([out[-1], *draft.tolist()])[None]
+        choice = model(step, kv_cache=cache)[0][0].argmax(-1)
+        if up_to_mismatch:
+            n = accepted(choice, draft)
+        else:
+            n = int((choice[:-1] == draft).sum())
+        if rollback:
+            cache.length -= len(draft) - n
+        out += draft[:n].tolist()
+        choice = choice[: n + 1]
+    return torch.tensor(out)[None]
+
+
+def merge_stats_in_logs(m_a, l_a, m_b, l_b):  # log-sum-exp of the two blocks
+    m = torch.max(m_a, m_b)
+    lse = torch.logaddexp(m_a + l_a.log(), m_b + l_b.log())
+    return m, torch.where(m == -math.inf, 0.0, torch.exp(lse - m))
+
+
+def tiled_attention_in_query_blocks(q, k, v, block_size, is_causal=False):
+    """Blocks of queries too, the output kept normalised after every key block."""
+    D, Tk = q.shape[-1], k.shape[2]
+    outputs = []
+    for i in range(0, q.shape[2], block_size):
+        qb = q[:, :, i : i + block_size].float() * D**-0.5
+        rows = torch.arange(i, i + qb.shape[2])[:, None]
+        o = torch.zeros(*qb.shape)
+        m = torch.full(qb.shape[:-1], -math.inf)
+        total = torch.zeros(qb.shape[:-1])
+        for j in range(0, Tk, block_size):
+            s = torch.einsum("bhqd,bhkd->bhqk", qb, k[:, :, j : j + block_size].float())
+            if is_causal:
+                s = torch.where(torch.arange(j, j + s.shape[-1]) > rows, -math.inf, s)
+            new = torch.maximum(m, s.amax(-1))
+            safe = torch.where(new.isinf(), 0.0, new)
+            p = (s - safe[..., None]).exp()
+            grown = total * (m - safe).exp() + p.sum(-1)
+            o = (o * (total * (m - safe).exp() / grown.clamp(min=1e-30))[..., None]) + (
+                p @ v[:, :, j : j + block_size].float()
+            ) / grown.clamp(min=1e-30)[..., None]
+            m, total = new, grown
+        outputs.append(o)
+    return torch.cat(outputs, 2).to(q.dtype)
+
+
 def _variants():
     from einops import repeat
 
@@ -1144,6 +1396,17 @@ def _variants():
         "lora_linear": LoRAByFLinear,
         "lora_merge": merge_into_a_copy,
         "sft_targets_bug": sft_targets_by_mask,
+        "count_params": count_params_by_shapes,
+        "forward_logits": forward_by_reduce,
+        "decoder_layer_bug": KeywordDecoderLayer,
+        "quantize_int8": quantize_by_reciprocal,
+        "quantize_bug": quantize_half_up,
+        "int8_linear": int8_linear_einsum,
+        "lookup_draft": lookup_draft_in_python,
+        "speculative_greedy": speculative_by_smols_pieces,
+        "merge_stats": merge_stats_in_logs,
+        "tiled_attention": tiled_attention_in_query_blocks,
+        "tiled_attention_bug": tiled_attention_by,
     }
 
 
@@ -1161,6 +1424,436 @@ def test_other_correct_implementations_score_full_marks(task):
     assert result.score == result.total, result.table()
 
 
+# --- hole classes: each kind of leak a check can have, a mutant that went through it
+# (full marks before the check was fixed), and a correct variant that still passes
+# ----------------------------------------------------------------------------------
+
+
+def repeat_kv_into_float32(x, n_rep):  # a fresh torch.empty is float32
+    B, H, T, D = x.shape
+    out = torch.empty(B, H * n_rep, T, D)
+    for h in range(H * n_rep):
+        out[:, h] = x[:, h // n_rep]
+    return out
+
+
+def attention_in_float32(q, k, v):  # right values, float32 for bfloat16 inputs
+    q, k, v = q.float(), k.float(), v.float()
+    return additive_mask_attention(q, k, v)
+
+
+def silu_in_float32(x):
+    x = x.float()
+    return x * torch.sigmoid(x)
+
+
+class Float32LoRALinear(nn.Module):  # float32 adapters whatever the base's dtype
+    def __init__(self, base_layer, r, alpha):
+        super().__init__()
+        self.base_layer = base_layer.requires_grad_(False)
+        self.lora_A = nn.Parameter(torch.empty(r, base_layer.in_features))
+        self.lora_B = nn.Parameter(torch.zeros(base_layer.out_features, r))
+        nn.init.kaiming_uniform_(self.lora_A, a=math.sqrt(5))
+        self.scaling = alpha / r
+
+    def forward(self, x):
+        delta = x.float() @ self.lora_A.T @ self.lora_B.T
+        return self.base_layer(x) + delta * self.scaling
+
+
+def merge_into_float32(layer):  # nn.Linear's default dtype
+    base = layer.base_layer
+    out = nn.Linear(base.in_features, base.out_features, bias=base.bias is not None)
+    with torch.no_grad():
+        delta = layer.lora_B.float() @ layer.lora_A.float()
+        out.weight.copy_(base.weight.float() + layer.scaling * delta)
+        if base.bias is not None:
+            out.bias.copy_(base.bias)
+    return out
+
+
+def rope_tables_theta_ignored(length, head_dim, theta):  # 10000 whatever theta says
+    freqs = 1.0 / 10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim)
+    angles = torch.outer(torch.arange(length).float(), freqs)
+    angles = torch.cat((angles, angles), -1)
+    return angles.cos(), angles.sin()
+
+
+def attention_by_integer_root(q, k, v):  # math.isqrt(4) == sqrt(4), isqrt(6) is not
+    n_rep, T = q.shape[1] // k.shape[1], q.shape[2]
+    k, v = k.repeat_interleave(n_rep, 1), v.repeat_interleave(n_rep, 1)
+    scores = q @ k.mT / math.isqrt(q.shape[-1])
+    scores = scores.masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), -math.inf)
+    return scores.softmax(-1) @ v
+
+
+class FourTimesWideMLP(MLP):  # GPT-2's 4 C, whatever the config says
+    def __init__(self, config):
+        super().__init__(config.replace(intermediate_size=4 * config.hidden_size))
+
+
+def init_scaled_by_half_the_depth(model):  # L / 2 equals sqrt(2 L) at L = 8
+    std, L = model.config.initializer_range, model.config.num_hidden_layers
+    for name, p in model.named_parameters():
+        if p.dim() == 1:
+            nn.init.ones_(p)
+        else:
+            scaled = name.endswith(("o_proj.weight", "down_proj.weight"))
+            nn.init.normal_(p, std=std / (L / 2) if scaled else std)
+
+
+def lr_min_a_tenth(step, *, max_lr, warmup_steps, total_steps, min_lr=0.0):
+    min_lr = max_lr / 10  # a common choice, hard-coded over the argument
+    if step < warmup_steps:
+        return max_lr * step / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
+    return min_lr + (max_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def groups_decay_fixed(model, weight_decay):  # 0.1 whatever the argument
+    params = list(model.parameters())
+    return [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
+
+
+class FloorScaledLoRALinear(LoRAByFLinear):  # alpha // r: right while r divides alpha
+    def __init__(self, base_layer, r, alpha):
+        super().__init__(base_layer, r, alpha)
+        self.scaling = alpha // r
+
+
+def merge_floor_scaled(layer):
+    out = merge_into_a_copy(layer)
+    with torch.no_grad():
+        delta = layer.lora_B @ layer.lora_A
+        out.weight.copy_(layer.base_layer.weight + (layer.alpha // layer.r) * delta)
+    return out
+
+
+def loss_after_the_step(model, optimizer, tokens):  # hidden by a learning rate of 0
+    optimizer.zero_grad()
+    model(tokens[:, :-1], targets=tokens[:, 1:])[1].backward()
+    optimizer.step()
+    with torch.no_grad():
+        return model(tokens[:, :-1], targets=tokens[:, 1:])[1].item()
+
+
+def batch_right_padding_only(tokens, attention_mask=None):  # padding after the tokens
+    inputs, targets = tokens[:, :-1], tokens[:, 1:].clone()
+    if attention_mask is not None:
+        for b, n in enumerate(attention_mask.sum(1).tolist()):
+            targets[b, n - 1 :] = -100
+    return inputs, targets
+
+
+def _positions(T, offset):
+    return torch.arange(offset, offset + T)[:, None], torch.arange(offset + T)[None, :]
+
+
+def mask_left_padding_only(attention_mask, T, offset=0):  # padding before the tokens
+    q, k = _positions(T, offset)
+    causal = (k <= q)[None, None]
+    if attention_mask is None:
+        return causal
+    pad = (attention_mask.shape[1] - attention_mask.sum(1))[:, None, None, None]
+    return causal & (k >= pad) | (k == q)
+
+
+def mask_offset_ignored_when_padded(attention_mask, T, offset=0):
+    q, k = _positions(T, offset)
+    if attention_mask is None:
+        return (k <= q)[None, None]
+    q = torch.arange(T)[:, None]  # as if nothing were cached
+    return (k <= q)[None, None] & attention_mask.bool()[:, None, None, :] | (k == q)
+
+
+def mask_hiding_all_but_itself(attention_mask, T, offset=0):
+    q, k = _positions(T, offset)
+    if attention_mask is None:
+        return (k <= q)[None, None]
+    return (k == q)[None, None].expand(len(attention_mask), 1, T, offset + T)
+
+
+class DetachedInputLoRALinear(LoRAByFLinear):  # A and B still get their gradients
+    def forward(self, x):
+        delta = F.linear(F.linear(x.detach(), self.lora_A), self.lora_B)
+        return self.base_layer(x) + self.scaling * delta
+
+
+def rms_of_detached(x, eps):
+    return torch.sqrt(x.detach().pow(2).mean(-1, keepdim=True) + eps)
+
+
+def init_with_a_seed_per_matrix(model):  # every matrix the same numbers, rescaled
+    std, L = model.config.initializer_range, model.config.num_hidden_layers
+    for name, p in model.named_parameters():
+        torch.manual_seed(0)
+        if p.dim() == 1:
+            nn.init.ones_(p)
+        else:
+            scaled = name.endswith(("o_proj.weight", "down_proj.weight"))
+            nn.init.normal_(p, std=std / math.sqrt(2 * L) if scaled else std)
+
+
+def init_lora_seeded(A, B):  # every adapter of a model the same A
+    torch.manual_seed(0)
+    init_lora_by_bound(A, B)
+
+
+def top_p_in_place(logits, p):
+    remove = hf_style_top_p(logits, p) == -math.inf
+    logits[remove] = -math.inf
+    return logits
+
+
+class InPlaceRMSNorm(RMSNorm):  # normalises the residual stream itself
+    def forward(self, x):
+        return x.mul_(torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).mul_(
+            self.weight
+        )
+
+
+def _merge_step_counting(pairs_of):
+    """A merge step whose pair counts come from pairs_of(word); right otherwise."""
+    from smol.bpe import merge
+
+    def merge_step(word_counts, new_id):
+        pairs = {}
+        for word, count in word_counts.items():
+            for pair in pairs_of(word):
+                pairs[pair] = pairs.get(pair, 0) + count
+        best = min(pairs, key=lambda p: (-pairs[p], p))
+        merged = {}
+        for word, count in word_counts.items():
+            key = tuple(merge(list(word), best, new_id))
+            merged[key] = merged.get(key, 0) + count
+        return best, merged
+
+    return merge_step
+
+
+def _non_overlapping(word):  # (7, 7, 7) holds one (7, 7), as str.count would say
+    i = 0
+    while i < len(word) - 1:
+        yield word[i], word[i + 1]
+        i += 2 if word[i] == word[i + 1] else 1
+
+
+merge_step_counting_pairs_once = _merge_step_counting(
+    lambda word: set(zip(word, word[1:]))
+)
+merge_step_without_overlaps = _merge_step_counting(_non_overlapping)
+
+
+def int8_linear_in_float32(x, q, scale):
+    return x.float() @ q.float().T * scale
+
+
+def tiled_attention_in_float32(q, k, v, block_size, is_causal=False):
+    return tiled_attention_by(q.float(), k.float(), v.float(), block_size, is_causal)
+
+
+def quantize_in_the_weights_dtype(weight):  # a bfloat16 scale for a bfloat16 weight
+    scale = weight.abs().amax(dim=1).clamp(min=1e-12) / 127
+    return torch.round(weight / scale[:, None]).to(torch.int8), scale
+
+
+def count_params_with_smollm2s_ratios(config):  # k, v: C / 3 each, as in SmolLM2-135M
+    V, C, F, L = (
+        config.vocab_size,
+        config.hidden_size,
+        config.intermediate_size,
+        config.num_hidden_layers,
+    )
+    layer = 2 * C * C + 2 * C * (C // 3) + 3 * C * F + 2 * C
+    return V * C * (1 if config.tie_word_embeddings else 2) + L * layer + C
+
+
+def lookup_draft_of_trigrams(tokens, max_ngram=3, num_draft=8):  # max_ngram ignored
+    return lookup_draft_in_python(tokens, 3, num_draft)
+
+
+def attention_in_one_block(q, k, v, block_size, is_causal=False):  # block_size unused
+    return tiled_attention_by(q, k, v, k.shape[2], is_causal)
+
+
+def int8_linear_scaling_inputs(x, q, scale):  # right only where in == out
+    return (x * scale.to(x.dtype)) @ q.to(x.dtype).T
+
+
+def lookup_draft_after_the_start(tokens, max_ngram=3, num_draft=8):
+    ids = tokens.tolist()
+    for n in range(min(max_ngram, len(ids) - 1), 0, -1):
+        starts = [i for i in range(1, len(ids) - n) if ids[i : i + n] == ids[-n:]]
+        if starts:
+            return tokens[starts[-1] + n : starts[-1] + n + num_draft]
+    return tokens[:0]
+
+
+def tiled_attention_detached_keys(q, k, v, block_size, is_causal=False):
+    return tiled_attention_by(q, k.detach(), v, block_size, is_causal)
+
+
+def forward_without_grad(model, input_ids):
+    with torch.no_grad():
+        return forward_by_reduce(model, input_ids)
+
+
+class DetachedResidualDecoderLayer(KeywordDecoderLayer):  # x's own path cut
+    def forward(self, x, cos, sin, mask=None, is_causal=True, kv_cache=None):
+        h = self.input_layernorm(x)
+        x = x.detach() + self.self_attn(h, cos, sin, mask, is_causal, kv_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+def quantize_dividing_in_place(weight):  # float() of a float32 weight is the weight
+    w = weight.float()
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
+    return torch.round(w.div_(scale[:, None])).to(torch.int8), scale
+
+
+class InPlaceResidualDecoderLayer(KeywordDecoderLayer):  # x += writes into the caller's
+    def forward(self, x, cos, sin, mask=None, is_causal=True, kv_cache=None):
+        h = self.input_layernorm(x)
+        x += self.self_attn(h, cos, sin, mask, is_causal, kv_cache)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+HOLES = {  # hole class: [(task, mutant, the check made for it)]
+    "dtype: float32 out for bfloat16 in": [
+        ("repeat_kv", repeat_kv_into_float32, "shape (B, H_kv * n_rep"),
+        ("gqa_attention", attention_in_float32, "shape: (B, H, T, D)"),
+        ("silu", silu_in_float32, "values: x * sigmoid(x)"),
+        ("lora_linear", Float32LoRALinear, "a bfloat16 base layer"),
+        ("lora_merge", merge_into_float32, "a bfloat16 layer merges"),
+        ("quantize_int8", quantize_in_the_weights_dtype, "q is int8"),
+        ("int8_linear", int8_linear_in_float32, "bfloat16 activations"),
+        ("tiled_attention", tiled_attention_in_float32, "shape (B, H, Tq, D)"),
+    ],
+    "sweep: sizes and values that cannot tell formulas apart": [
+        ("rope_tables", rope_tables_theta_ignored, "values equal smol's"),
+        ("gqa_attention", attention_by_integer_root, "values equal SDPA"),
+        ("swiglu", FourTimesWideMLP, "gate_proj, up_proj"),
+        ("init_weights", init_scaled_by_half_the_depth, "o_proj and down_proj"),
+        ("lr_schedule", lr_min_a_tenth, "cosine decay"),
+        ("param_groups", groups_decay_fixed, "weight decay on matrices"),
+        ("lora_linear", FloorScaledLoRALinear, "forward is base(x)"),
+        ("lora_merge", merge_floor_scaled, "the merged nn.Linear computes"),
+        ("train_step_bug", loss_after_the_step, "the loss is next-token prediction"),
+        ("count_params", count_params_with_smollm2s_ratios, "equals SmolLM's count"),
+        ("lookup_draft", lookup_draft_of_trigrams, "the longest n-gram first"),
+        ("tiled_attention", attention_in_one_block, "never holds a Tq x Tk"),
+        ("int8_linear", int8_linear_scaling_inputs, "values: x @ (q * scale)"),
+    ],
+    "one side only": [
+        ("next_token_batch", batch_right_padding_only, "targets that are padding"),
+        ("attention_mask_bug", mask_left_padding_only, "real tokens see every"),
+        ("attention_mask_bug", mask_offset_ignored_when_padded, "real tokens see"),
+        ("attention_mask_bug", mask_hiding_all_but_itself, "real tokens see every"),
+        ("lookup_draft", lookup_draft_after_the_start, "an occurrence at the very"),
+    ],
+    "gradients: a detached input": [
+        ("lora_linear", DetachedInputLoRALinear, "gradients for x, A and B"),
+        ("rms", rms_of_detached, "values and gradients"),
+        ("forward_logits", forward_without_grad, "gradients for every parameter"),
+        ("decoder_layer_bug", DetachedResidualDecoderLayer, "gradients for x"),
+        ("tiled_attention", tiled_attention_detached_keys, "gradients for q, k and v"),
+    ],
+    "state: copies and in-place writes": [
+        ("init_weights", init_with_a_seed_per_matrix, "every matrix draws"),
+        ("lora_init", init_lora_seeded, "two adapters get different A"),
+        ("filter_top_p", top_p_in_place, "leaves its input unchanged"),
+        ("rmsnorm", InPlaceRMSNorm, "float32 values equal smol's"),
+        ("quantize_int8", quantize_dividing_in_place, "the weight is left unchanged"),
+        ("decoder_layer_bug", InPlaceResidualDecoderLayer, "with trained norm gains"),
+    ],
+    "counting: pairs repeated or overlapping in a word": [
+        ("merge_step", merge_step_counting_pairs_once, "merges the pair that occurs"),
+        ("merge_step", merge_step_without_overlaps, "merges the pair that occurs"),
+    ],
+}
+# A module or product of the wrong size cannot compute the right values, and an
+# in-place write into a leaf breaks its gradient: these lose more than the check made
+# for them.
+LOSE_MORE = {
+    FourTimesWideMLP,
+    InPlaceRMSNorm,
+    int8_linear_scaling_inputs,
+    InPlaceResidualDecoderLayer,
+}
+
+
+@pytest.mark.parametrize(
+    "hole, index",
+    [(hole, i) for hole, cases in HOLES.items() for i in range(len(cases))],
+    ids=lambda v: v if isinstance(v, str) else str(v),
+)
+def test_a_mutant_through_a_former_hole_loses_its_check(hole, index):
+    task, mutant, check = HOLES[hole][index]
+    result = run_checks(task, mutant)
+    lost = {row.check for row in result.rows if not row.passed}
+    made_for_it = check_named(task, check)
+    if mutant in LOSE_MORE:
+        assert made_for_it in lost, result.table()
+    else:
+        assert lost == {made_for_it}, result.table()
+
+
+HOLE_VARIANTS = {  # hole class: tasks whose correct variant (_variants) written
+    # differently from the solution keeps full marks through the fixed checks
+    "dtype: float32 out for bfloat16 in": [
+        "repeat_kv",
+        "gqa_attention",
+        "silu",
+        "lora_linear",
+        "lora_merge",
+        "quantize_int8",
+        "int8_linear",
+        "tiled_attention",
+    ],
+    "sweep: sizes and values that cannot tell formulas apart": [
+        "rope_tables",
+        "swiglu",
+        "init_weights",
+        "lr_schedule",
+        "param_groups",
+        "train_step_bug",
+        "count_params",
+        "lookup_draft",
+        "tiled_attention",
+        "int8_linear",
+    ],
+    "one side only": ["next_token_batch", "attention_mask_bug", "lookup_draft"],
+    "gradients: a detached input": [
+        "rms",
+        "lora_linear",
+        "forward_logits",
+        "decoder_layer_bug",
+        "tiled_attention",
+    ],
+    "state: copies and in-place writes": [
+        "init_weights",
+        "init_bug",
+        "lora_init",
+        "filter_top_p",
+        "rmsnorm",
+        "quantize_int8",
+        "decoder_layer_bug",
+    ],
+    "counting: pairs repeated or overlapping in a word": ["merge_step"],
+}
+
+
+@pytest.mark.parametrize("hole", sorted(HOLE_VARIANTS))
+def test_correct_variants_keep_full_marks_through_each_hole_class(hole):
+    assert set(HOLE_VARIANTS) == set(HOLES)
+    for task in HOLE_VARIANTS[hole]:
+        result = run_checks(task, _variants()[task])
+        assert result.score == result.total, result.table()
+
+
 def test_the_library_silu_loses_only_the_written_by_hand_check():
     assert failed("silu", F.silu) == {check_named("silu", "written by hand")}
 
@@ -1170,7 +1863,7 @@ def test_the_mask_reference_is_smols_mask():
     from smol.grading.checks.generation import PADDED, _reference_mask
 
     for am, T, offset in ((PADDED, 6, 0), (PADDED, 2, 4), (None, 3, 4)):
-        B = 2 if am is not None else 1
+        B = len(am) if am is not None else 1
         # uses no state
         mask, _ = SmolLM._attention_mask(None, am, B, T, offset, torch.device("cpu"))
         assert torch.equal(

@@ -260,15 +260,22 @@ def test_chapter_and_exercise_link_each_other(chapter):
     exercise = nbtools.CHAPTER_EXERCISES[chapter]
     if exercise is None:
         pytest.skip("this chapter has no exercise")
-    text = _markdown(nbtools.ROOT / "chapters" / f"{chapter}.ipynb")
-    assert f"](../exercises/{exercise}.ipynb)" in text, (
-        f"{chapter} does not link to its exercise"
+    number = int(chapter[:2])
+    assert exercise.startswith(f"{number:02d}_"), (
+        f"exercise {exercise} belongs to chapter {chapter}: number it as the chapter"
     )
+    # one link style everywhere: "**Your turn:** [Exercises N: title](...)" from the
+    # chapter, "[chapter N, *Title*](...)" back from the exercise
+    text = _markdown(nbtools.ROOT / "chapters" / f"{chapter}.ipynb")
+    target = re.escape(f"](../exercises/{exercise}.ipynb)")
+    link = rf"\*\*Your turn:\*\* \[Exercises {number}: [^\]]+{target}"
+    assert re.search(link, text), f"{chapter} does not link to its exercise"
     for folder in ("solutions", "exercises"):
         text = _markdown(nbtools.ROOT / folder / f"{exercise}.ipynb")
-        assert f"](../chapters/{chapter}.ipynb)" in text, (
-            f"{folder}/{exercise} does not link back"
-        )
+        assert text.startswith(f"# Exercises {number}: "), f"{folder}/{exercise} title"
+        target = re.escape(f"*](../chapters/{chapter}.ipynb)")
+        back = rf"\[chapter {number}, \*[^\]]+{target}"
+        assert re.search(back, text), f"{folder}/{exercise} does not link back"
 
 
 @pytest.mark.parametrize(

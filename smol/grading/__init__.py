@@ -42,16 +42,19 @@ from smol.grading.core import (
     summary,
 )
 
-NOTEBOOKS = {  # topic -> file stem, in course order
+NOTEBOOKS = {  # topic -> file stem, in course order: exercise NN follows chapter NN
     "rmsnorm": "01_rmsnorm",
     "rope": "02_rope",
     "gqa_repeat_kv": "03_gqa_repeat_kv",
     "swiglu": "04_swiglu",
     "tying_and_init": "05_tying_and_init",
-    "training_loop": "06_training_loop",
-    "kv_cache_generation": "07_kv_cache_generation",
-    "bpe": "08_bpe",
-    "lora": "09_lora",
+    "assembled_model": "06_assembled_model",
+    "bpe": "07_bpe",
+    "kv_cache_generation": "08_kv_cache_generation",
+    "fast_generation": "09_fast_generation",
+    "training_loop": "10_training_loop",
+    "tiled_attention": "11_tiled_attention",
+    "lora": "12_lora",
 }
 
 __all__ = [

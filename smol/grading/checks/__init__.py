@@ -2,4 +2,5 @@
 them, in course order (the order of `TASKS`)."""
 
 from smol.grading.checks import norm, rope, gqa, swiglu, init  # noqa: F401
-from smol.grading.checks import training, generation, bpe, lora  # noqa: F401
+from smol.grading.checks import assembled, bpe, generation, fast  # noqa: F401
+from smol.grading.checks import training, tiled, lora  # noqa: F401

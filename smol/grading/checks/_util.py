@@ -61,6 +61,16 @@ def close(actual, expected, what="the result", atol=1e-5, rtol=1e-5) -> None:
         )
 
 
+def unchanged(call, *tensors, what="its input"):
+    """call()'s result, after checking that it left `tensors` as they were (no in-place
+    writes into the caller's data)."""
+    before = [t.detach().clone() for t in tensors]
+    out = call()
+    for b, t in zip(before, tensors):
+        assert torch.equal(b, t.detach()), f"the code wrote into {what} in place"
+    return out
+
+
 def grad_of(fn, *inputs, upstream=None):
     """Gradients of sum(fn(*inputs) * upstream) with respect to each input (cloned
     leaves)."""

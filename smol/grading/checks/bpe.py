@@ -1,4 +1,4 @@
-"""08 BPE: GPT-2's byte map, one training step of BPE, encoding with merge ranks, and an
+"""07 BPE: GPT-2's byte map, one training step of BPE, encoding with merge ranks, and an
 encoder that applies its merges in the wrong order."""
 
 from functools import lru_cache
@@ -87,13 +87,20 @@ def _step(fn, word_counts, new_id):
 
 @check(
     "merge_step",
-    "merges the pair that occurs most often, counting each word's count",
+    "merges the pair that occurs most often, counting each word's count and every "
+    "occurrence in a word, overlapping ones too",
     2,
-    "add each word's count to every adjacent pair in it; take the largest sum",
+    "for every position i of a word add the word's count to the pair (word[i], "
+    "word[i + 1]): a pair that occurs twice in a word counts twice, and (1, 1, 1) "
+    "holds (1, 1) twice; take the largest sum",
 )
 def _(fn):
     _step(fn, {(1, 2, 3): 5, (2, 3): 4, (1, 2): 2}, 9)  # (2, 3): 9 beats (1, 2): 7
     _step(fn, {(1, 2, 3): 1, (1, 2): 3, (3,): 7}, 9)  # (1, 2): 4
+    # each winner below wins only if every occurrence counts: counted once per word,
+    # or without overlaps, (5, 6) would win with 3
+    _step(fn, {(1, 2, 1, 2): 2, (5, 6): 3}, 9)  # (1, 2): 2 + 2 = 4
+    _step(fn, {(7, 7, 7): 2, (5, 6): 3}, 9)  # (7, 7): 2 + 2 = 4
 
 
 @check(

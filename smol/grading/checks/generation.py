@@ -1,4 +1,4 @@
-"""07 KV-cache generation: top-k and top-p filters, greedy decoding with a cache, and an
+"""08 KV-cache generation: top-k and top-p filters, greedy decoding with a cache, and an
 attention mask that stops being causal when a padding mask is passed."""
 
 import torch
@@ -100,9 +100,8 @@ def _(fn):
 def _(fn):
     logits = torch.randn(4, 40) * 2
     for p in (0.3, 0.9):
-        _same_filter(
-            fn(logits, p), reference_top_p(logits, p), f"filter_top_p(logits, {p})"
-        )
+        want = reference_top_p(logits, p)
+        _same_filter(fn(logits, p), want, f"filter_top_p(logits, {p})")
 
 
 @check(
@@ -116,6 +115,19 @@ def _(fn):
     _same_filter(
         fn(logits, 1e-4), reference_top_p(logits, 1e-4), "filter_top_p(logits, 1e-4)"
     )
+
+
+@check(
+    "filter_top_p",
+    "leaves its input unchanged",
+    1,
+    "masked_fill (not masked_fill_, nor logits[remove] = ...) returns a new tensor",
+)
+def _(fn):
+    logits = torch.randn(2, 20)
+    before = logits.clone()
+    fn(logits, 0.5)
+    assert torch.equal(logits, before), "filter_top_p wrote into the caller's logits"
 
 
 @check(
@@ -241,7 +253,8 @@ def _mask(fn, attention_mask, T, offset=0):
         ) from None
 
 
-PADDED = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])  # left padding in row 0
+# left padding (generation), none, right padding (training batches)
+PADDED = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
 
 
 @check(
@@ -267,12 +280,35 @@ def _(fn):
 def _(fn):
     got = _mask(fn, PADDED, 6)
     real = PADDED.bool()
-    for b in range(2):
+    for b in range(len(PADDED)):
         for i in range(6):
             if real[b, i]:
                 assert not got[b, 0, i][~real[b]].any(), (
                     f"row {b}: token {i} sees a padded key"
                 )
+
+
+@check(
+    "attention_mask_bug",
+    "real tokens see every real token up to themselves (left or right padding, with "
+    "cached tokens too)",
+    1,
+    "hide only what is padding or later: causal AND attention_mask, with the query "
+    "positions offset + 0 .. offset + T - 1; nothing more",
+)
+def _(fn):
+    real = PADDED.bool()
+    for T, offset in ((6, 0), (2, 4)):
+        got = _mask(fn, PADDED, T, offset)
+        for b in range(len(PADDED)):
+            for i in range(T):
+                q = offset + i
+                want = real[b, : q + 1]  # the real keys up to the query
+                if real[b, q] and not got[b, 0, i, : q + 1][want].all():
+                    raise AssertionError(
+                        f"row {b}: the token at position {q} does not see every "
+                        f"real token up to itself (T={T}, offset={offset})"
+                    )
 
 
 @check(

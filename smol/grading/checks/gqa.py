@@ -29,13 +29,16 @@ BOTH = ("repeat_kv", "repeat_kv_bug")
 
 @check(
     BOTH,
-    "shape (B, H_kv * n_rep, T, D) on odd sizes",
+    "shape (B, H_kv * n_rep, T, D) on odd sizes, in the input's dtype",
     1,
-    "the head dimension (dim 1) grows n_rep times; B, T and D stay",
+    "the head dimension (dim 1) grows n_rep times; B, T and D stay; build the result "
+    "from x itself (a new torch.empty is float32 for bfloat16 keys)",
 )
 def _(fn):
     x = torch.randn(1, 3, 7, 5)
     same_shape(fn(x, 3), (1, 9, 7, 5), "repeat_kv of (1, 3, 7, 5) with n_rep=3")
+    out = same_shape(fn(x.bfloat16(), 3), (1, 9, 7, 5), "repeat_kv of bfloat16 keys")
+    assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
 
 
 @check(
@@ -99,24 +102,27 @@ def _qkv(B=2, H=6, H_kv=2, T=5, D=4):
 
 @check(
     "gqa_attention",
-    "shape: (B, H, T, D), one output per query head",
+    "shape: (B, H, T, D), one output per query head; bfloat16 in, bfloat16 out",
     1,
-    "repeat k and v to H heads first, then (q @ k^T / sqrt(D)).softmax(-1) @ v",
+    "repeat k and v to H heads first, then (q @ k^T / sqrt(D)).softmax(-1) @ v; a "
+    "softmax in float32 is cast back to q's dtype",
 )
 def _(fn):
     q, k, v = _qkv(T=7)
     same_shape(fn(q, k, v), q.shape, "gqa_attention(q, k, v)")
+    out = same_shape(fn(q.bfloat16(), k.bfloat16(), v.bfloat16()), q.shape)
+    assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
 
 
 @check(
     "gqa_attention",
-    "values equal SDPA (causal, grouped query heads)",
+    "values equal SDPA (causal, grouped query heads, head size 6)",
     2,
-    "scale the scores by 1/sqrt(head_dim), mask the future with -inf before the "
-    "softmax",
+    "scale the scores by 1/sqrt(head_dim) (math.sqrt, not an integer root), mask the "
+    "future with -inf before the softmax",
 )
 def _(fn):
-    q, k, v = _qkv()
+    q, k, v = _qkv(D=6)  # sqrt(6) is no integer, unlike sqrt(4)
     close(fn(q, k, v), _reference(q, k, v), "gqa_attention(q, k, v)", atol=1e-5)
 
 

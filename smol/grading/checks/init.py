@@ -27,11 +27,11 @@ task(
     "Find the bug: an init that initialises the tied matrix twice",
 )
 
-CONFIG = small_config(
+CONFIG = small_config(  # 5 layers: sqrt(2 * 5) is neither 5 / 2 nor sqrt(5)
     512,
     hidden_size=96,
     intermediate_size=256,
-    num_hidden_layers=8,
+    num_hidden_layers=5,
     max_position_embeddings=32,
     initializer_range=0.05,
 )
@@ -219,6 +219,28 @@ def _(fn):
     for name, p in model.named_parameters():
         if name.endswith(("o_proj.weight", "down_proj.weight")):
             _std_ok(name, p, want)
+
+
+@check(
+    BOTH,
+    "every matrix draws its own random values (no two are copies of each other)",
+    1,
+    "seed once, outside the loop (or not at all): torch.manual_seed inside the loop "
+    "restarts the generator, and every layer gets the same numbers",
+)
+def _(fn):
+    model = _initialised_by(fn)
+    named = [(n, p) for n, p in model.named_parameters() if p.dim() >= 2]
+    firsts = []  # the first 256 values of each matrix, standardised
+    for name, p in named:
+        v = p.detach().flatten()[:256].double()
+        firsts.append((name, (v - v.mean()) / v.std().clamp(min=1e-12)))
+    for i, (a, va) in enumerate(firsts):
+        for b, vb in firsts[i + 1 :]:
+            corr = (va * vb).mean().item()
+            assert abs(corr) < 0.5, (
+                f"{a} and {b} hold the same random numbers (correlation {corr:.2f})"
+            )
 
 
 @check(

@@ -1,4 +1,4 @@
-"""09 LoRA: the initialisation of A and B (and why B is zero), the LoRALinear forward,
+"""12 LoRA: the initialisation of A and B (and why B is zero), the LoRALinear forward,
 merging an adapter into its base layer, and supervised fine-tuning targets without the
 prompt.
 
@@ -73,7 +73,8 @@ def _(cls):
     "self.base_layer(x) + (x @ self.lora_A.T @ self.lora_B.T) * (alpha / r)",
 )
 def _(cls):
-    for r, alpha in ((R, 8.0), (2, 2.0), (8, 32.0)):
+    # alpha / r = 8 / 3 is not an integer: alpha // r would be 2
+    for r, alpha in ((R, 8.0), (2, 2.0), (8, 32.0), (3, 8.0)):
         layer = _layer(cls, _base(bias=True), r, alpha)
         _randomise(layer)
         x = torch.randn(3, 5, IN)
@@ -84,20 +85,47 @@ def _(cls):
 
 @check(
     "lora_linear",
-    "gradients reach A and B, not the frozen weight",
+    "gradients for x, A and B equal the formula's; none for the frozen weight",
     1,
-    "do not detach the adapter path, and keep the base layer frozen",
+    "do not detach x or the adapter path (an earlier layer's adapter learns through "
+    "x's gradient), and keep the base layer frozen",
 )
 def _(cls):
-    layer = _layer(cls)
+    layer = _layer(cls, r=R, alpha=float(R))  # scaling 1: only the paths matter here
     _randomise(layer)
-    layer(torch.randn(4, IN)).square().sum().backward()
+    x = torch.randn(4, IN, requires_grad=True)
+    layer(x).square().sum().backward()
     for name in ("lora_A", "lora_B"):
         grad = getattr(layer, name).grad
         assert grad is not None and grad.abs().sum() > 0, f"no gradient reached {name}"
     assert layer.base_layer.weight.grad is None, (
         "the base weight got a gradient: it should be frozen"
     )
+    assert x.grad is not None, "no gradient reached x"
+    A = layer.lora_A.detach().clone().requires_grad_(True)
+    B = layer.lora_B.detach().clone().requires_grad_(True)
+    x2 = x.detach().clone().requires_grad_(True)
+    want = layer.base_layer(x2) + x2 @ A.T @ B.T
+    want.square().sum().backward()
+    close(x.grad, x2.grad, "the gradient of x", atol=1e-4)
+    close(layer.lora_A.grad, A.grad, "the gradient of lora_A", atol=1e-4)
+    close(layer.lora_B.grad, B.grad, "the gradient of lora_B", atol=1e-4)
+
+
+@check(
+    "lora_linear",
+    "a bfloat16 base layer gives bfloat16 adapters and a bfloat16 output",
+    1,
+    "create A and B with the base weight's dtype and device (torch.empty(..., "
+    "dtype=w.dtype, device=w.device))",
+)
+def _(cls):
+    layer = _layer(cls, _base(bias=True).to(torch.bfloat16))
+    for name in ("lora_A", "lora_B"):
+        dtype = getattr(layer, name).dtype
+        assert dtype == torch.bfloat16, f"{name} is {dtype} on a bfloat16 base layer"
+    out = layer(torch.randn(3, IN, dtype=torch.bfloat16))
+    assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
 
 
 def _init(fn, r=R, fan_in=256, out=OUT):
@@ -117,8 +145,8 @@ def _init(fn, r=R, fan_in=256, out=OUT):
     "nn.init.kaiming_uniform_(A, a=math.sqrt(5)) (the bound is 1/sqrt(fan_in))",
 )
 def _(fn):
-    A, _ = _init(fn, r=16, fan_in=256)
-    bound = 1 / math.sqrt(256)
+    A, _ = _init(fn, r=8, fan_in=200)  # sqrt(fan_in) is not r: the bound shows which
+    bound = 1 / math.sqrt(200)
     assert A.abs().max() <= bound * 1.0001, (
         f"|A| reaches {A.abs().max():.4f} > {bound:.4f}"
     )
@@ -128,6 +156,19 @@ def _(fn):
     assert 0.9 < A.std() / (bound / math.sqrt(3)) < 1.1, (
         "A's spread is not that of U(-b, b)"
     )
+
+
+@check(
+    "lora_init",
+    "two adapters get different A (no seed reset inside)",
+    1,
+    "draw from the generator as it stands: torch.manual_seed inside init_lora_ gives "
+    "every adapter of the model the same A",
+)
+def _(fn):
+    first, _ = _init(fn, r=8, fan_in=200)
+    second, _ = _init(fn, r=8, fan_in=200)
+    assert not torch.equal(first, second), "two adapters got the very same A"
 
 
 def _init_layer(fn, seed=0):
@@ -167,13 +208,13 @@ def _(fn):
     )
 
 
-def _merged(fn, bias=False, r=R, alpha=8.0):
+def _merged(fn, bias=False, r=R, alpha=8.0, dtype=torch.float32):
     from smol.lora import LoRALinear
 
-    layer = LoRALinear(_base(bias=bias), r, alpha)
+    layer = LoRALinear(_base(bias=bias).to(dtype), r, alpha)
     _randomise(layer)
     w = layer.base_layer.weight.detach().clone()
-    x = torch.randn(3, IN)
+    x = torch.randn(3, IN, dtype=dtype)
     with torch.no_grad():
         want = layer(x)
     out = fn(layer)
@@ -190,7 +231,8 @@ def _merged(fn, bias=False, r=R, alpha=8.0):
     "weight = W + (alpha / r) * B @ A, (out, in)",
 )
 def _(fn):
-    for r, alpha, bias in ((R, 8.0, False), (2, 6.0, True)):
+    # alpha / r = 8 / 3: no integer, so alpha // r shows
+    for r, alpha, bias in ((R, 8.0, False), (2, 6.0, True), (3, 8.0, False)):
         _, out, _, x, want = _merged(fn, bias, r, alpha)
         with torch.no_grad():
             close(
@@ -199,6 +241,21 @@ def _(fn):
                 f"the merged layer's output (r={r}, alpha={alpha})",
                 atol=1e-5,
             )
+
+
+@check(
+    "lora_merge",
+    "a bfloat16 layer merges into a bfloat16 nn.Linear",
+    1,
+    "create the merged nn.Linear with the base weight's dtype and device",
+)
+def _(fn):
+    _, out, _, x, want = _merged(fn, dtype=torch.bfloat16)
+    assert out.weight.dtype == torch.bfloat16, (
+        f"the merged weight is {out.weight.dtype}, the layer's is torch.bfloat16"
+    )
+    with torch.no_grad():
+        close(out(x), want, "the merged layer's bfloat16 output", atol=0.1, rtol=0.05)
 
 
 @check(

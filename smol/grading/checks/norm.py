@@ -3,7 +3,13 @@ upcast."""
 
 import torch
 
-from smol.grading.checks._util import close, grad_of, is_tensor, same_shape
+from smol.grading.checks._util import (
+    close,
+    grad_of,
+    is_tensor,
+    same_shape,
+    unchanged,
+)
 from smol.grading.core import check, task
 from smol.norm import RMSNorm as Reference
 
@@ -31,13 +37,17 @@ def _(rms):
 
 @check(
     "rms",
-    "values: sqrt(mean(x^2) + eps)",
+    "values and gradients: sqrt(mean(x^2) + eps)",
     2,
-    "square, average over the last dimension, add eps, take the square root",
+    "square, average over the last dimension, add eps, take the square root, with "
+    "differentiable torch operations on x itself (no .detach(), no .item())",
 )
 def _(rms):
     x = torch.randn(3, 5, 7)
     close(rms(x, 1e-5), _rms_reference(x, 1e-5), "rms(x)")
+    _, (g,), up = grad_of(lambda t: rms(t, 1e-5), x)
+    _, (want,), _ = grad_of(lambda t: _rms_reference(t, 1e-5), x, upstream=up)
+    close(g, want, "the gradient of rms(x)", atol=1e-5)
 
 
 @check(
@@ -98,15 +108,18 @@ def _(cls):
 
 @check(
     BOTH,
-    "float32 values equal smol's RMSNorm (odd width, 4-D input, eps used)",
+    "float32 values equal smol's RMSNorm (odd width, 4-D input, eps used); x unchanged",
     2,
-    "x * rsqrt(mean(x^2, -1, keepdim) + eps), then multiply by the weight",
+    "x * rsqrt(mean(x^2, -1, keepdim) + eps), then multiply by the weight, into a new "
+    "tensor: x is the residual stream, which the layer adds back",
 )
 def _(cls):
     for dim, eps, shape in [(7, 1e-5, (2, 3, 4, 7)), (16, 0.1, (5, 16))]:
         student, ref = _randomised(cls, dim, eps)
         x = torch.randn(shape) * 0.3
-        close(student(x), ref(x), f"the output for a {shape} input with eps={eps}")
+        want = ref(x)
+        out = unchanged(lambda: student(x), x, what="x")
+        close(out, want, f"the output for a {shape} input with eps={eps}")
 
 
 @check(

@@ -81,13 +81,16 @@ def _(fn):
 
 @check(
     "rope_tables",
-    "values equal smol's RotaryEmbedding (the same angle for features i and i + D/2)",
+    "values equal smol's RotaryEmbedding (the same angle for features i and i + D/2, "
+    "theta used)",
     2,
-    "cat((angles, angles), dim=-1), not repeat_interleave: feature i pairs with "
-    "feature i + head_dim/2",
+    "angles = outer(positions, rope_frequencies(head_dim, theta)), then cat((angles, "
+    "angles), dim=-1), not repeat_interleave: feature i pairs with feature i + "
+    "head_dim/2",
 )
 def _(fn):
-    for length, head_dim, theta in [(7, 8, 10000.0), (1, 4, 500.0)]:
+    # theta matters only past position 0, so every theta is tried on several positions
+    for length, head_dim, theta in [(7, 8, 500.0), (5, 6, 100000.0), (1, 4, 500.0)]:
         cos, sin = _tables(fn, length, head_dim, theta)
         ref_cos, ref_sin = _ref_tables(length, head_dim, theta)
         close(cos, ref_cos, f"cos for length {length}", atol=1e-5)

@@ -7,7 +7,13 @@ import torch
 import torch.nn.functional as F
 
 from smol import SmolLM
-from smol.grading.checks._util import close, grad_of, small_config, without
+from smol.grading.checks._util import (
+    close,
+    grad_of,
+    is_tensor,
+    small_config,
+    without,
+)
 from smol.grading.core import check, task
 from smol.mlp import MLP as Reference
 
@@ -19,20 +25,27 @@ task(
     "Find the bug: an MLP that SmolLM initialises like any other layer",
 )
 
-CONFIG = small_config(
+CONFIG = small_config(  # F = 2.5 C: neither 4 C (GPT-2) nor 8/3 C (Llama)
     64,
     hidden_size=64,
-    intermediate_size=256,
+    intermediate_size=160,
     num_hidden_layers=8,
     max_position_embeddings=32,
 )
 BOTH = ("swiglu", "swiglu_bug")  # the checks that the buggy MLP must pass as well
 
 
-@check("silu", "values: x * sigmoid(x)", 1, "silu(x) = x * torch.sigmoid(x)")
+@check(
+    "silu",
+    "values: x * sigmoid(x); bfloat16 in, bfloat16 out",
+    1,
+    "silu(x) = x * torch.sigmoid(x), in x's dtype",
+)
 def _(fn):
     x = torch.randn(4, 9) * 3
     close(fn(x), F.silu(x), "silu(x)")
+    out = is_tensor(fn(x.bfloat16()))
+    assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
 
 
 @check("silu", "gradients equal F.silu's", 1, "use differentiable torch operations")
@@ -87,7 +100,8 @@ def _pair(cls, config=CONFIG):
     BOTH,
     "gate_proj, up_proj (C -> F) and down_proj (F -> C), without biases",
     1,
-    "three nn.Linear(..., bias=False) named as Hugging Face's LlamaMLP",
+    "three nn.Linear(..., bias=False) named as Hugging Face's LlamaMLP, of the "
+    "config's sizes (hidden_size, intermediate_size): no ratio of your own",
 )
 def _(cls):
     student = cls(CONFIG)

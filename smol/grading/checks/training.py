@@ -1,4 +1,4 @@
-"""06 Training loop: next-token batches, the learning-rate schedule, weight-decay
+"""10 Training loop: next-token batches, the learning-rate schedule, weight-decay
 groups, and a train step whose loss is not shifted.
 
 The checks are properties (warmup ends at max_lr, cosine midpoint, ...) rather than a
@@ -81,11 +81,12 @@ def _(fn):
     "next_token_batch",
     "targets that are padding become -100 (ignored by the loss)",
     1,
-    "shift the mask like the tokens: targets[mask[:, 1:] == 0] = -100, on a copy",
+    "shift the mask like the tokens: targets[mask[:, 1:] == 0] = -100, on a copy; "
+    "padding may stand on the right or on the left",
 )
 def _(fn):
-    tokens = torch.randint(0, 100, (2, 6))
-    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1]])
+    tokens = torch.randint(0, 100, (3, 6))
+    mask = torch.tensor([[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 1], [0, 0, 1, 1, 1, 1]])
     before = tokens.clone()
     _, targets = _split(fn, tokens, mask)
     want = tokens[:, 1:].clone()
@@ -140,6 +141,13 @@ def _(fn):
     want = 1e-4 + 0.9e-3 * 0.5 * (1 + math.cos(math.pi * 0.25))
     assert abs(quarter - want) < 1e-5, (
         f"lr at step 325 is {quarter:.4g}, expected {want:.4g}"
+    )
+    # other proportions: min_lr a third of max_lr (not the common tenth), warmup 15%
+    other = dict(max_lr=3e-3, warmup_steps=30, total_steps=230, min_lr=1e-3)
+    mid = _lr(fn, 130, **other)
+    assert abs(mid - 2e-3) < 2e-5, (
+        f"lr at step 130 of 230 (warmup 30, max_lr 3e-3, min_lr 1e-3) is {mid:.4g}, "
+        "expected 2e-3"
     )
     lrs = [_lr(fn, s) for s in range(100, 1001, 50)]
     assert all(b <= a + 1e-12 for a, b in zip(lrs, lrs[1:])), (
@@ -201,16 +209,19 @@ def _(fn):
 )
 def _(fn):
     model = SmolLM(CONFIG)
-    groups = _groups(fn, model, 0.1)
+    groups = _groups(fn, model, 0.037)  # not 0.1: the argument, not a constant
     decay = {
-        id(p) for g in groups if g.get("weight_decay", 0.0) == 0.1 for p in g["params"]
+        id(p)
+        for g in groups
+        if g.get("weight_decay", 0.0) == 0.037
+        for p in g["params"]
     }
     none = {
         id(p) for g in groups if g.get("weight_decay", None) == 0.0 for p in g["params"]
     }
     for name, p in model.named_parameters():
         want, where = (
-            (decay, "with weight decay 0.1")
+            (decay, "with weight decay 0.037 (the argument)")
             if p.dim() >= 2
             else (none, "with weight decay 0.0")
         )
@@ -251,16 +262,19 @@ def _(fn):
 
 @check(
     "train_step_bug",
-    "the loss is next-token prediction (targets shifted by one)",
+    "the loss is next-token prediction (targets shifted by one), of the model before "
+    "the step",
     2,
     "the model's targets are already shifted: model(tokens[:, :-1], targets=tokens[:, "
-    "1:]); targets=tokens teaches it to copy its input",
+    "1:]); targets=tokens teaches it to copy its input. Return the loss that the "
+    "gradient came from",
 )
 def _(fn):
     model = SmolLM(CONFIG)
     reference = copy.deepcopy(model)
     tokens = _batch()
-    out = fn(model, torch.optim.SGD(model.parameters(), lr=0.0), tokens)
+    # a real step (lr > 0): a loss measured after it differs
+    out = fn(model, torch.optim.SGD(model.parameters(), lr=0.5), tokens)
     with torch.no_grad():
         want = reference(tokens[:, :-1], targets=tokens[:, 1:])[1].item()
     assert isinstance(out, (float, torch.Tensor)), f"returned {type(out).__name__}"

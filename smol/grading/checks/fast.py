@@ -1,0 +1,325 @@
+"""09 Fast generation: int8 weights with one scale per output channel, the int8 matrix
+product, prompt-lookup drafts, speculative decoding that equals greedy decoding, and a
+quantizer whose error is twice what it should be."""
+
+import torch
+
+from smol import SmolLM
+from smol.generate import generate
+from smol.grading.checks._util import close, is_tensor, pair, small_config, unchanged
+from smol.grading.checks.generation import _Spy
+from smol.grading.core import check, task
+from smol.speculative import lookup_draft as reference_lookup
+
+task(
+    "quantize_int8",
+    "fast_generation",
+    "quantize_per_channel(weight): int8 values and one scale per output channel",
+)
+task(
+    "int8_linear",
+    "fast_generation",
+    "int8_linear(x, q, scale): the product with int8 weights",
+)
+task(
+    "lookup_draft",
+    "fast_generation",
+    "lookup_draft(tokens, max_ngram, num_draft): a draft from the text itself",
+)
+task(
+    "speculative_greedy",
+    "fast_generation",
+    "speculative_greedy(model, input_ids, n): several tokens a pass, greedy's text",
+)
+task(
+    "quantize_bug",
+    "fast_generation",
+    "Find the bug: an int8 quantizer whose error is twice what it should be",
+)
+
+BOTH = ("quantize_int8", "quantize_bug")
+
+
+def _weight(out=12, inp=40, seed=0):
+    """Rows of very different sizes (1e-3 .. 1e2), as one scale per row must handle."""
+    g = torch.Generator().manual_seed(seed)
+    sizes = torch.logspace(-3, 2, out)[torch.randperm(out, generator=g)]
+    return torch.randn(out, inp, generator=g) * sizes[:, None]
+
+
+def _quantized(fn, w):
+    """(q, scale) for a copy of w: an in-place write costs only the check made for
+    it."""
+    q, scale = pair(fn(w.clone()), "return (q, scale)")
+    is_tensor(q, "q")
+    is_tensor(scale, "scale")
+    return q, scale
+
+
+@check(
+    BOTH,
+    "q is int8 (out, in), scale float32 (out,), for float32 and bfloat16 weights",
+    1,
+    "compute in float32 (weight.float()); q = ....to(torch.int8); one scale per row",
+)
+def _(fn):
+    for dtype in (torch.float32, torch.bfloat16):
+        q, scale = _quantized(fn, _weight().to(dtype))
+        assert q.dtype == torch.int8 and tuple(q.shape) == (12, 40), (
+            f"q is {q.dtype} {tuple(q.shape)} for a {dtype} weight, expected "
+            f"torch.int8 (12, 40)"
+        )
+        assert scale.dtype == torch.float32 and tuple(scale.shape) == (12,), (
+            f"scale is {scale.dtype} {tuple(scale.shape)} for a {dtype} weight, "
+            f"expected torch.float32 (12,)"
+        )
+
+
+@check(
+    BOTH,
+    "one scale per output channel: each row's largest |w| maps to 127",
+    1,
+    "scale = weight.abs().amax(dim=1) / 127: a row of small weights keeps its own "
+    "precision instead of rounding to zero under the largest row's scale",
+)
+def _(fn):
+    w = _weight()
+    _, scale = _quantized(fn, w)
+    close(scale, w.abs().amax(dim=1) / 127, "the scales", atol=0, rtol=1e-5)
+
+
+@check(
+    BOTH,
+    "rounded to the nearest step: every |w - q * scale| <= scale / 2",
+    2,
+    "torch.round(w / scale) before .to(torch.int8): the cast alone truncates towards "
+    "zero, and the error grows to a whole step",
+)
+def _(fn):
+    w = _weight(seed=1)
+    q, scale = _quantized(fn, w)
+    assert q.abs().max() <= 127, f"q reaches {int(q.abs().max())}, beyond 127"
+    s = scale.float()[:, None]
+    error = (w - q.float() * s).abs() / s  # in steps of each row's scale
+    worst = error.max().item()
+    assert worst <= 0.5 + 1e-4, (
+        f"a weight is off by {worst:.3f} of its row's step; rounding keeps it to 0.5"
+    )
+
+
+@check(
+    BOTH,
+    "an all-zero row gives zeros and a finite scale (no division by zero)",
+    1,
+    "clamp the scale from below (scale.clamp(min=1e-12)) before dividing by it",
+)
+def _(fn):
+    w = _weight()
+    w[3] = 0
+    q, scale = _quantized(fn, w)
+    assert torch.isfinite(scale).all(), "a scale is inf or NaN"
+    assert not q[3].any(), f"the zero row quantizes to {q[3].tolist()}"
+
+
+@check(
+    BOTH,
+    "the weight is left unchanged",
+    1,
+    "divide into a new tensor (w / scale), not in place (w.div_)",
+)
+def _(fn):
+    w = _weight(seed=2)
+    unchanged(lambda: fn(w), w, what="the weight")
+
+
+def _int8(out=16, inp=24, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randint(-127, 128, (out, inp), generator=g, dtype=torch.int8)
+    return q, torch.rand(out, generator=g) / 100 + 1e-3
+
+
+def _product(x, q, scale):
+    return x.float() @ (q.float() * scale[:, None]).T
+
+
+@check(
+    "int8_linear",
+    "values: x @ (q * scale)^T, each scale on its output (out != in)",
+    2,
+    "(x @ q.T) * scale: scale (out,) multiplies the last axis of the result, which "
+    "has out entries",
+)
+def _(fn):
+    q, scale = _int8()
+    x = torch.randn(3, 5, 24)
+    out = is_tensor(fn(x, q, scale))
+    close(out, _product(x, q, scale), "int8_linear(x, q, scale)", atol=1e-4)
+
+
+@check(
+    "int8_linear",
+    "bfloat16 activations give bfloat16 outputs, for any leading shape",
+    1,
+    "convert q and scale to x's dtype (q.to(x.dtype)) before multiplying",
+)
+def _(fn):
+    q, scale = _int8(seed=1)
+    for shape in ((24,), (2, 3, 24)):
+        x = torch.randn(shape).bfloat16()
+        out = is_tensor(fn(x, q, scale))
+        assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
+        close(
+            out.float(),
+            _product(x, q, scale),
+            f"the output for a {shape} input",
+            atol=0.05,
+            rtol=0.05,
+        )
+
+
+@check(
+    "int8_linear",
+    "q and scale are left unchanged",
+    1,
+    "convert into new tensors (q.to(...), scale * ...), never in place",
+)
+def _(fn):
+    q, scale = _int8(seed=2)
+    unchanged(lambda: fn(torch.randn(4, 24), q, scale), q, scale, what="q or scale")
+
+
+def _draft(fn, tokens, max_ngram=3, num_draft=8):
+    t = torch.tensor(tokens)
+    out = is_tensor(fn(t, max_ngram, num_draft), "the draft")
+    assert out.dim() == 1 and out.dtype == torch.long, (
+        f"the draft should be a 1-d tensor of token ids, got {out.dim()}-d {out.dtype}"
+    )
+    want = reference_lookup(t, max_ngram, num_draft)
+    assert torch.equal(out, want), (
+        f"lookup_draft({tokens}, max_ngram={max_ngram}, num_draft={num_draft}) gave "
+        f"{out.tolist()}, expected {want.tolist()}"
+    )
+
+
+@check(
+    "lookup_draft",
+    "the tokens after the latest earlier occurrence of the last n tokens",
+    2,
+    "slide over the earlier positions, keep the last match, return tokens[start + n "
+    ": start + n + num_draft] (fewer near the end)",
+)
+def _(fn):
+    _draft(fn, [1, 2, 3, 9, 1, 2, 3, 8, 7, 1, 2, 3])  # latest (1, 2, 3): 8 7 1 2 3
+    _draft(fn, [4, 5, 6, 7, 8, 9, 4, 5], num_draft=3)  # 6 7 8
+    _draft(fn, [1, 2, 1, 2, 1, 2])  # overlapping: 1 2 after the latest (1, 2)
+
+
+@check(
+    "lookup_draft",
+    "the longest n-gram first, from max_ngram down to 1",
+    1,
+    "for n in range(max_ngram, 0, -1): the first n that occurred before decides",
+)
+def _(fn):
+    tokens = [7, 8, 9, 1, 5, 9, 2, 7, 8, 9]  # (7, 8, 9) -> 1; the latest 9 -> 2
+    _draft(fn, tokens)
+    _draft(fn, tokens, max_ngram=1)
+    _draft(fn, [9, 3, 4, 6, 5, 4, 6, 3, 4], max_ngram=2)  # (3, 4) -> 6 5 4 6 3 4
+
+
+@check(
+    "lookup_draft",
+    "nothing found gives an empty tensor; the last tokens themselves do not count",
+    1,
+    "search only the earlier windows (start < len - n); return tokens[:0] when none "
+    "matches",
+)
+def _(fn):
+    _draft(fn, [1, 2, 3, 4, 5])
+    _draft(fn, [6])
+
+
+@check(
+    "lookup_draft",
+    "an occurrence at the very start counts",
+    1,
+    "the first window starts at position 0",
+)
+def _(fn):
+    _draft(fn, [5, 6, 7, 8, 6, 9, 5, 6], num_draft=4)  # (5, 6) at 0 -> 7 8 6 9
+
+
+CONFIG = small_config(67)
+
+
+def _spec_model(scale, seed):
+    """A small model with weights scaled up, so that greedy choices are clear; at
+    scale 4 its text soon repeats, at scale 8 it repeats now and then."""
+    torch.manual_seed(seed)
+    model = SmolLM(CONFIG).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() >= 2:
+                p.mul_(scale)
+    prompt = torch.randint(0, CONFIG.vocab_size, (1, 6))
+    return model, prompt
+
+
+def _greedy(model, prompt, n):
+    return generate(model, prompt, n, temperature=0.0)
+
+
+@check(
+    "speculative_greedy",
+    "returns (1, T + max_new_tokens) token ids starting with the prompt",
+    1,
+    "append the next token and the accepted draft tokens; stop at max_new_tokens",
+)
+def _(fn):
+    model, prompt = _spec_model(4, 5)
+    out = is_tensor(fn(model, prompt, 15), "the output")
+    assert tuple(out.shape) == (1, 21), f"shape {tuple(out.shape)}, expected (1, 21)"
+    assert torch.equal(out[:, :6], prompt), "the output does not start with the prompt"
+
+
+@check(
+    "speculative_greedy",
+    "the same tokens as greedy decoding, with drafts kept and drafts rejected",
+    2,
+    "keep the draft up to its first token unlike the model's choice before it; then "
+    "take that choice, and forget the rejected tokens' keys and values (cache.length "
+    "-= rejected)",
+)
+def _(fn):
+    # greedy's top logit leads by more than 0.06 at every step: no near ties
+    for scale, seed, n in ((8, 5, 30), (8, 6, 30), (4, 5, 30), (4, 5, 13)):
+        model, prompt = _spec_model(scale, seed)
+        want = _greedy(model, prompt, n)
+        out = is_tensor(fn(model, prompt, n), "the output")
+        assert torch.equal(out, want), (
+            f"generated {out[0, 6:].tolist()}, greedy decoding gives "
+            f"{want[0, 6:].tolist()}"
+        )
+
+
+@check(
+    "speculative_greedy",
+    "fewer forward passes than tokens where the text repeats, each with the cache",
+    1,
+    "after the prefill, one pass over [next token, *draft] checks the whole draft: "
+    "model(step, kv_cache=cache)",
+)
+def _(fn):
+    model, prompt = _spec_model(4, 1)
+    spy = _Spy(model)
+    model.forward = spy
+    fn(model, prompt, 40)
+    assert spy.calls and all(c for _, c in spy.calls), (
+        "the model was called without kv_cache="
+    )
+    lengths = [n for n, _ in spy.calls]
+    assert lengths[0] == 6, f"the first pass took {lengths[0]} tokens, not the prompt"
+    assert len(lengths) - 1 <= 30, (
+        f"{len(lengths) - 1} passes after the prefill for 40 tokens of a text that "
+        "repeats: the drafts are not used"
+    )
