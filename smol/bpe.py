@@ -372,10 +372,11 @@ def train(
         raise TypeError("text must be a str or a list of str, got bytes: decode it")
     special_tokens = check_special_tokens(special_tokens)
     tokens = special_tokens + sorted(BYTE_TO_CHAR.values())
-    if len(set(tokens)) < len(tokens):
+    clash = sorted(set(special_tokens) & set(BYTE_TO_CHAR.values()))
+    if clash:
         raise ValueError(
-            f"special tokens {sorted(set(special_tokens) & set(BYTE_TO_CHAR.values()))} "
-            "are byte symbols: a special token needs a name of its own"
+            f"special tokens {clash} are byte symbols: a special token needs a name "
+            "of its own"
         )
     if not isinstance(vocab_size, int) or vocab_size < len(tokens):
         raise ValueError(

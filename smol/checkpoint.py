@@ -89,19 +89,18 @@ def save(
 ) -> Path:
     """Write root/step_NNNNNNN (model.safetensors, state.pt and manifest.json, which
     records `run_id` and every file's sha256), point `latest` at it and delete all but
-    the `keep` newest checkpoints of the same run."""
-    from safetensors.torch import save_file
-
+    the `keep` newest checkpoints of the same run. A failed write is an OSError."""
     root = Path(root)
     final = step_dir(root, step)
     for stale in root.glob(".step_*.tmp-*"):  # left by a crash mid-save
         shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
     tmp.mkdir(parents=True)
-    save_file(
-        weights_to_save(model), tmp / "model.safetensors", metadata={"format": "pt"}
-    )
-    torch.save(state, tmp / "state.pt")
+    write_safetensors(weights_to_save(model), tmp / "model.safetensors")
+    try:
+        torch.save(state, tmp / "state.pt")
+    except RuntimeError as e:  # torch's writer reports a full disk so
+        raise OSError(f"cannot write {tmp / 'state.pt'}: {e}") from None
     write_manifest(tmp, FILES, run_id=run_id, step=step)
     if final.exists():
         shutil.rmtree(final)
@@ -127,6 +126,17 @@ def read_json(path: str | Path):
         return json.loads(Path(path).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ValueError(f"{path} is not valid JSON ({e})") from None
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path) -> None:
+    """Save tensors as a safetensors file; a failed write is an OSError naming it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, path, metadata={"format": "pt"})
+    except SafetensorError as e:  # safetensors' error for a full disk, say
+        raise OSError(f"cannot write {path}: {e}") from None
 
 
 def read_safetensors(path: str | Path, device="cpu") -> dict[str, torch.Tensor]:

@@ -31,7 +31,7 @@ class LoRALinear(nn.Module):
             raise TypeError(
                 f"LoRALinear wraps an nn.Linear, got {type(base_layer).__name__}"
             )
-        _check_hyperparameters(r, alpha, dropout)
+        check_settings(r, alpha, dropout)
         self.base_layer = base_layer.requires_grad_(False)
         self.r, self.alpha = r, alpha
         self.scaling = alpha / r
@@ -83,7 +83,21 @@ class LoRALinear(nn.Module):
         return f"r={self.r}, alpha={self.alpha}, scaling={self.scaling:g}"
 
 
-def _check_hyperparameters(r, alpha, dropout) -> None:
+def check_settings(r, alpha, dropout=0.0, targets=TARGETS) -> tuple[str, ...]:
+    """The targets as a tuple (a str is one target), once LoRA's settings are checked:
+    a ValueError names the first that cannot work."""
+    if isinstance(targets, str):
+        targets = (targets,)
+    if not isinstance(targets, (tuple, list, set)):
+        raise ValueError(f"targets must be layer names, got {targets!r}")
+    targets = tuple(targets)
+    if not targets:
+        raise ValueError(f"targets is empty: name some of {', '.join(TARGETS)}")
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown:
+        raise ValueError(
+            f"unknown LoRA targets {unknown}: choose from {', '.join(TARGETS)}"
+        )
     if not isinstance(r, int) or isinstance(r, bool) or r < 1:
         raise ValueError(f"the rank r must be an int >= 1, got {r!r}")
     if not (
@@ -94,6 +108,7 @@ def _check_hyperparameters(r, alpha, dropout) -> None:
         raise ValueError(f"alpha must be a positive finite number, got {alpha!r}")
     if not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise ValueError(f"dropout must lie in [0, 1), got {dropout!r}")
+    return targets
 
 
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
@@ -112,17 +127,7 @@ def apply_lora(
     (see TARGETS) in a LoRALinear of rank r, in place; returns the model. Only A and B
     then train."""
     _check_module(model)
-    if isinstance(targets, str):
-        targets = (targets,)
-    targets = tuple(targets)
-    if not targets:
-        raise ValueError(f"targets is empty: name some of {', '.join(TARGETS)}")
-    unknown = [t for t in targets if t not in TARGETS]
-    if unknown:
-        raise ValueError(
-            f"unknown LoRA targets {unknown}: choose from {', '.join(TARGETS)}"
-        )
-    _check_hyperparameters(r, alpha, dropout)
+    targets = check_settings(r, alpha, dropout, targets)
     if lora_layers(model):
         raise ValueError(
             "this model already holds LoRA layers: merge_lora(model) first, "
@@ -212,9 +217,7 @@ def save_peft_adapter(
     adapter_model.safetensors (keys `base_model.model.<layer>.lora_A.weight`), which
     `PeftModel.from_pretrained` loads onto transformers' LlamaForCausalLM; and
     manifest.json with both files' sha256, which load_peft_adapter checks."""
-    from safetensors.torch import save_file
-
-    from smol.checkpoint import write_manifest
+    from smol.checkpoint import write_manifest, write_safetensors
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -237,7 +240,7 @@ def save_peft_adapter(
         for part in ("lora_A", "lora_B"):
             value = getattr(layer, part).detach().float().contiguous().cpu()
             tensors[f"{PEFT_PREFIX}{name}.{part}.weight"] = value
-    save_file(tensors, folder / "adapter_model.safetensors", metadata={"format": "pt"})
+    write_safetensors(tensors, folder / "adapter_model.safetensors")
     write_manifest(folder, ["adapter_config.json", "adapter_model.safetensors"])
     return folder
 
@@ -289,16 +292,13 @@ def _adapter_settings(config, path: Path) -> tuple:
     missing = [k for k in ("r", "lora_alpha", "target_modules") if k not in config]
     if missing:
         raise ValueError(f"{path}: no {', '.join(missing)}")
-    targets = config["target_modules"]
-    targets = (targets,) if isinstance(targets, str) else tuple(targets)
-    settings = config["r"], config["lora_alpha"], config.get("lora_dropout", 0.0)
+    r, alpha = config["r"], config["lora_alpha"]
+    dropout = config.get("lora_dropout", 0.0)
     try:
-        _check_hyperparameters(*settings)
-        if not targets or any(t not in TARGETS for t in targets):
-            raise ValueError(f"target_modules must name some of {TARGETS}")
+        targets = check_settings(r, alpha, dropout, config["target_modules"])
     except ValueError as e:
         raise ValueError(f"{path}: {e}") from None
-    return settings[0], settings[1], targets, settings[2]
+    return r, alpha, targets, dropout
 
 
 def _check_adapter_weights(tensors: dict, shapes: dict, folder: Path) -> None:

@@ -278,15 +278,13 @@ class SmolLM(nn.Module):
         return result
 
 
-INTEGER_DTYPES = (torch.long, torch.int32, torch.int16, torch.uint8, torch.int8)
-
-
 def _check_tensor(name: str, value, integer: bool = False) -> None:
     """A TypeError unless value is a torch.Tensor (of integers, with integer)."""
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
-    if integer and value.dtype not in INTEGER_DTYPES:
-        raise TypeError(f"{name} must hold integers (torch.long), got {value.dtype}")
+    kind = value.dtype
+    if integer and (kind.is_floating_point or kind.is_complex or kind == torch.bool):
+        raise TypeError(f"{name} must hold integers (torch.long), got {kind}")
 
 
 def _check_range(name: str, values: torch.Tensor, lo: int, hi: int) -> int | None:

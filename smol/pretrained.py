@@ -24,6 +24,7 @@ from smol.checkpoint import (
     verify_saved,
     weights_to_save,
     write_manifest,
+    write_safetensors,
 )
 from smol.config import SmolConfig
 from smol.gguf import bundled_gguf_path, read_gguf
@@ -195,8 +196,6 @@ def save_pretrained(
     generation_config.json) that transformers' AutoModelForCausalLM.from_pretrained and
     smol's load_pretrained both read, and manifest.json with every file's sha256, which
     load_pretrained checks."""
-    from safetensors.torch import save_file
-
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = model.config.to_hf_dict()
@@ -213,9 +212,7 @@ def save_pretrained(
         tokenizer.save(folder)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (folder / "generation_config.json").write_text(json.dumps(special, indent=2) + "\n")
-    save_file(
-        weights_to_save(model), folder / "model.safetensors", metadata={"format": "pt"}
-    )
+    write_safetensors(weights_to_save(model), folder / "model.safetensors")
     files = ["config.json", "generation_config.json", "model.safetensors"]
     if tokenizer is not None:
         files += ["tokenizer.json", "tokenizer_config.json"]

@@ -281,7 +281,10 @@ def test_a_flipped_byte_in_a_saved_adapter_is_caught_naming_the_file(adapter, na
         ),
         (lambda f: _edit_config(f, r=3), r"lora_A.weight is \(2, 48\), this model"),
         (lambda f: _edit_config(f, r=None), "the rank r must be an int"),
-        (lambda f: _edit_config(f, target_modules=["q"]), "target_modules must name"),
+        (
+            lambda f: _edit_config(f, target_modules=["q"]),
+            r"unknown LoRA targets \['q'\]",
+        ),
         (lambda f: _edit_weights(f, float("nan")), "holds values that are not finite"),
     ],
 )
