@@ -400,6 +400,14 @@ def test_an_earlier_fine_tune_is_not_written_over_unasked(base, tmp_path, capsys
     assert code == 1 and err.count("\n") == 1
     assert f"--out {out} already holds a fine-tune" in err and "--overwrite" in err
     assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    # a model folder that no fine-tune wrote is not written over either
+    from smol.pretrained import save_pretrained
+
+    other = save_pretrained(SmolLM(TINY), None, tmp_path / "other")
+    before_other = {p: p.read_bytes() for p in other.iterdir()}
+    code, _, err = finetune(base, other, capsys=capsys)
+    assert code == 1 and "already holds a fine-tune (config.json" in err
+    assert {p: p.read_bytes() for p in other.iterdir()} == before_other
     # --overwrite starts over: a full fine-tune leaves no adapter of the LoRA run
     code, _, err = finetune(base, out, "--overwrite", "--lora-r", "0", capsys=capsys)
     assert code == 0, err
