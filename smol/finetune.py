@@ -416,8 +416,11 @@ def _clear_outputs(out: Path) -> None:
 def _run_settings(args) -> dict:
     """What a resume must keep besides TrainConfig's settings: the model, the data
     (its files' sha256) and LoRA's settings."""
+    model = args.model
+    if model is not None and Path(model).exists():  # a path, however it is spelt
+        model = str(Path(model).resolve())
     return {
-        "model": args.model,
+        "model": model,
         "data": file_sha256(Path(args.data)),
         "val_data": file_sha256(Path(args.val_data)) if args.val_data else None,
         "lora_r": args.lora_r,
@@ -432,6 +435,8 @@ def _check_resumed_settings(args, run: dict, out: Path) -> None:
     if not path.is_file():
         return  # no run to compare with: Trainer says there is nothing to resume
     saved = read_json(path)
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path}: expected a JSON object of settings")
     changed = [
         f"{k}: the run's {saved.get(k)!r}, now {v!r}"
         for k, v in run.items()

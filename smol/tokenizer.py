@@ -194,10 +194,10 @@ class Tokenizer:
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        """The text of token ids (ints, or a tensor of them)."""
+        """The text of token ids (ints, or a tensor or array of them)."""
         if isinstance(ids, str):
             raise TypeError(f"expected token ids, got the str {ids[:40]!r}")
-        ids = ids.tolist() if isinstance(ids, torch.Tensor) else list(ids)
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
         n = self.vocab_size
         bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < n]
         if bad:  # tokenizers would skip an unknown id without a word
@@ -212,6 +212,8 @@ class Tokenizer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded input_ids (B, T) and attention_mask (B, T) (0 on padding), ready
         for generate."""
+        if isinstance(texts, str):  # its characters would be the prompts
+            raise TypeError(f"texts must be a list of str, got the str {texts[:40]!r}")
         pad = self.pad_token_id if self.pad_token_id is not None else 0
         return left_pad([self.encode(t) for t in texts], pad, device)
 

@@ -156,6 +156,7 @@ def test_special_tokens_are_named_by_id_and_read_back_from_a_folder(tmp_path):
         (lambda t: t.decode([19556, 49152]), ValueError, "got 49152"),
         (lambda t: t.decode([-1]), ValueError, "got -1"),
         (lambda t: t.decode("19556"), TypeError, "got the str '19556'"),
+        (lambda t: t.batch_encode("hi"), TypeError, "a list of str, got the str 'hi'"),
         (lambda t: t.apply_chat_template("hi"), ValueError, "a list of dicts, got str"),
         (
             lambda t: t.apply_chat_template([{"role": "user"}]),
