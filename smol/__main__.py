@@ -207,47 +207,75 @@ def cmd_chat(args) -> None:
 
 
 def interactive(args, model, tokenizer, device, stdin=None, out=None) -> None:
-    """A chat on stdin/stdout: a line is a message; /reset forgets, /exit leaves."""
+    """A chat on stdin/stdout: a line is a message; /reset forgets, /exit leaves.
+    Ctrl-C stops the reply under way (or the line being typed), not the chat."""
     from smol.chat import ChatSession
 
     stdin, out = stdin or sys.stdin, out or sys.stdout
     tty = stdin.isatty()
-    session = ChatSession(model, tokenizer, system=args.system)
-    print(
-        "[a conversation: type a message; /reset starts over, /exit or Ctrl-D leaves]",
-        file=sys.stderr,
-    )
+
+    def notice(text: str) -> None:
+        print(f"[{text}]", file=sys.stderr, flush=True)
+
+    session = ChatSession(model, tokenizer, system=args.system, notice=notice)
+    notice("a conversation: type a message; /reset starts over, /exit or Ctrl-D leaves")
     while True:
-        if tty:
-            out.write("> ")
-            out.flush()
-        line = stdin.readline()
-        if not line:
-            break
-        line = line.strip()
-        if not line:
-            continue
-        if line == "/exit":
-            break
-        if line == "/reset":
-            session.reset()
-            print("[the conversation starts over]", file=sys.stderr)
-            continue
-        if line.startswith("/"):
-            print(f"[unknown command {line}: /reset or /exit]", file=sys.stderr)
-            continue
         try:
-            session.send(
-                line,
-                args.max_new_tokens,
-                stream=TextStream(tokenizer, True, out),
-                **_sampling(args, device),
-            )
-        except ValueError as e:  # the conversation outgrew the context
-            print(f"\n[{e}]", file=sys.stderr)
-            continue
-        out.write("\n")
+            if not _chat_turn(args, session, tokenizer, device, stdin, out, tty):
+                break
+        except KeyboardInterrupt:  # the reply (or line) so far ends its line
+            out.write("\n")
+            out.flush()
+            print("[stopped; /exit or Ctrl-D leaves the chat]", file=sys.stderr)
+
+
+def _chat_turn(args, session, tokenizer, device, stdin, out, tty) -> bool:
+    """Read a line and answer it; False at the end of the input or on /exit."""
+    if tty:
+        out.write("> ")
         out.flush()
+    try:
+        line = _read_line(stdin)
+    except UnicodeError as e:
+        print(f"[that line is not UTF-8 text ({e.reason}): left out]", file=sys.stderr)
+        return True
+    if line is None or line == "/exit":
+        return False
+    if not line:
+        return True
+    if line == "/reset":
+        session.reset()
+        print("[the conversation starts over]", file=sys.stderr)
+        return True
+    if line.startswith("/"):
+        print(f"[unknown command {line}: /reset or /exit]", file=sys.stderr)
+        return True
+    try:
+        session.send(
+            line,
+            args.max_new_tokens,
+            stream=TextStream(tokenizer, True, out),
+            **_sampling(args, device),
+        )
+    except ValueError as e:  # a message longer than the context, say
+        print(f"\n[{e}]", file=sys.stderr)
+        return True
+    out.write("\n")
+    out.flush()
+    return True
+
+
+def _read_line(stdin) -> str | None:
+    """The next line of stdin, stripped; None at its end. Bytes that are not UTF-8
+    (or, from a text stream, characters that cannot be encoded) raise a UnicodeError,
+    and the line is consumed."""
+    buffer = getattr(stdin, "buffer", None)  # read bytes where there are any
+    raw = buffer.readline() if buffer is not None else stdin.readline()
+    if not raw:
+        return None
+    line = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+    line.encode("utf-8")  # a lone surrogate cannot be
+    return line.strip()
 
 
 class Parser(argparse.ArgumentParser):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import heapq
 import json
+import numbers
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from itertools import pairwise
@@ -97,19 +98,27 @@ class BPE:
         split_digits: bool = True,
     ):
         self.vocab, self.split_digits = dict(vocab), split_digits
+        check_vocab(self.vocab)
         self.id_to_token = {i: t for t, i in self.vocab.items()}
         # A byte without a symbol in vocab is dropped, as `tokenizers` does without an
         # unknown token: SmolLM2 lacks 21 bytes its training data never held (0x04, ...)
         self.byte_ids = [self.vocab.get(BYTE_TO_CHAR[b]) for b in range(256)]
         # a pair of ids -> (its merge's rank, the id of the merged token)
         self.ranks: dict[tuple[int, int], tuple[int, int]] = {}
-        for rank, (a, b) in enumerate(merges):
+        for rank, pair in enumerate(merges):
+            if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+                raise ValueError(f"merge {rank} must be a pair of tokens, got {pair!r}")
+            a, b = pair
             if a not in self.vocab or b not in self.vocab or a + b not in self.vocab:
                 raise ValueError(
                     f"merge {rank} ({a!r}, {b!r}) uses a token not in vocab"
                 )
             self.ranks[self.vocab[a], self.vocab[b]] = (rank, self.vocab[a + b])
         self.merges = list(merges)
+        special_tokens = check_special_tokens(special_tokens)
+        missing = [t for t in special_tokens if t not in self.vocab]
+        if missing:
+            raise ValueError(f"special tokens {missing} are not in vocab")
         self.special = {t: self.vocab[t] for t in special_tokens}
         self.special_split = special_split(self.special)
         self.cache: dict[str, list[int]] = {}  # pre-token -> ids: words repeat
@@ -155,7 +164,8 @@ class BPE:
 
     def token_bytes(self, i: int) -> bytes:
         """The bytes token i stands for (a special token: its text in UTF-8)."""
-        token = self.id_to_token.get(i) if isinstance(i, int) else None
+        is_int = isinstance(i, numbers.Integral) and not isinstance(i, bool)
+        token = self.id_to_token.get(i) if is_int else None
         if token is None:
             raise ValueError(
                 f"expected token ids in 0..{len(self.vocab) - 1}, got {i!r}"
@@ -165,10 +175,12 @@ class BPE:
         return bytes(CHAR_TO_BYTE[c] for c in token)
 
     def decode(self, ids: Iterable[int]) -> str:
-        """The text of ids; bytes that are not valid UTF-8 become U+FFFD."""
-        return b"".join(self.token_bytes(int(i)) for i in ids).decode(
-            "utf-8", "replace"
-        )
+        """The text of ids (ints, or a tensor or array of them); bytes that are not
+        valid UTF-8 become U+FFFD."""
+        if isinstance(ids, str):
+            raise TypeError(f"expected token ids, got the str {ids[:40]!r}")
+        ids = ids.tolist() if hasattr(ids, "tolist") else ids  # a tensor, an array
+        return b"".join(self.token_bytes(i) for i in ids).decode("utf-8", "replace")
 
     @classmethod
     def from_pretrained(cls, source: str | Path | None = None) -> BPE:
@@ -247,6 +259,32 @@ class BPE:
         return cls(
             vocab, merges, [t["content"] for t in added], split_digits=bool(digits)
         )
+
+
+def check_vocab(vocab: dict) -> None:
+    """A ValueError unless vocab maps str tokens to ids >= 0, each id once."""
+    tokens = {}  # id -> token
+    for token, i in vocab.items():
+        if not isinstance(token, str) or not isinstance(i, int) or i < 0:
+            raise ValueError(f"vocab must map str to ids >= 0, got {token!r}: {i!r}")
+        if i in tokens:
+            raise ValueError(f"tokens {tokens[i]!r} and {token!r} share the id {i}")
+        tokens[i] = token
+
+
+def check_special_tokens(special_tokens: Iterable[str]) -> list[str]:
+    """The special tokens as a list, each a non-empty str, none twice."""
+    if isinstance(special_tokens, str):
+        raise TypeError(
+            f"special_tokens must be a list of str, got the str {special_tokens!r}"
+        )
+    special_tokens = list(special_tokens)
+    for t in special_tokens:
+        if not isinstance(t, str) or not t:
+            raise ValueError(f"a special token must be a non-empty str, got {t!r}")
+    if len(set(special_tokens)) < len(special_tokens):
+        raise ValueError(f"special tokens repeat: {special_tokens}")
+    return special_tokens
 
 
 def count_pre_tokens(
@@ -330,8 +368,16 @@ def train(
     """
     if isinstance(text, str):
         text = [text]
-    special_tokens = list(special_tokens)
+    if isinstance(text, (bytes, bytearray)):
+        raise TypeError("text must be a str or a list of str, got bytes: decode it")
+    special_tokens = check_special_tokens(special_tokens)
     tokens = special_tokens + sorted(BYTE_TO_CHAR.values())
+    clash = sorted(set(special_tokens) & set(BYTE_TO_CHAR.values()))
+    if clash:
+        raise ValueError(
+            f"special tokens {clash} are byte symbols: a special token needs a name "
+            "of its own"
+        )
     if not isinstance(vocab_size, int) or vocab_size < len(tokens):
         raise ValueError(
             f"vocab_size must be an int of at least {len(tokens)} (the special tokens "

@@ -4,9 +4,15 @@ Each turn renders the whole conversation with the chat template, as the model wa
 trained to read it. Without a cache kept across turns, every reply would first re-read
 the whole conversation; a ChatSession instead keeps the keys and values of every token
 it has already run, and feeds the model only the tokens after the longest prefix that
-the cache and the new rendering share (usually just the new message)."""
+the cache and the new rendering share (usually just the new message).
+
+A conversation that outgrows the model's context drops its oldest turns (the system
+prompt stays), as local chat tools do; a reply stopped midway (Ctrl-C) stays in the
+conversation as far as it got."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 
@@ -15,7 +21,8 @@ from smol.kv_cache import KVCache
 
 
 class ChatSession:
-    """History, tokens and cache of one conversation with `model`."""
+    """History, tokens and cache of one conversation with `model`. `notice(text)` is
+    told when old turns are dropped to make room."""
 
     def __init__(
         self,
@@ -24,10 +31,12 @@ class ChatSession:
         system: str | None = None,
         reuse_cache: bool = True,
         max_len: int = 4096,
+        notice: Callable[[str], None] | None = None,
     ):
         self.model, self.tokenizer = model, tokenizer
         self.system, self.reuse_cache = system, reuse_cache
         self.max_len = min(max_len, model.config.max_position_embeddings)
+        self.notice = notice
         self.cache = None
         self.reset()
 
@@ -41,28 +50,54 @@ class ChatSession:
             self.cache.length = 0
 
     def _cache_for(self, total: int) -> KVCache:
-        if total > self.model.config.max_position_embeddings:
-            raise ValueError(
-                f"the conversation needs {total} positions, more than the model's "
-                f"context of {self.model.config.max_position_embeddings}: /reset it"
-            )
         if self.cache is None or self.cache.max_len < total:
             size = min(
                 self.model.config.max_position_embeddings, max(self.max_len, 2 * total)
             )
+            self.cached = []  # first: a new cache holds nothing
             self.cache = KVCache.for_model(self.model, 1, size)
-            self.cached = []
         return self.cache
+
+    def _fit(self, text: str, max_new_tokens: int) -> tuple[list[dict], list[int]]:
+        """(messages, token ids) of the conversation with the user's new message,
+        without its oldest turns where it would not fit the context with
+        max_new_tokens more."""
+        context = self.model.config.max_position_embeddings
+        head = self.messages[:1] if self.system else []  # the system prompt stays
+        turns = self.messages[len(head) :] + [{"role": "user", "content": text}]
+        while True:
+            ids = self.tokenizer.apply_chat_template(head + turns, tokenize=True)
+            if len(ids) + max_new_tokens <= context:
+                break
+            if len(turns) == 1:
+                raise ValueError(
+                    f"the message takes {len(ids)} tokens: with {max_new_tokens} for "
+                    f"the reply, more than the model's context of {context}"
+                )
+            # drop the oldest exchange: all before the next user message
+            start = next(i for i in range(1, len(turns)) if turns[i]["role"] == "user")
+            turns = turns[start:]
+        dropped = len(self.messages) - len(head) - (len(turns) - 1)
+        if dropped and self.notice is not None:
+            self.notice(
+                f"the conversation outgrew the context of {context} tokens: its "
+                f"{dropped} oldest messages are left out"
+            )
+        return head + turns, ids
 
     def send(
         self, text: str, max_new_tokens: int = 256, stream=None, **sampling
     ) -> str:
         """Add the user's message, generate the reply (streamed to `stream(tokens
-        (1,))`), keep it in the history and return its text."""
+        (1,))`), keep it in the history and return its text. A KeyboardInterrupt
+        (Ctrl-C) stops the reply: what came of it is kept, and the interrupt raised."""
         if not isinstance(text, str) or not text.strip():
             raise ValueError(f"expected a non-empty message, got {text!r}")
-        messages = self.messages + [{"role": "user", "content": text}]
-        ids = self.tokenizer.apply_chat_template(messages, tokenize=True)
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            raise ValueError(f"the message is not valid text: {e.reason}") from None
+        messages, ids = self._fit(text, max_new_tokens)
         cache = self._cache_for(len(ids) + max_new_tokens)
         shared = 0
         if self.reuse_cache:
@@ -71,22 +106,39 @@ class ChatSession:
             )  # at least one token must be fed
             while shared < limit and self.cached[shared] == ids[shared]:
                 shared += 1
-        cache.length = shared  # keep the common prefix, overwrite the rest
+        self.cached = self.cached[:shared]  # what the cache keeps; the rest is new
+        cache.length = shared
         self.fed = len(ids) - shared  # tokens this turn's prefill runs
+        received = []  # this turn's new tokens, (1,) each, kept on the device
+
+        def keep(tokens):
+            received.append(tokens)
+            if stream is not None:
+                stream(tokens)
+
         device = self.model.model.embed_tokens.weight.device
-        out = generate(
-            self.model,
-            torch.tensor([ids], device=device),
-            max_new_tokens,
-            eos_token_id=self.tokenizer.eos_token_id,
-            kv_cache=cache,
-            stream=stream,
-            **sampling,
-        )
-        self.cached = out[0, : cache.length].tolist()
-        reply = out[0, len(ids) :].tolist()
-        if reply and reply[-1] == self.tokenizer.eos_token_id:
-            reply = reply[:-1]
-        answer = self.tokenizer.decode(reply, skip_special_tokens=True)
+        try:
+            generate(
+                self.model,
+                torch.tensor([ids], device=device),
+                max_new_tokens,
+                eos_token_id=self.tokenizer.eos_token_id,
+                kv_cache=cache,
+                stream=keep,
+                **sampling,
+            )
+        except KeyboardInterrupt:
+            if received:  # a reply stopped midway: keep what was said
+                self._keep(messages, ids, received)
+            raise
+        return self._keep(messages, ids, received)
+
+    def _keep(self, messages, ids: list[int], received: list) -> str:
+        """The reply's text, once it is in the history and its tokens in `cached`."""
+        new = torch.cat(received).tolist() if received else []
+        self.cached = (ids + new)[: self.cache.length]
+        if new and new[-1] == self.tokenizer.eos_token_id:
+            new = new[:-1]
+        answer = self.tokenizer.decode(new, skip_special_tokens=True)
         self.messages = messages + [{"role": "assistant", "content": answer}]
         return answer

@@ -22,7 +22,8 @@ import torch
 
 
 class CheckpointError(RuntimeError):
-    """A checkpoint that is missing, incomplete or corrupted."""
+    """A checkpoint, saved model or adapter that is missing, incomplete or
+    corrupted."""
 
 
 def weights_to_save(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -88,25 +89,19 @@ def save(
 ) -> Path:
     """Write root/step_NNNNNNN (model.safetensors, state.pt and manifest.json, which
     records `run_id` and every file's sha256), point `latest` at it and delete all but
-    the `keep` newest checkpoints of the same run."""
-    from safetensors.torch import save_file
-
+    the `keep` newest checkpoints of the same run. A failed write is an OSError."""
     root = Path(root)
     final = step_dir(root, step)
     for stale in root.glob(".step_*.tmp-*"):  # left by a crash mid-save
         shutil.rmtree(stale, ignore_errors=True)
     tmp = root / f".{final.name}.tmp-{os.getpid()}"
     tmp.mkdir(parents=True)
-    save_file(
-        weights_to_save(model), tmp / "model.safetensors", metadata={"format": "pt"}
-    )
-    torch.save(state, tmp / "state.pt")
-    manifest = {
-        "run_id": run_id,
-        "step": step,
-        "sha256": {f: file_sha256(tmp / f) for f in FILES},
-    }
-    (tmp / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    write_safetensors(weights_to_save(model), tmp / "model.safetensors")
+    try:
+        torch.save(state, tmp / "state.pt")
+    except RuntimeError as e:  # torch's writer reports a full disk so
+        raise OSError(f"cannot write {tmp / 'state.pt'}: {e}") from None
+    write_manifest(tmp, FILES, run_id=run_id, step=step)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
@@ -125,7 +120,70 @@ def checkpoints(root: str | Path) -> list[Path]:
     return sorted(p for p in root.glob("step_*") if p.is_dir()) if root.is_dir() else []
 
 
-def read_manifest(path: str | Path) -> dict:
+def read_json(path: str | Path):
+    """The JSON a file holds; a ValueError names the file when it holds none."""
+    try:
+        return json.loads(Path(path).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e})") from None
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: str | Path) -> None:
+    """Save tensors as a safetensors file; a failed write is an OSError naming it."""
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    try:
+        save_file(tensors, path, metadata={"format": "pt"})
+    except SafetensorError as e:  # safetensors' error for a full disk, say
+        raise OSError(f"cannot write {path}: {e}") from None
+
+
+def read_safetensors(path: str | Path, device="cpu") -> dict[str, torch.Tensor]:
+    """The tensors of a safetensors file; a ValueError names a damaged file."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(path, device=str(device))
+    except SafetensorError as e:
+        raise ValueError(f"{path} is not a readable safetensors file ({e})") from None
+
+
+def write_manifest(folder: Path, files, **fields) -> None:
+    """folder/manifest.json: `fields` and the sha256 of each of `files` in folder."""
+    sha256 = {f: file_sha256(Path(folder) / f) for f in files}
+    manifest = {**fields, "sha256": sha256}
+    (Path(folder) / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+
+
+def verify_files(folder: Path, sha256: dict, what: str = "checkpoint") -> None:
+    """Check each file of folder against its sha256 in the table; a CheckpointError
+    names `what` and the file that is missing or damaged."""
+    for name in sorted(sha256):
+        if not (folder / name).is_file():
+            raise CheckpointError(f"{what} {folder} is incomplete: {name} is missing")
+        if file_sha256(folder / name) != sha256[name]:
+            raise CheckpointError(
+                f"{what} {folder} is corrupted: {name} does not match the "
+                f"sha256 recorded in {MANIFEST}"
+            )
+
+
+def verify_saved(folder: str | Path, what: str) -> None:
+    """Check a saved model's or adapter's files against its manifest.json, when it has
+    one (folders written by other tools have none)."""
+    folder = Path(folder)
+    if (folder / MANIFEST).exists():
+        try:
+            verify_files(folder, read_manifest(folder, what)["sha256"], what)
+        except CheckpointError as e:
+            raise CheckpointError(
+                f"{e} (delete {MANIFEST} to load files changed on purpose)"
+            ) from None
+
+
+def read_manifest(path: str | Path, what: str = "checkpoint") -> dict:
     try:
         manifest = json.loads((Path(path) / MANIFEST).read_text())
         if not isinstance(manifest.get("sha256"), dict):
@@ -133,11 +191,11 @@ def read_manifest(path: str | Path) -> dict:
         return manifest
     except FileNotFoundError:
         raise CheckpointError(
-            f"checkpoint {path} is incomplete: it has no {MANIFEST}"
+            f"{what} {path} is incomplete: it has no {MANIFEST}"
         ) from None
     except (OSError, ValueError, AttributeError) as e:
         raise CheckpointError(
-            f"checkpoint {path} is corrupted: cannot read {MANIFEST} ({e})"
+            f"{what} {path} is corrupted: cannot read {MANIFEST} ({e})"
         ) from None
 
 
@@ -155,14 +213,7 @@ def verify(path: str | Path) -> dict:
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} does not exist")
     manifest = read_manifest(path)
-    for name in sorted(set(FILES) | set(manifest["sha256"])):
-        if not (path / name).is_file():
-            raise CheckpointError(f"checkpoint {path} is incomplete: {name} is missing")
-        if file_sha256(path / name) != manifest["sha256"].get(name):
-            raise CheckpointError(
-                f"checkpoint {path} is corrupted: {name} does not match the "
-                f"sha256 recorded in {MANIFEST}"
-            )
+    verify_files(path, {name: None for name in FILES} | manifest["sha256"])
     return manifest
 
 

@@ -10,10 +10,10 @@ from smol.kv_cache import KVCache
 def filter_top_k(logits: torch.Tensor, k: int | None) -> torch.Tensor:
     """Keep the k largest logits of each row (B, V); set the rest to -inf. None or k >=
     V keeps all."""
+    if k is not None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+        raise ValueError(f"top_k must be a positive int, got {k!r}")
     if k is None or k >= logits.shape[-1]:
         return logits
-    if k < 1:
-        raise ValueError(f"top_k must be a positive int, got {k}")
     kth = torch.topk(logits, k, dim=-1).values[..., -1:]  # (B, 1): the k-th largest
     return logits.masked_fill(logits < kth, float("-inf"))
 
@@ -22,10 +22,10 @@ def filter_top_p(logits: torch.Tensor, p: float | None) -> torch.Tensor:
     """Nucleus filtering (Holtzman et al., 2020): keep the smallest set of most likely
     tokens whose probabilities sum to at least p (always the most likely one); set the
     rest to -inf."""
-    if p is None or p >= 1.0:
+    if p is not None and not (isinstance(p, (int, float)) and 0 <= p <= 1):  # not NaN
+        raise ValueError(f"top_p must lie in [0, 1], got {p!r}")
+    if p is None or p == 1:
         return logits
-    if p < 0:
-        raise ValueError(f"top_p must lie in [0, 1], got {p}")
     sorted_logits, order = logits.sort(dim=-1, descending=True)  # (B, V)
     probs = sorted_logits.float().softmax(dim=-1)
     before = probs.cumsum(dim=-1) - probs  # probability mass of the more likely tokens
@@ -119,6 +119,8 @@ def generate(
     prefilled, and the cache keeps the new tokens."""
     B, T = _check_input_ids(input_ids, max_new_tokens)
     mask, padded = _prompt_mask(input_ids, attention_mask)
+    if stream is not None and not callable(stream):
+        raise TypeError(f"stream must be a callable, got {type(stream).__name__}")
     eos = _eos_ids(eos_token_id, model.config.vocab_size, input_ids.device)
     fast = _check_fast_options(
         compile, speculative, kv_cache, use_cache, padded, B, temperature
@@ -191,10 +193,17 @@ def _decode(model, input_ids, mask, cache, max_new_tokens, eos, stream, sampling
 
 
 def _check_input_ids(input_ids: torch.Tensor, max_new_tokens: int) -> tuple[int, int]:
+    if not isinstance(input_ids, torch.Tensor) or input_ids.is_floating_point():
+        raise TypeError(
+            "input_ids must be a tensor of token ids, got "
+            f"{getattr(input_ids, 'dtype', type(input_ids).__name__)}"
+        )
     if input_ids.dim() != 2:
         raise ValueError(
             f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}"
         )
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
+        raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
     if max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     return input_ids.shape
@@ -206,6 +215,10 @@ def _prompt_mask(input_ids, attention_mask) -> tuple[torch.Tensor, bool]:
     B, T = input_ids.shape
     if attention_mask is None:
         return torch.ones(B, T, dtype=torch.long, device=input_ids.device), False
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(
+            f"attention_mask must be a tensor, got {type(attention_mask).__name__}"
+        )
     if attention_mask.shape != (B, T):
         raise ValueError(
             f"attention_mask must have the shape of input_ids {(B, T)}, got "
@@ -227,8 +240,15 @@ def _eos_ids(eos_token_id, vocab_size: int, device) -> torch.Tensor | None:
     """eos_token_id (an int or a list of them) as a 1-d tensor, each id checked."""
     if eos_token_id is None:
         return None
-    ids = torch.as_tensor(eos_token_id).flatten().tolist()
-    if not ids or not all(isinstance(i, int) and 0 <= i < vocab_size for i in ids):
+    ids = eos_token_id
+    if isinstance(ids, torch.Tensor):
+        ids = ids.flatten().tolist()
+    elif not isinstance(ids, (list, tuple)):
+        ids = [ids]
+    if not ids or not all(
+        isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size
+        for i in ids
+    ):
         raise ValueError(
             f"eos_token_id must be token ids in [0, {vocab_size}), got {eos_token_id!r}"
         )

@@ -22,11 +22,18 @@ class KVCache:
         device=None,
         dtype=torch.float32,
     ):
+        if not isinstance(config, SmolConfig):
+            raise TypeError(f"config must be a SmolConfig, got {type(config).__name__}")
+        for name, n in (("batch_size", batch_size), ("max_len", max_len)):
+            if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+                raise ValueError(f"{name} must be a positive int, got {n!r}")
         if max_len > config.max_position_embeddings:
             raise ValueError(
                 f"a cache of {max_len} positions is longer than the context "
                 f"(max_position_embeddings={config.max_position_embeddings})"
             )
+        if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
         shape = self.shape(config, batch_size, max_len)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)

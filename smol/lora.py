@@ -31,7 +31,7 @@ class LoRALinear(nn.Module):
             raise TypeError(
                 f"LoRALinear wraps an nn.Linear, got {type(base_layer).__name__}"
             )
-        _check_hyperparameters(r, alpha, dropout)
+        check_settings(r, alpha, dropout)
         self.base_layer = base_layer.requires_grad_(False)
         self.r, self.alpha = r, alpha
         self.scaling = alpha / r
@@ -83,13 +83,32 @@ class LoRALinear(nn.Module):
         return f"r={self.r}, alpha={self.alpha}, scaling={self.scaling:g}"
 
 
-def _check_hyperparameters(r, alpha, dropout) -> None:
+def check_settings(r, alpha, dropout=0.0, targets=TARGETS) -> tuple[str, ...]:
+    """The targets as a tuple (a str is one target), once LoRA's settings are checked:
+    a ValueError names the first that cannot work."""
+    if isinstance(targets, str):
+        targets = (targets,)
+    if not isinstance(targets, (tuple, list, set)):
+        raise ValueError(f"targets must be layer names, got {targets!r}")
+    targets = tuple(targets)
+    if not targets:
+        raise ValueError(f"targets is empty: name some of {', '.join(TARGETS)}")
+    unknown = [t for t in targets if t not in TARGETS]
+    if unknown:
+        raise ValueError(
+            f"unknown LoRA targets {unknown}: choose from {', '.join(TARGETS)}"
+        )
     if not isinstance(r, int) or isinstance(r, bool) or r < 1:
         raise ValueError(f"the rank r must be an int >= 1, got {r!r}")
-    if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or alpha <= 0:
-        raise ValueError(f"alpha must be a positive number, got {alpha!r}")
+    if not (
+        isinstance(alpha, (int, float))
+        and not isinstance(alpha, bool)
+        and 0 < alpha < math.inf  # not NaN
+    ):
+        raise ValueError(f"alpha must be a positive finite number, got {alpha!r}")
     if not isinstance(dropout, (int, float)) or not 0 <= dropout < 1:
         raise ValueError(f"dropout must lie in [0, 1), got {dropout!r}")
+    return targets
 
 
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
@@ -107,31 +126,16 @@ def apply_lora(
     """Freeze every parameter of `model` and wrap each linear layer named in `targets`
     (see TARGETS) in a LoRALinear of rank r, in place; returns the model. Only A and B
     then train."""
-    if isinstance(targets, str):
-        targets = (targets,)
-    targets = tuple(targets)
-    if not targets:
-        raise ValueError(f"targets is empty: name some of {', '.join(TARGETS)}")
-    unknown = [t for t in targets if t not in TARGETS]
-    if unknown:
-        raise ValueError(
-            f"unknown LoRA targets {unknown}: choose from {', '.join(TARGETS)}"
-        )
-    _check_hyperparameters(r, alpha, dropout)
+    _check_module(model)
+    targets = check_settings(r, alpha, dropout, targets)
     if lora_layers(model):
         raise ValueError(
             "this model already holds LoRA layers: merge_lora(model) first, "
             "or apply LoRA to a fresh model"
         )
-    found = [
-        (name, module)
-        for name, module in model.named_modules()
-        if name.rsplit(".", 1)[-1] in targets and isinstance(module, nn.Linear)
-    ]
-    if not found:
-        raise ValueError(f"no nn.Linear named {targets} in this {type(model).__name__}")
+    found = _linear_layers(model, targets)
     model.requires_grad_(False)
-    for name, linear in found:
+    for name, linear in found.items():
         parent, _, child = name.rpartition(".")
         setattr(
             model.get_submodule(parent), child, LoRALinear(linear, r, alpha, dropout)
@@ -139,10 +143,23 @@ def apply_lora(
     return model
 
 
+def _linear_layers(model: nn.Module, targets) -> dict[str, nn.Linear]:
+    """The model's nn.Linear layers named in targets, by their full names."""
+    found = {
+        name: module
+        for name, module in model.named_modules()
+        if name.rsplit(".", 1)[-1] in targets and isinstance(module, nn.Linear)
+    }
+    if not found:
+        raise ValueError(f"no nn.Linear named {targets} in this {type(model).__name__}")
+    return found
+
+
 def merge_lora(model: nn.Module) -> nn.Module:
     """Replace every LoRALinear by a plain nn.Linear holding W + (alpha / r) * B @ A, in
     place; every parameter becomes trainable again, as in a freshly built model. Returns
     the model."""
+    _check_module(model)
     layers = lora_layers(model)
     if not layers:
         raise ValueError(
@@ -152,6 +169,11 @@ def merge_lora(model: nn.Module) -> nn.Module:
         parent, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent), child, layer.merged())
     return model.requires_grad_(True)
+
+
+def _check_module(model) -> None:
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"expected a model (nn.Module), got {type(model).__name__}")
 
 
 def count_trainable(model: nn.Module) -> tuple[int, int]:
@@ -193,8 +215,9 @@ def save_peft_adapter(
 ) -> Path:
     """Write the adapters as peft writes them: adapter_config.json and
     adapter_model.safetensors (keys `base_model.model.<layer>.lora_A.weight`), which
-    `PeftModel.from_pretrained` loads onto transformers' LlamaForCausalLM."""
-    from safetensors.torch import save_file
+    `PeftModel.from_pretrained` loads onto transformers' LlamaForCausalLM; and
+    manifest.json with both files' sha256, which load_peft_adapter checks."""
+    from smol.checkpoint import write_manifest, write_safetensors
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -217,65 +240,83 @@ def save_peft_adapter(
         for part in ("lora_A", "lora_B"):
             value = getattr(layer, part).detach().float().contiguous().cpu()
             tensors[f"{PEFT_PREFIX}{name}.{part}.weight"] = value
-    save_file(tensors, folder / "adapter_model.safetensors", metadata={"format": "pt"})
+    write_safetensors(tensors, folder / "adapter_model.safetensors")
+    write_manifest(folder, ["adapter_config.json", "adapter_model.safetensors"])
     return folder
 
 
 def load_peft_adapter(model: nn.Module, folder: str | Path) -> nn.Module:
-    """Apply LoRA to `model` as a peft adapter folder describes it; load its A and B."""
-    from safetensors.torch import load_file
+    """Apply LoRA to `model` as a peft adapter folder describes it; load its A and B.
+    The model is changed only once the folder is checked: its manifest.json (when smol
+    wrote it), the settings, and the names, shapes and values of the weights."""
+    from smol.checkpoint import read_json, read_safetensors, verify_saved
 
+    _check_module(model)
     folder = Path(folder)
     path = folder / "adapter_config.json"
     if not path.is_file():
         raise FileNotFoundError(
             f"no adapter_config.json in {folder}: expected a peft adapter folder"
         )
-    config = json.loads(path.read_text())
-    if config.get("peft_type") != "LORA":
-        raise ValueError(
-            f"{path}: expected peft_type 'LORA', got {config.get('peft_type')!r}"
-        )
-    for key, plain in (
-        ("use_rslora", False),
-        ("use_dora", False),
-        ("fan_in_fan_out", False),
-    ):
-        if config.get(key, plain) != plain:
+    verify_saved(folder, "adapter")
+    config = read_json(path)
+    r, alpha, targets, dropout = _adapter_settings(config, path)
+    tensors = read_safetensors(folder / "adapter_model.safetensors")
+    if lora_layers(model):
+        raise ValueError("this model already holds LoRA layers: load onto a fresh one")
+    shapes = {}  # what each weight of the adapter must be
+    for name, linear in _linear_layers(model, targets).items():
+        shapes[f"{PEFT_PREFIX}{name}.lora_A.weight"] = (r, linear.in_features)
+        shapes[f"{PEFT_PREFIX}{name}.lora_B.weight"] = (linear.out_features, r)
+    _check_adapter_weights(tensors, shapes, folder)
+    apply_lora(model, r, alpha, targets, dropout)
+    with torch.no_grad():
+        for name, layer in lora_layers(model).items():
+            for part in ("lora_A", "lora_B"):
+                getattr(layer, part).copy_(
+                    tensors[f"{PEFT_PREFIX}{name}.{part}.weight"]
+                )
+    return model
+
+
+def _adapter_settings(config, path: Path) -> tuple:
+    """(r, alpha, targets, dropout) of a peft adapter_config.json, checked."""
+    if not isinstance(config, dict) or config.get("peft_type") != "LORA":
+        found = config.get("peft_type") if isinstance(config, dict) else config
+        raise ValueError(f"{path}: expected peft_type 'LORA', got {found!r:.60}")
+    for key in ("use_rslora", "use_dora", "fan_in_fan_out"):
+        if config.get(key) not in (None, False):
             raise ValueError(
                 f"{path}: {key}={config[key]!r}: smol loads plain LoRA only"
             )
-    targets = config["target_modules"]
-    targets = [targets] if isinstance(targets, str) else targets
-    apply_lora(
-        model,
-        config["r"],
-        config["lora_alpha"],
-        targets,
-        config.get("lora_dropout", 0.0),
-    )
-    tensors = load_file(folder / "adapter_model.safetensors")
-    layers = lora_layers(model)
-    wanted = {
-        f"{PEFT_PREFIX}{n}.{p}.weight" for n in layers for p in ("lora_A", "lora_B")
-    }
-    if set(tensors) != wanted:
-        missing = sorted(wanted - set(tensors))
-        unexpected = sorted(set(tensors) - wanted)
+    missing = [k for k in ("r", "lora_alpha", "target_modules") if k not in config]
+    if missing:
+        raise ValueError(f"{path}: no {', '.join(missing)}")
+    r, alpha = config["r"], config["lora_alpha"]
+    dropout = config.get("lora_dropout", 0.0)
+    try:
+        targets = check_settings(r, alpha, dropout, config["target_modules"])
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    return r, alpha, targets, dropout
+
+
+def _check_adapter_weights(tensors: dict, shapes: dict, folder: Path) -> None:
+    """A ValueError naming what does not fit: missing, unexpected or mis-shaped
+    weights, or values that are not finite."""
+    missing = sorted(set(shapes) - set(tensors))
+    unexpected = sorted(set(tensors) - set(shapes))
+    if missing or unexpected:
         raise ValueError(
             f"{folder}: adapter weights do not fit this model: "
             f"{len(missing)} missing (e.g. {missing[:2]}), "
             f"{len(unexpected)} unexpected (e.g. {unexpected[:2]})"
         )
-    with torch.no_grad():
-        for name, layer in layers.items():
-            for part in ("lora_A", "lora_B"):
-                param = getattr(layer, part)
-                value = tensors[f"{PEFT_PREFIX}{name}.{part}.weight"]
-                if value.shape != param.shape:
-                    raise ValueError(
-                        f"{name}.{part}: adapter {tuple(value.shape)}, "
-                        f"model {tuple(param.shape)}"
-                    )
-                param.copy_(value)
-    return model
+    for key, shape in shapes.items():
+        value = tensors[key]
+        if tuple(value.shape) != shape:
+            raise ValueError(
+                f"{folder}: {key} is {tuple(value.shape)}, this model needs {shape}"
+            )
+        if not torch.isfinite(value).all():
+            raise ValueError(f"{folder}: {key} holds values that are not finite")

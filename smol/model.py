@@ -12,6 +12,7 @@ from torch.utils.checkpoint import checkpoint
 
 from smol.attention import Attention
 from smol.config import SmolConfig
+from smol.kv_cache import KVCache
 from smol.mlp import MLP
 from smol.norm import RMSNorm
 from smol.rope import RotaryEmbedding
@@ -107,31 +108,26 @@ class SmolLM(nn.Module):
     ):
         """input_ids (B, T) -> logits (B, T, V), and the mean cross-entropy against
         targets (B, T) (already shifted: targets[:, t] is the token after input_ids[:,
-        t]; -100 is ignored) or None.
+        t]; -100 is ignored) or None. When no target counts (all -100) the loss is 0,
+        with zero gradients, not NaN.
 
         attention_mask (B, Tk) holds 1 for real tokens and 0 for padding, as
-        transformers takes it (bool, or integers or floats that are all 0 or 1; values
-        are checked on CPU tensors only); Tk = T, plus the cached length when a kv_cache
-        is given. A row of zeros is all padding: its logits are finite but meaningless,
-        and targets of -100 leave it out of the loss. position_ids (B, T), if given, are
-        each token's position (default: offset + 0..T-1)."""
+        transformers takes it (bool, or integers or floats that are all 0 or 1); Tk =
+        T, plus the cached length when a kv_cache (a KVCache made for this model and
+        batch) is given. A row of zeros is all padding: its logits are finite but
+        meaningless, and targets of -100 leave it out of the loss. position_ids (B, T),
+        if given, are each token's position (default: offset + 0..T-1). Values (ids,
+        targets, positions, mask) are checked on CPU tensors only: elsewhere reading
+        them back would stall the device."""
         B, T = self._check_input_ids(input_ids)
+        offset = self._check_kv_cache(kv_cache, B, input_ids.device)
+        length = offset + T  # the positions the RoPE tables must cover
         if position_ids is not None:
-            if position_ids.shape != (B, T):
-                raise ValueError(
-                    f"position_ids must have shape (batch, seq_len) = {(B, T)}, "
-                    f"got {tuple(position_ids.shape)}"
-                )
-            if position_ids.is_floating_point() or position_ids.is_complex():
-                raise TypeError(
-                    "position_ids must hold integer positions, got "
-                    f"{position_ids.dtype}"
-                )
-        offset = kv_cache.length if kv_cache is not None else 0
+            length = max(length, self._check_position_ids(position_ids, B, T))
         mask, is_causal = self._attention_mask(
             attention_mask, B, T, offset, input_ids.device
         )
-        cos, sin = self.model.rotary_emb(offset + T, input_ids.device, position_ids)
+        cos, sin = self.model.rotary_emb(length, input_ids.device, position_ids)
         if position_ids is None:
             cos, sin = cos[offset:], sin[offset:]
         x = self.model.embed_tokens(input_ids)  # (B, T, C)
@@ -145,33 +141,18 @@ class SmolLM(nn.Module):
         logits = self.lm_head(self.model.norm(x))  # (B, T, V)
         if targets is None:
             return logits, None
-        if targets.shape != input_ids.shape:
-            raise ValueError(
-                f"targets must have the shape of input_ids {tuple(input_ids.shape)}, "
-                f"got {tuple(targets.shape)}"
-            )
-        loss = F.cross_entropy(
-            logits.flatten(0, 1).float(), targets.flatten(), ignore_index=IGNORE_INDEX
+        self._check_targets(targets, input_ids.shape)
+        total = F.cross_entropy(
+            logits.flatten(0, 1).float(),
+            targets.flatten(),
+            ignore_index=IGNORE_INDEX,
+            reduction="sum",
         )
-        return logits, loss
+        # the mean over counted targets; max(count, 1): no sync to ask whether any
+        return logits, total / (targets != IGNORE_INDEX).sum().clamp(min=1)
 
     def _check_input_ids(self, input_ids) -> tuple[int, int]:
-        if not isinstance(input_ids, torch.Tensor):
-            raise TypeError(
-                "input_ids must be a torch.Tensor of token ids, got "
-                f"{type(input_ids).__name__}"
-            )
-        if input_ids.dtype not in (
-            torch.long,
-            torch.int32,
-            torch.int16,
-            torch.uint8,
-            torch.int8,
-        ):
-            raise TypeError(
-                "input_ids must hold integer token ids (torch.long), got "
-                f"{input_ids.dtype}"
-            )
+        _check_tensor("input_ids", input_ids, integer=True)
         if input_ids.dim() != 2:
             raise ValueError(
                 "input_ids must have shape (batch, seq_len), got "
@@ -179,19 +160,61 @@ class SmolLM(nn.Module):
             )
         if input_ids.shape[1] == 0:
             raise ValueError("input_ids is empty: need at least one token per sequence")
-        # Reading min and max back is free on a CPU, but on a GPU it is a host sync per
-        # forward, which would stall the trainer's queue of kernels: check CPU tensors
-        # only. On a GPU an out-of-range id still stops the embedding lookup (a
-        # device-side assert, less clear). Compiled graphs skip this data-dependent
-        # check too.
-        if input_ids.device.type == "cpu" and not torch.compiler.is_compiling():
-            lo, hi = input_ids.min().item(), input_ids.max().item()
-            if lo < 0 or hi >= self.config.vocab_size:
-                raise ValueError(
-                    f"token ids must lie in [0, {self.config.vocab_size}), "
-                    f"got values from {lo} to {hi}"
-                )
+        # On a GPU an out-of-range id still stops the embedding lookup (a device-side
+        # assert, less clear).
+        _check_range("token ids", input_ids, 0, self.config.vocab_size)
         return input_ids.shape
+
+    def _check_kv_cache(self, kv_cache, B: int, device) -> int:
+        """The number of tokens kv_cache holds (0 without one), once its layers, batch,
+        heads, dtype and device are those this model and batch write."""
+        if kv_cache is None:
+            return 0
+        if not isinstance(kv_cache, KVCache):
+            raise TypeError(
+                f"kv_cache must be a KVCache, got {type(kv_cache).__name__}"
+            )
+        want = KVCache.shape(self.config, B, kv_cache.max_len)
+        autocast = torch.is_autocast_enabled(device.type)
+        dtype = (
+            torch.get_autocast_dtype(device.type)
+            if autocast
+            else self.model.embed_tokens.weight.dtype
+        )
+        got = (tuple(kv_cache.k.shape), kv_cache.k.dtype, kv_cache.k.device)
+        if got != (want, dtype, device):
+            raise ValueError(
+                "kv_cache does not fit this model and batch: it holds (layers, batch, "
+                f"kv heads, positions, head dim) {got[0]} of {got[1]} on {got[2]}, "
+                f"the model writes {want} of {dtype} on {device} "
+                "(KVCache.for_model makes one that fits)"
+            )
+        return kv_cache.length
+
+    def _check_position_ids(self, position_ids, B: int, T: int) -> int:
+        """How many positions the RoPE tables must cover for position_ids (B, T): one
+        past the largest on a CPU, where they are checked; the whole context on other
+        devices, where reading them back would be a host sync."""
+        _check_tensor("position_ids", position_ids, integer=True)
+        if position_ids.shape != (B, T):
+            raise ValueError(
+                f"position_ids must have shape (batch, seq_len) = {(B, T)}, "
+                f"got {tuple(position_ids.shape)}"
+            )
+        context = self.config.max_position_embeddings
+        # a negative position would read the tables from their end
+        hi = _check_range("position_ids", position_ids, 0, context)
+        return context if hi is None else hi + 1
+
+    def _check_targets(self, targets, shape) -> None:
+        _check_tensor("targets", targets, integer=True)
+        if targets.shape != shape:
+            raise ValueError(
+                f"targets must have the shape of input_ids {tuple(shape)}, "
+                f"got {tuple(targets.shape)}"
+            )
+        counted = targets[targets != IGNORE_INDEX] if targets.is_cpu else targets[:0]
+        _check_range("targets (other than -100)", counted, 0, self.config.vocab_size)
 
     def _attention_mask(self, attention_mask, B, T, offset, device):
         """(mask, is_causal) for SDPA: no mask and is_causal when plain causal attention
@@ -203,6 +226,8 @@ class SmolLM(nn.Module):
                 return None, True
             if T == 1:
                 return None, False  # one new token sees every cached one
+        elif not isinstance(attention_mask, torch.Tensor):
+            _check_tensor("attention_mask", attention_mask)
         elif attention_mask.shape != (B, Tk):
             raise ValueError(
                 "attention_mask must have shape (batch, "
@@ -251,6 +276,30 @@ class SmolLM(nn.Module):
         result = super().load_state_dict(state_dict, strict=strict, assign=assign)
         self.tie_weights()  # assign=True puts new tensors in place; share them again
         return result
+
+
+def _check_tensor(name: str, value, integer: bool = False) -> None:
+    """A TypeError unless value is a torch.Tensor (of integers, with integer)."""
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__}")
+    kind = value.dtype
+    if integer and (kind.is_floating_point or kind.is_complex or kind == torch.bool):
+        raise TypeError(f"{name} must hold integers (torch.long), got {kind}")
+
+
+def _check_range(name: str, values: torch.Tensor, lo: int, hi: int) -> int | None:
+    """The largest of values (None when there are none or they are not checked), after
+    checking that they lie in [lo, hi). Reading them back is free on a CPU, but on a
+    GPU it is a host sync, which would stall the queue of kernels: only CPU tensors are
+    checked, and compiled graphs skip this data-dependent check."""
+    if not values.is_cpu or not values.numel() or torch.compiler.is_compiling():
+        return None
+    low, high = values.min().item(), values.max().item()
+    if low < lo or high >= hi:
+        raise ValueError(
+            f"{name} must lie in [{lo}, {hi}), got values from {low} to {high}"
+        )
+    return high
 
 
 def check_state_dict(model: nn.Module, state_dict) -> None:

@@ -18,7 +18,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from smol.checkpoint import weights_to_save
+from smol.checkpoint import (
+    read_json,
+    read_safetensors,
+    verify_saved,
+    weights_to_save,
+    write_manifest,
+    write_safetensors,
+)
 from smol.config import SmolConfig
 from smol.gguf import bundled_gguf_path, read_gguf
 from smol.model import SmolLM
@@ -45,6 +52,16 @@ def load_pretrained(
     model.safetensors, tokenizer.json) or a hub id (downloaded with huggingface_hub;
     needs the network). device None means CUDA when available. The model is returned in
     eval mode."""
+    if not (source is None or isinstance(source, (str, Path))):
+        raise TypeError(
+            f"source must be a path, a hub id or None, got {type(source).__name__}"
+        )
+    if not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    try:
+        device = None if device is None else torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be a torch device, got {device!r}") from None
     if source is None:
         source = bundled_gguf_path()
         if source is None:
@@ -132,30 +149,44 @@ def _download(repo_id: str) -> Path:
 def read_hf_folder(
     folder: str | Path,
 ) -> tuple[SmolConfig, dict[str, torch.Tensor], Tokenizer]:
-    """(config, state dict, tokenizer) from a folder in the hub's layout."""
-    from safetensors.torch import load_file
-
+    """(config, state dict, tokenizer) from a folder in the hub's layout. A folder
+    smol saved is checked against its manifest.json first; a damaged file is an error
+    that names it."""
     folder = Path(folder)
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(
             f"no config.json in {folder}: expected a Hugging Face model folder "
             f"(config.json, model.safetensors, tokenizer.json)"
         )
-    config = SmolConfig.from_hf_dict(json.loads((folder / "config.json").read_text()))
+    verify_saved(folder, "model folder")
+    config = _read_config(folder / "config.json")
     index = folder / "model.safetensors.index.json"
     if (folder / "model.safetensors").is_file():
-        files = [folder / "model.safetensors"]
+        names = ["model.safetensors"]
     elif index.is_file():
-        files = [
-            folder / f
-            for f in sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        ]
+        try:
+            names = sorted(set(read_json(index)["weight_map"].values()))
+        except (KeyError, TypeError, AttributeError):
+            raise ValueError(f"{index} has no weight_map of file names") from None
     else:
         raise FileNotFoundError(f"no model.safetensors in {folder}")
     state_dict = {}
-    for f in files:
-        state_dict.update(load_file(f))
+    for name in names:
+        state_dict.update(read_safetensors(folder / name))
     return config, state_dict, Tokenizer.from_folder(folder)
+
+
+def _read_config(path: Path) -> SmolConfig:
+    """The SmolConfig of a config.json; a ValueError names the file and its fault."""
+    values = read_json(path)
+    if not isinstance(values, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(values).__name__}")
+    try:
+        return SmolConfig.from_hf_dict(values)
+    except KeyError as e:
+        raise ValueError(f"{path}: no {e} field, which a Llama config has") from None
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{path}: {e}") from None
 
 
 def save_pretrained(
@@ -163,9 +194,8 @@ def save_pretrained(
 ) -> Path:
     """Write config.json, model.safetensors (+ the tokenizer files and
     generation_config.json) that transformers' AutoModelForCausalLM.from_pretrained and
-    smol's load_pretrained both read."""
-    from safetensors.torch import save_file
-
+    smol's load_pretrained both read, and manifest.json with every file's sha256, which
+    load_pretrained checks."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     config = model.config.to_hf_dict()
@@ -182,7 +212,9 @@ def save_pretrained(
         tokenizer.save(folder)
     (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     (folder / "generation_config.json").write_text(json.dumps(special, indent=2) + "\n")
-    save_file(
-        weights_to_save(model), folder / "model.safetensors", metadata={"format": "pt"}
-    )
+    write_safetensors(weights_to_save(model), folder / "model.safetensors")
+    files = ["config.json", "generation_config.json", "model.safetensors"]
+    if tokenizer is not None:
+        files += ["tokenizer.json", "tokenizer_config.json"]
+    write_manifest(folder, files)
     return folder

@@ -118,6 +118,11 @@ def quantize_int8_(model: nn.Module, include_head: bool = True) -> nn.Module:
         raise ValueError(
             "the model has no nn.Linear layers to quantize (already quantized?)"
         )
+    if any(hasattr(module, "lora_A") for module in model.modules()):
+        raise ValueError("the model holds LoRA adapters: merge_lora(model) first")
+    for name, linear in targets:  # all checked before any layer changes
+        if not torch.isfinite(linear.weight).all():
+            raise ValueError(f"{name}.weight holds NaN or inf: int8 cannot hold it")
     for name, linear in targets:
         parent_name, _, child = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model

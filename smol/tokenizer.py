@@ -17,6 +17,7 @@ from tokenizers import (
     processors,
 )
 
+from smol.checkpoint import read_json
 from smol.generate import left_pad
 
 BOS_TOKEN, EOS_TOKEN = "<|im_start|>", "<|im_end|>"
@@ -110,9 +111,14 @@ class Tokenizer:
             raise FileNotFoundError(
                 f"no tokenizer.json in {folder}: expected a Hugging Face model folder"
             )
-        backend = Backend.from_file(str(path))
+        try:
+            backend = Backend.from_file(str(path))
+        except Exception as e:  # tokenizers raises a plain Exception
+            raise ValueError(f"{path} is not a readable tokenizer ({e})") from None
         config_path = folder / "tokenizer_config.json"
-        config = json.loads(config_path.read_text()) if config_path.is_file() else {}
+        config = read_json(config_path) if config_path.is_file() else {}
+        if not isinstance(config, dict):
+            raise ValueError(f"{config_path}: expected a JSON object")
 
         names = {}
         for key, default in SPECIAL_TOKENS.items():
@@ -183,12 +189,20 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         """Token ids of text; special tokens written in the text (e.g. <|im_end|>)
         become their ids."""
+        if not isinstance(text, str):
+            raise TypeError(f"expected text as str, got {type(text).__name__}")
         return self.backend.encode(text, add_special_tokens=False).ids
 
     def decode(self, ids, skip_special_tokens: bool = False) -> str:
-        if isinstance(ids, torch.Tensor):
-            ids = ids.tolist()
-        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+        """The text of token ids (ints, or a tensor or array of them)."""
+        if isinstance(ids, str):
+            raise TypeError(f"expected token ids, got the str {ids[:40]!r}")
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        n = self.vocab_size
+        bad = [i for i in ids if not isinstance(i, int) or not 0 <= i < n]
+        if bad:  # tokenizers would skip an unknown id without a word
+            raise ValueError(f"expected token ids in [0, {n}), got {bad[0]!r}")
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
 
     def batch_decode(self, batch, skip_special_tokens: bool = False) -> list[str]:
         return [self.decode(ids, skip_special_tokens) for ids in batch]
@@ -198,6 +212,8 @@ class Tokenizer:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Left-padded input_ids (B, T) and attention_mask (B, T) (0 on padding), ready
         for generate."""
+        if isinstance(texts, str):  # its characters would be the prompts
+            raise TypeError(f"texts must be a list of str, got the str {texts[:40]!r}")
         pad = self.pad_token_id if self.pad_token_id is not None else 0
         return left_pad([self.encode(t) for t in texts], pad, device)
 
@@ -219,21 +235,25 @@ class Tokenizer:
             raise ValueError(
                 "this tokenizer has no chat template (a base model's tokenizer?)"
             )
+        check_chat(messages)
 
         def raise_exception(message):
             raise TemplateError(message)
 
         env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
         env.globals["raise_exception"] = raise_exception
-        text = env.from_string(self.chat_template).render(
-            messages=messages,
-            add_generation_prompt=add_generation_prompt,
-            bos_token=self.bos_token,
-            eos_token=self.eos_token,
-            pad_token=self.pad_token,
-            unk_token=self.unk_token,
-            **kwargs,
-        )
+        try:
+            text = env.from_string(self.chat_template).render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self.bos_token,
+                eos_token=self.eos_token,
+                pad_token=self.pad_token,
+                unk_token=self.unk_token,
+                **kwargs,
+            )
+        except TemplateError as e:
+            raise ValueError(f"the chat template refused the messages: {e}") from None
         return self.encode(text) if tokenize else text
 
     def __repr__(self) -> str:
@@ -242,3 +262,21 @@ class Tokenizer:
             f"eos={self.eos_token!r}, "
             f"chat_template={'yes' if self.chat_template else 'no'})"
         )
+
+
+def check_chat(messages) -> None:
+    """A ValueError unless messages is a list of {"role": str, "content": str} dicts."""
+    if not isinstance(messages, list):
+        raise ValueError(
+            f"messages must be a list of dicts, got {type(messages).__name__}"
+        )
+    for i, m in enumerate(messages):
+        if not (
+            isinstance(m, dict)
+            and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str)
+        ):
+            raise ValueError(
+                f'message {i} must be a dict {{"role": str, "content": str}}, '
+                f"got {m!r:.80}"
+            )

@@ -55,10 +55,17 @@ class Trainer:
         of a fresh SmolLM of config.preset; its parameters that do not require grad
         stay frozen."""
         config.validate()  # again: fields may have been set after it was made
-        self.cfg = cfg = config.with_tokenizer()
+        self.model_config = mc = (
+            config.model_config() if model is None else model.config
+        )
+        if config.seq_len > mc.max_position_embeddings:
+            raise ValueError(
+                f"seq_len {config.seq_len} is longer than the model's context "
+                f"(max_position_embeddings={mc.max_position_embeddings})"
+            )
+        self.cfg = cfg = config.with_tokenizer(mc.vocab_size)
         self.rank, self.world_size, local_rank = setup_distributed(cfg.device)
         self.device = training_device(cfg.device, local_rank)
-        self.model_config = mc = cfg.model_config() if model is None else model.config
         # before any work, not when the first save fails
         prepare = functools.partial(resume.prepare_out_dir, cfg, self.checkpoint_root)
         on_main_rank(prepare, self.rank, self.world_size)

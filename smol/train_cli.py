@@ -42,7 +42,9 @@ class UsageError(ValueError):
     """A bad flag or setting: exit status 2."""
 
 
-class _Parser(argparse.ArgumentParser):
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are UsageErrors, reported in one line."""
+
     def error(self, message):
         raise UsageError(message)
 
@@ -75,7 +77,7 @@ def _model_override(item: str) -> tuple[str, object]:
 
 
 def _parse_args(argv) -> TrainConfig:
-    p = _Parser(prog=PROG, description="Train a SmolLM (torchrun for DDP).")
+    p = Parser(prog=PROG, description="Train a SmolLM (torchrun for DDP).")
     defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
         if f.name == "model_overrides":
@@ -112,19 +114,25 @@ def _parse_args(argv) -> TrainConfig:
 
 
 def main(argv=None) -> int:
+    return run_command(PROG, lambda: _parse_args(argv), _train, FAILURES)
+
+
+def run_command(
+    prog: str,
+    parse: Callable[[], object],
+    work: Callable[[object], int],
+    failures: tuple[type[Exception], ...],
+) -> int:
+    """A command's exit status: 2 after one line on stderr for a UsageError from
+    `parse`; else `work(settings)`'s, or 1 after one line for an error of `failures`;
+    either way this process leaves the process group, if it joined one."""
     try:
-        cfg = _parse_args(argv)
+        settings = parse()
     except UsageError as e:
-        print(f"{PROG}: error: {e}", file=sys.stderr, flush=True)
+        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
         return 2
-    return run_command(lambda: _train(cfg), FAILURES)
-
-
-def run_command(work: Callable[[], int], failures: tuple[type[Exception], ...]) -> int:
-    """A command's exit status: `work`'s, or 1 after one line on stderr for an error of
-    `failures`; either way this process leaves the process group, if it joined one."""
     try:
-        return work()
+        return work(settings)
     except failures as e:
         print(f"error: {e}", file=sys.stderr, flush=True)
         return 1
@@ -134,10 +142,9 @@ def run_command(work: Callable[[], int], failures: tuple[type[Exception], ...]) 
 
 
 def _train(cfg: TrainConfig) -> int:
-    """Train, write summary.json and loss.png into out_dir; a signal that stopped
-    training gives the status of a process stopped by it (128 + its number)."""
-    trainer = None
-    try:
+    """Train, then write summary.json and loss.png into out_dir."""
+
+    def start() -> Trainer:
         trainer = Trainer(cfg)
         if trainer.is_main:
             print(
@@ -146,10 +153,26 @@ def _train(cfg: TrainConfig) -> int:
                 f"{trainer.tokens_per_step:,} tokens/step, from step {trainer.step}",
                 flush=True,
             )
-        history = trainer.fit()
-        summary = trainer.summary()
+        return trainer
+
+    def finish(trainer: Trainer, history: dict) -> None:
+        summary = trainer.summary()  # every rank: it gathers their weights' digests
         if trainer.is_main:
             _write_results(trainer, history, summary)
+
+    return fit_until_stopped(start, finish)
+
+
+def fit_until_stopped(
+    start: Callable[[], Trainer], finish: Callable[[Trainer, dict], None]
+) -> int:
+    """Make a trainer (`start`), fit it, then `finish(trainer, history)` on every rank;
+    0 when done. A signal that stopped training gives the status of a process stopped
+    by it (128 + its number), after one line saying where the checkpoint is."""
+    trainer = None
+    try:
+        trainer = start()
+        finish(trainer, trainer.fit())
         return 0
     except TrainingInterrupted as e:
         if trainer.is_main:

@@ -42,7 +42,7 @@ class TrainConfig:
     (smol.resume.MAY_CHANGE); another device or compile gives the same run up to
     floating-point rounding, not bit for bit."""
 
-    preset: str = "tiny"
+    preset: str | None = "tiny"  # None: the model is given to the Trainer
     # SmolConfig fields, e.g. {"num_hidden_layers": 2}
     model_overrides: dict = field(default_factory=dict)
     # "shakespeare" (vocab 4096), "smollm2" (49152), or "auto" from the vocab size
@@ -102,16 +102,19 @@ class TrainConfig:
             decay_fraction=self.decay_fraction,
         )
 
-    def with_tokenizer(self) -> TrainConfig:
+    def with_tokenizer(self, vocab_size: int | None = None) -> TrainConfig:
         """This config with tokenizer "auto" made concrete from the model's vocabulary
-        size: "shakespeare" up to 4096 tokens, else "smollm2"."""
+        size (by default the preset's): "shakespeare" up to 4096 tokens, else
+        "smollm2"."""
         if self.tokenizer != "auto":
             return self
-        vocab = self.model_config().vocab_size
+        vocab = self.model_config().vocab_size if vocab_size is None else vocab_size
         tokenizer = "shakespeare" if vocab <= 4096 else "smollm2"
         return dataclasses.replace(self, tokenizer=tokenizer)
 
     def model_config(self) -> SmolConfig:
+        if self.preset is None:
+            raise ValueError("preset is None: give the Trainer its model")
         if self.preset not in PRESETS:
             raise ValueError(
                 f"unknown preset {self.preset!r}; choose one of {sorted(PRESETS)}"
@@ -217,6 +220,8 @@ def _check_run_folder(c: TrainConfig) -> None:
 def _check_model(c: TrainConfig) -> None:
     if not isinstance(c.sample_prompt, str):
         raise ValueError(f"sample_prompt must be a str, got {c.sample_prompt!r}")
+    if c.preset is None:  # the Trainer checks seq_len against the model it is given
+        return
     context = c.model_config().max_position_embeddings
     if c.seq_len > context:
         raise ValueError(

@@ -340,6 +340,45 @@ def test_clear_errors(bpe, tmp_path):
         BPE(bpe.vocab, [("no such token", "x")])
 
 
+BYTES = {c: i for i, c in enumerate(sorted(BYTE_TO_CHAR.values()))}  # 256 symbols
+
+
+@pytest.mark.parametrize(
+    "make, error, says",
+    [
+        # one id for two tokens: decode would give only one of them back
+        (lambda: BPE({**BYTES, "zz": 5}, []), ValueError, "share the id 5"),
+        (lambda: BPE({**BYTES, "zz": 300.0}, []), ValueError, "'zz': 300.0"),
+        (lambda: BPE({**BYTES, "": 300}, [], [""]), ValueError, "non-empty str"),
+        # a str is iterable: each of its characters would become a special token
+        (lambda: BPE({**BYTES, "<s>": 300}, [], "<s>"), TypeError, "the str '<s>'"),
+        (lambda: BPE(BYTES, [], ["<s>"]), ValueError, r"\['<s>'\] are not in vocab"),
+        (lambda: BPE(BYTES, [("a", "b", "c")]), ValueError, "merge 0 must be a pair"),
+        (lambda: train("hi hi", 300, "<s>"), TypeError, "the str '<s>'"),
+        (lambda: train("hi hi", 300, [""]), ValueError, "non-empty str"),
+        (lambda: train("hi hi", 300, ["<s>", "<s>"]), ValueError, "repeat"),
+        (lambda: train("hi hi", 300, ["h"]), ValueError, "are byte symbols"),
+        (lambda: train(b"hi hi", 300), TypeError, "got bytes"),
+        (lambda: train("hi hi", 300.0), ValueError, "vocab_size must be an int"),
+    ],
+)
+def test_degenerate_vocabularies_and_special_tokens_are_refused(make, error, says):
+    with pytest.raises(error, match=says):
+        make()
+
+
+def test_decode_takes_int_ids_only(bpe):
+    with pytest.raises(ValueError, match="got 72.7"):  # int() would make it 72
+        bpe.decode([72.7])
+    with pytest.raises(TypeError, match="got the str '72'"):  # '7', '2' -> ids 7, 2
+        bpe.decode("72")
+    ids = bpe.encode("Hello world")
+    torch = pytest.importorskip("torch")
+    assert bpe.decode(torch.tensor(ids)) == bpe.decode(ids) == "Hello world"
+    with pytest.raises(ValueError, match="expected token ids"):
+        bpe.decode(torch.tensor(ids, dtype=torch.float32))
+
+
 # --- training equals tokenizers' BpeTrainer -------------------------------------------
 
 

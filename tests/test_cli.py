@@ -11,6 +11,7 @@ import torch
 
 import smol.pretrained
 from smol import speculative
+from smol.chat import ChatSession
 from smol.__main__ import main
 from smol.gguf import bundled_gguf_path
 
@@ -214,3 +215,108 @@ def test_interactive_chat_with_stdin_piped_in_a_subprocess():
     assert result.returncode == 0, result.stderr
     lines = result.stdout.strip().split("\n")
     assert len(lines) == 2 and "Paris" in lines[0] and "Rome" in lines[1], result.stdout
+
+
+# --- the interactive chat survives its user ------------------------------------------
+
+
+def test_ctrl_c_stops_the_reply_not_the_chat(fake_load, capsys, monkeypatch):
+    """Ctrl-C during the first reply (here: in its third token) stops that reply; the
+    chat reads the next line and answers it."""
+    import smol.__main__
+
+    class Interrupted(smol.__main__.TextStream):
+        replies = 0
+
+        def __call__(self, tokens):
+            if len(self.ids) == 0:
+                Interrupted.replies += 1
+            if Interrupted.replies == 1 and len(self.ids) == 2:
+                raise KeyboardInterrupt
+            super().__call__(tokens)
+
+    monkeypatch.setattr(smol.__main__, "TextStream", Interrupted)
+    monkeypatch.setattr(
+        sys, "stdin", io.StringIO("What is the capital of France?\nAnd of Germany?\n")
+    )
+    code, out, err = run(["chat", "--max-new-tokens", "16"], capsys)
+    assert code == 0, err
+    assert "[stopped; /exit or Ctrl-D leaves the chat]" in err
+    first, second = out.strip().split("\n")
+    assert len(first) < 20 and "Berlin" in second, out
+
+
+def test_a_line_that_is_not_text_is_refused_and_the_chat_goes_on(
+    fake_load, capsys, monkeypatch
+):
+    lines = b"caf\xe9 au lait?\nWhat is the capital of France?\n"
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(lines)))
+    code, out, err = run(["chat", "--max-new-tokens", "12"], capsys)
+    assert code == 0, err
+    assert "[that line is not UTF-8 text (invalid continuation byte): left out]" in err
+    assert out.strip().count("\n") == 0 and "Paris" in out
+
+
+def _tiny_chat_model(real_model):
+    from tests.tiny_models import peaked, with_real_vocab
+
+    return peaked(with_real_vocab(max_position_embeddings=128)), real_model[1]
+
+
+def test_a_conversation_that_outgrows_the_context_drops_its_oldest_turns(real_model):
+    """A context of 128 tokens holds two or three exchanges: later turns drop the
+    oldest (with a notice), keep the system prompt, and answer as a session that
+    re-reads the conversation from scratch each turn."""
+    model, tokenizer = _tiny_chat_model(real_model)
+    notices = []
+    kept = ChatSession(model, tokenizer, system="Be brief.", notice=notices.append)
+    fresh = ChatSession(model, tokenizer, system="Be brief.", reuse_cache=False)
+    for i in range(6):
+        text = f"Question number {i}: what comes next?"
+        assert kept.send(text, 16, temperature=0) == fresh.send(text, 16, temperature=0)
+        shown = tokenizer.apply_chat_template(
+            kept.messages, add_generation_prompt=False
+        )
+        assert len(tokenizer.encode(shown)) <= 128
+    assert kept.messages == fresh.messages
+    assert kept.messages[0] == {"role": "system", "content": "Be brief."}
+    assert kept.messages[1]["content"] != "Question number 0: what comes next?"
+    assert kept.messages[-2]["content"] == "Question number 5: what comes next?"
+    assert notices and "outgrew the context of 128 tokens" in notices[0]
+    with pytest.raises(ValueError, match="more than the model's context of 128"):
+        kept.send("word " * 200, 16)
+    with pytest.raises(ValueError, match="not valid text"):
+        kept.send("caf\udce9", 16)
+    assert kept.messages == fresh.messages  # refused messages change nothing
+
+
+def test_a_reply_stopped_midway_stays_as_far_as_it_got(real_model):
+    model, tokenizer = _tiny_chat_model(real_model)
+
+    def stop_at(n):
+        seen = []
+
+        def stream(tokens):
+            seen.append(tokens)
+            if len(seen) == n:
+                raise KeyboardInterrupt
+
+        return stream
+
+    sessions = (
+        ChatSession(model, tokenizer),
+        ChatSession(model, tokenizer, reuse_cache=False),
+    )
+    for session in sessions:
+        session.send("Hello there", 8, temperature=0)
+        with pytest.raises(KeyboardInterrupt):
+            session.send("Tell me more", 16, stream=stop_at(3), temperature=0)
+    kept, fresh = sessions
+    assert kept.messages == fresh.messages and kept.messages[-2:][0] == {
+        "role": "user",
+        "content": "Tell me more",
+    }
+    partial = tokenizer.encode(kept.messages[-1]["content"])
+    assert 1 <= len(partial) <= 3
+    # the cache holds what the conversation says: the next turn agrees with a re-read
+    assert kept.send("Go on", 8, temperature=0) == fresh.send("Go on", 8, temperature=0)

@@ -423,6 +423,26 @@ def test_quantize_int8_replaces_every_linear(model):
         quantize_int8_("model")
 
 
+def test_quantize_int8_refuses_nan_weights_and_lora_layers_before_changing_any(model):
+    """A NaN or inf weight would make its row's scale NaN: every output of that channel
+    NaN. A LoRA layer's base weight would be quantized under its float adapter, which
+    merge_lora could then no longer fold in."""
+    from smol.lora import apply_lora
+
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.model.layers[2].mlp.up_proj.weight[5, 0] = float("inf")
+    with pytest.raises(
+        ValueError, match="layers.2.mlp.up_proj.weight holds NaN or inf"
+    ):
+        quantize_int8_(broken)
+    adapted = apply_lora(copy.deepcopy(model), 2, 4.0)
+    with pytest.raises(ValueError, match="holds LoRA adapters: merge_lora"):
+        quantize_int8_(adapted)
+    for m in (broken, adapted):
+        assert not any(isinstance(x, QuantLinear) for x in m.modules())
+
+
 # --- the real model -------------------------------------------------------------------
 def ids_of(tokenizer, text):
     return torch.tensor([tokenizer.encode(text)])

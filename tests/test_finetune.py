@@ -2,6 +2,12 @@
 trainer running it (full and LoRA), and the command line with its errors."""
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -283,5 +289,217 @@ def test_command_line_reports_a_bad_line_and_exits_1(tmp_path, capsys):
     assert main(["--data", str(data), "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert "error:" in err and "line 2: not valid JSON" in err
-    with pytest.raises(SystemExit):
-        main(["--data", str(data), "--lora-r", "-1"])
+
+
+def test_a_line_that_is_not_utf8_is_named_by_file_and_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    good = json.dumps({"messages": CONVERSATIONS[0]}).encode()
+    path.write_bytes(good + b"\n" + good.replace(b"What", b"Qu\xe9") + b"\n")
+    with pytest.raises(ValueError, match=r"latin1.jsonl, line 2: not UTF-8 text"):
+        read_conversations(path)
+    path.write_bytes(b"\xef\xbb\xbf" + good + b"\n")  # a byte order mark is fine
+    assert read_conversations(path) == CONVERSATIONS[:1]
+
+
+# --- the command line at the trainer's standard ------------------------------------
+
+
+@pytest.fixture(scope="module")
+def base(tokenizer, tmp_path_factory):
+    """A tiny model folder with SmolLM2's tokenizer and a context of 2048 (more than
+    the tiny preset's 512), and the conversations as JSONL."""
+    from smol.pretrained import save_pretrained
+
+    folder = tmp_path_factory.mktemp("base")
+    torch.manual_seed(0)
+    save_pretrained(SmolLM(with_real_vocab(2048)), tokenizer, folder / "model")
+    _jsonl(folder / "data.jsonl", [{"messages": c} for c in CONVERSATIONS])
+    return folder
+
+
+def finetune(base, out, *options, capsys=None):
+    """main() on the base model and data: (exit status, stdout, stderr)."""
+    code = main(
+        ["--data", str(base / "data.jsonl"), "--model", str(base / "model")]
+        + ["--out", str(out), "--device", "cpu", "--no-progress", "--eval-every", "0"]
+        + ["--steps", "3", "--batch-size", "2", "--max-len", "64", "--lora-r", "2"]
+        + list(options)
+    )
+    captured = capsys.readouterr() if capsys else None
+    return code, captured.out if capsys else "", captured.err if capsys else ""
+
+
+def adapter_of(out):
+    from safetensors.torch import load_file
+
+    return load_file(out / "adapter" / "adapter_model.safetensors")
+
+
+def test_the_same_seed_gives_the_same_adapter_bit_for_bit(base, tmp_path, capsys):
+    """The LoRA matrices are drawn after seeding: two runs in one process (whose
+    random state has moved on in between) give the same adapter, another seed
+    another one."""
+    runs = {}
+    for name, seed in (("a", "1"), ("b", "1"), ("c", "2")):
+        code, _, err = finetune(base, tmp_path / name, "--seed", seed, capsys=capsys)
+        assert code == 0, err
+        runs[name] = adapter_of(tmp_path / name)
+    assert runs["a"].keys() == runs["b"].keys()
+    assert all(torch.equal(runs["a"][k], runs["b"][k]) for k in runs["a"])
+    assert not all(torch.equal(runs["a"][k], runs["c"][k]) for k in runs["a"])
+
+
+def test_max_len_is_checked_against_the_loaded_models_context(base, tmp_path, capsys):
+    code, out, err = finetune(base, tmp_path / "a", "--max-len", "1024", capsys=capsys)
+    assert code == 0, err  # more than the tiny preset's 512: the model holds 2048
+    code, out, err = finetune(base, tmp_path / "b", "--max-len", "4096", capsys=capsys)
+    assert code == 1 and err.count("\n") == 1
+    assert "--max-len 4096 is longer than the model's context of 2048 tokens" in err
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        (
+            ["--lora-r", "0", "--lora-alpha", "4"],
+            "--lora-alpha set LoRA, but --lora-r 0",
+        ),
+        (
+            ["--lora-r", "0", "--lora-targets", "q_proj", "--lora-dropout", "0.1"],
+            "--lora-dropout, --lora-targets set LoRA",
+        ),
+        (["--lora-alpha", "nan"], "alpha must be a positive finite number, got nan"),
+        (["--lora-targets", "q_proj,qproj"], r"unknown LoRA targets \['qproj'\]"),
+        (["--lora-r", "-1"], "--lora-r must be >= 0"),
+        (["--resume", "--overwrite"], "resume and overwrite exclude each other"),
+        (["--steps", "0"], "steps must be a positive int"),
+        (["--out", ""], "--out is empty"),
+        (["--out", "{model}"], "is the model being fine-tuned"),
+    ],
+)
+def test_usage_errors_exit_2_before_any_work(base, capsys, monkeypatch, options, says):
+    import smol.pretrained
+
+    monkeypatch.setattr(
+        smol.pretrained,
+        "load_pretrained",
+        lambda *a, **k: pytest.fail("nothing is loaded for a bad command line"),
+    )
+    options = [o.format(model=base / "model") for o in options]
+    code, out, err = finetune(base, base / "unused", *options, capsys=capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert err.startswith("python -m smol.finetune: error:") and re.search(says, err)
+    assert not (base / "unused").exists()
+
+
+def test_an_earlier_fine_tune_is_not_written_over_unasked(base, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert finetune(base, out, capsys=capsys)[0] == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    code, _, err = finetune(base, out, "--seed", "5", capsys=capsys)
+    assert code == 1 and err.count("\n") == 1
+    assert f"--out {out} already holds a fine-tune" in err and "--overwrite" in err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    # a model folder that no fine-tune wrote is not written over either
+    from smol.pretrained import save_pretrained
+
+    other = save_pretrained(SmolLM(TINY), None, tmp_path / "other")
+    before_other = {p: p.read_bytes() for p in other.iterdir()}
+    code, _, err = finetune(base, other, capsys=capsys)
+    assert code == 1 and "already holds a fine-tune (config.json" in err
+    assert {p: p.read_bytes() for p in other.iterdir()} == before_other
+    # --overwrite starts over: a full fine-tune leaves no adapter of the LoRA run
+    code, _, err = finetune(base, out, "--overwrite", "--lora-r", "0", capsys=capsys)
+    assert code == 0, err
+    assert "overwrite: deleted the previous fine-tune's" in err
+    assert not (out / "adapter").exists() and (out / "model.safetensors").exists()
+
+
+def test_conversations_left_out_for_length_are_counted_and_named(
+    base, tmp_path, capsys
+):
+    long = chat("Tell me a story. " * 30, "Once upon a time.")  # the reply past 64
+    data = _jsonl(
+        tmp_path / "data.jsonl",
+        [{"messages": c} for c in CONVERSATIONS[:2]] + ["", {"messages": long}],
+    )
+    code, out, err = finetune(
+        base, tmp_path / "out", "--data", str(data), capsys=capsys
+    )
+    assert code == 0, err
+    assert (
+        f"warning: 1 of 3 training conversations have no reply within --max-len 64 "
+        f"tokens and are left out: {data}, lines 4"
+    ) in err
+    assert out.startswith("2 training conversations")
+
+
+def test_a_failure_to_write_is_one_line(base, tmp_path, capsys, monkeypatch):
+    """safetensors reports a full disk with its own error class, not an OSError."""
+    import safetensors.torch
+    from safetensors import SafetensorError
+
+    def full(*args, **kwargs):
+        raise SafetensorError("Error while serializing: No space left on device")
+
+    monkeypatch.setattr(safetensors.torch, "save_file", full)
+    code, _, err = finetune(base, tmp_path / "out", capsys=capsys)
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert "error: cannot write" in err and "No space left on device" in err
+
+
+def test_a_resume_refuses_other_lora_settings_or_data(base, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert finetune(base, out, capsys=capsys)[0] == 0
+    code, _, err = finetune(base, out, "--resume", "--lora-r", "4", capsys=capsys)
+    assert code == 1 and "lora_r: the run's 2, now 4" in err
+    assert "--allow-changed-settings" in err
+
+
+# SIGTERM: a checkpoint, one line saying where, status 143; --resume continues the run
+
+SIGNAL_OPTIONS = (
+    "--lora-r 2 --steps 30 --batch-size 2 --max-len 64 --eval-every 0 --device cpu "
+    "--no-progress --log-every 5"
+).split()
+
+
+def run_finetune(base, out, *extra, signal_at=None):
+    """`python -m smol.finetune` in a subprocess; with signal_at, SIGTERM once the
+    checkpoint of that step exists."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    data, model = base / "data.jsonl", base / "model"
+    cmd = [sys.executable, "-m", "smol.finetune", "--data", str(data), "--model"]
+    cmd += [str(model), *SIGNAL_OPTIONS, "--out", str(out), *extra]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    if signal_at is not None:
+        mark = out / "training" / "checkpoints" / f"step_{signal_at:07d}"
+        deadline = time.monotonic() + 240
+        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    return proc.returncode, out, err
+
+
+def test_sigterm_saves_and_the_resume_gives_the_uninterrupted_adapter(base, tmp_path):
+    code, _, err = run_finetune(base, tmp_path / "whole")
+    assert code == 0, err
+    out = tmp_path / "stopped"
+    code, _, err = run_finetune(base, out, "--ckpt-every", "1", signal_at=3)
+    assert code == 143, err
+    assert "Traceback" not in err and err.strip().count("\n") == 1, err
+    saved = re.search(r"stopped by SIGTERM after step (\d+): saved (\S+);", err)
+    step = int(saved.group(1))
+    assert 3 <= step < 30 and saved.group(2) == str(
+        out / "training" / "checkpoints" / f"step_{step:07d}"
+    )
+    assert not (out / "adapter").exists()
+    code, printed, err = run_finetune(base, out, "--ckpt-every", "1", "--resume")
+    assert code == 0, err
+    assert f"from step {step}" in printed
+    whole, resumed = adapter_of(tmp_path / "whole"), adapter_of(out)
+    assert whole.keys() == resumed.keys()
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)

@@ -256,3 +256,50 @@ def test_left_pad_right_aligns_prompts_and_refuses_empty_ones():
     for bad in ([], [[1, 2], []]):
         with pytest.raises(ValueError, match="no empty prompt"):
             left_pad(bad)
+
+
+@pytest.mark.parametrize(
+    "kw, error, says",
+    [
+        (dict(input_ids=[[1, 2, 3]]), TypeError, "input_ids must be a tensor of token"),
+        (dict(input_ids=torch.ones(1, 3)), TypeError, "got torch.float32"),
+        (dict(max_new_tokens=2.0), TypeError, "max_new_tokens must be an int, got 2.0"),
+        (dict(eos_token_id="2"), ValueError, r"token ids in \[0, 211\), got '2'"),
+        (dict(eos_token_id=2.0), ValueError, r"token ids in \[0, 211\), got 2.0"),
+        (
+            dict(attention_mask=[[1, 1, 1]]),
+            TypeError,
+            "attention_mask must be a tensor",
+        ),
+        (dict(stream=5), TypeError, "stream must be a callable, got int"),
+    ],
+)
+def test_generate_names_arguments_of_the_wrong_kind(model, kw, error, says):
+    args = dict(input_ids=torch.tensor([[1, 2, 3]]), max_new_tokens=2) | kw
+    with pytest.raises(error, match=says):
+        generate(model, **args, temperature=0)
+
+
+def test_filters_refuse_a_float_k_and_a_nan_p():
+    logits = torch.randn(2, 10)
+    with pytest.raises(ValueError, match="top_k must be a positive int, got 2.5"):
+        filter_top_k(logits, 2.5)
+    # NaN compares false with everything: unchecked, it kept every token
+    with pytest.raises(ValueError, match=r"top_p must lie in \[0, 1\], got nan"):
+        filter_top_p(logits, float("nan"))
+
+
+@pytest.mark.parametrize(
+    "args, error, says",
+    [
+        ((CONFIG, 1.5, 10), ValueError, "batch_size must be a positive int, got 1.5"),
+        ((CONFIG, 1, "10"), ValueError, "max_len must be a positive int, got '10'"),
+        ((CONFIG, 0, 10), ValueError, "batch_size must be a positive int, got 0"),
+        ((CONFIG.to_hf_dict(), 1, 10), TypeError, "config must be a SmolConfig"),
+    ],
+)
+def test_kv_cache_names_bad_arguments(args, error, says):
+    with pytest.raises(error, match=says):
+        KVCache(*args)
+    with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
+        KVCache(CONFIG, 1, 10, dtype="float32")

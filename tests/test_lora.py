@@ -21,7 +21,9 @@ from smol.lora import (
     merge_lora,
     save_peft_adapter,
 )
+from smol.checkpoint import CheckpointError
 from smol.pretrained import save_pretrained
+from tests.conftest import TINY_CONFIGS
 from tests.test_parity import ATOL, llama_pair
 
 ALL = list(TARGETS)
@@ -195,7 +197,10 @@ def test_adapter_written_by_peft_loads_in_smol(tmp_path, tiny_config):
         (dict(targets=()), "targets is empty"),
         (dict(r=0), "the rank r must be an int >= 1, got 0"),
         (dict(r=2.0), "the rank r must be an int >= 1, got 2.0"),
-        (dict(alpha=0), "alpha must be a positive number"),
+        (dict(alpha=0), "alpha must be a positive finite number"),
+        # NaN passes `alpha <= 0` unnoticed, and every logit becomes NaN
+        (dict(alpha=float("nan")), "alpha must be a positive finite number, got nan"),
+        (dict(alpha=float("inf")), "alpha must be a positive finite number, got inf"),
         (dict(dropout=1.0), "dropout must lie in [0, 1)"),
     ],
 )
@@ -226,3 +231,84 @@ def test_only_adapters_train(tiny_config):
     trainable, total = count_trainable(model)
     assert trainable == sum(model.get_parameter(n).numel() for n in names)
     assert total == SmolLM(tiny_config).count_params() + trainable
+
+
+def test_lora_functions_name_a_model_of_the_wrong_kind():
+    for fn in (apply_lora, merge_lora):
+        with pytest.raises(TypeError, match="expected a model .nn.Module., got str"):
+            fn("model")
+
+
+@pytest.fixture
+def adapter(tmp_path):
+    """A saved adapter of a tiny model, with nonzero B."""
+    config = TINY_CONFIGS["gqa3-tied"]
+    torch.manual_seed(0)
+    model = apply_lora(SmolLM(config), 2, 4.0, ("q_proj", "v_proj"))
+    with torch.no_grad():
+        for layer in lora_layers(model).values():
+            layer.lora_B.normal_()
+    return save_peft_adapter(model, tmp_path / "adapter"), config
+
+
+def _flip(path, at=-3):
+    data = bytearray(path.read_bytes())
+    data[at] ^= 0x10
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("name", ["adapter_model.safetensors", "adapter_config.json"])
+def test_a_flipped_byte_in_a_saved_adapter_is_caught_naming_the_file(adapter, name):
+    folder, config = adapter
+    _flip(folder / name)
+    model = SmolLM(config)
+    with pytest.raises(CheckpointError, match=f"adapter {folder} is corrupted: {name}"):
+        load_peft_adapter(model, folder)
+    assert not lora_layers(model)
+
+
+@pytest.mark.parametrize(
+    "damage, says",
+    [
+        (lambda f: (f / "adapter_config.json").write_text("{oops"), "not valid JSON"),
+        (
+            lambda f: (f / "adapter_model.safetensors").write_bytes(b"cut"),
+            "adapter_model.safetensors is not a readable safetensors file",
+        ),
+        (
+            lambda f: _edit_config(f, lora_alpha=float("nan")),
+            "adapter_config.json: alpha must be a positive finite number, got nan",
+        ),
+        (lambda f: _edit_config(f, r=3), r"lora_A.weight is \(2, 48\), this model"),
+        (lambda f: _edit_config(f, r=None), "the rank r must be an int"),
+        (
+            lambda f: _edit_config(f, target_modules=["q"]),
+            r"unknown LoRA targets \['q'\]",
+        ),
+        (lambda f: _edit_weights(f, float("nan")), "holds values that are not finite"),
+    ],
+)
+def test_a_damaged_adapter_without_manifest_names_its_fault(adapter, damage, says):
+    """Folders written by peft carry no manifest.json: their faults are named one by
+    one, and the model is changed only once the whole adapter is checked."""
+    folder, config = adapter
+    (folder / "manifest.json").unlink()
+    damage(folder)
+    model = SmolLM(config)
+    with pytest.raises(ValueError, match=says):
+        load_peft_adapter(model, folder)
+    assert not lora_layers(model) and all(p.requires_grad for p in model.parameters())
+
+
+def _edit_config(folder, **changes):
+    path = folder / "adapter_config.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+
+
+def _edit_weights(folder, value):
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "adapter_model.safetensors"
+    tensors = load_file(path)
+    next(iter(tensors.values()))[0, 0] = value
+    save_file(tensors, path)

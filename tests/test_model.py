@@ -165,7 +165,7 @@ def test_bad_inputs_get_clear_errors():
         model(torch.tensor([[0, 4096]]))
     with pytest.raises(ValueError, match="from -1"):
         model(torch.tensor([[-1, 3]]))
-    with pytest.raises(TypeError, match="integer token ids"):
+    with pytest.raises(TypeError, match="input_ids must hold integers"):
         model(torch.zeros(1, 4))
     with pytest.raises(ValueError, match="shape \\(batch, seq_len\\), got \\(4,\\)"):
         model(torch.zeros(4, dtype=torch.long))
@@ -178,13 +178,92 @@ def test_bad_inputs_get_clear_errors():
 def test_token_ids_are_range_checked_on_cpu_without_reading_back_other_devices():
     """On a CPU out-of-range ids get a clear error; elsewhere the check must not read
     values back (on a GPU that is a host sync per forward). A meta tensor has no values:
-    a check that read them (`.item()` on every device) raises here."""
+    a check that read them (`.item()` on every device) raises here: for the ids, the
+    targets, the positions and the mask alike."""
     with torch.device("meta"):
         model = SmolLM(SmolConfig.preset("tiny"))
-        logits, _ = model(torch.zeros(2, 5, dtype=torch.long))
-    assert logits.shape == (2, 5, 4096)
+        ids = torch.zeros(2, 5, dtype=torch.long)
+        logits, loss = model(
+            ids,
+            targets=ids,
+            attention_mask=torch.ones(2, 5),
+            position_ids=ids + 3,
+        )
+    assert logits.shape == (2, 5, 4096) and loss.shape == ()
     with pytest.raises(ValueError, match="token ids must lie in \\[0, 4096\\)"):
         SmolLM(SmolConfig.preset("tiny"))(torch.tensor([[5, 4096]]))
+
+
+@pytest.mark.parametrize(
+    "inputs, error, says",
+    [
+        (dict(attention_mask=[[1, 1, 1]]), TypeError, "attention_mask must be a torch"),
+        (dict(targets=[[1, 2, 3]]), TypeError, "targets must be a torch.Tensor"),
+        (dict(targets=torch.ones(1, 3)), TypeError, "targets must hold integers"),
+        (dict(position_ids=[[0, 1, 2]]), TypeError, "position_ids must be a torch"),
+        (dict(kv_cache={}), TypeError, "kv_cache must be a KVCache, got dict"),
+        (dict(targets=torch.tensor([[1, 5000, 2]])), ValueError, "from 1 to 5000"),
+        (dict(targets=torch.tensor([[1, -3, 2]])), ValueError, "from -3 to 2"),
+        # a negative position would read the RoPE tables from their end
+        (dict(position_ids=torch.tensor([[-1, 0, 1]])), ValueError, "from -1 to 1"),
+        (dict(position_ids=torch.tensor([[30, 31, 32]])), ValueError, r"\[0, 32\)"),
+    ],
+)
+def test_wrong_kinds_and_ranges_of_inputs_are_named(inputs, error, says):
+    model = SmolLM(SmolConfig.preset("tiny", max_position_embeddings=32))
+    with pytest.raises(error, match=says):
+        model(torch.tensor([[1, 2, 3]]), **inputs)
+
+
+def test_positions_past_the_built_rope_tables_are_read_from_grown_ones():
+    """Attention depends on relative positions only: shifting every position by 40
+    leaves the logits as they were, though the tables were built for 3 positions."""
+    torch.manual_seed(0)
+    model = SmolLM(SmolConfig.preset("tiny", max_position_embeddings=64)).eval()
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        plain, _ = model(ids)
+        shifted, _ = model(ids, position_ids=torch.tensor([[40, 41, 42]]))
+    torch.testing.assert_close(shifted, plain, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (dict(num_hidden_layers=3), r"\(3, 2, 2, 8, 32\) of torch.float32"),
+        (dict(num_key_value_heads=1), r"\(4, 2, 1, 8, 32\)"),
+        (dict(batch_size=1), r"\(4, 1, 2, 8, 32\)"),
+        (dict(dtype=torch.bfloat16), r"of torch.bfloat16 on cpu, the model writes"),
+    ],
+)
+def test_a_cache_that_does_not_fit_the_model_and_batch_is_refused(change, says):
+    config = SmolConfig.preset("tiny")
+    model = SmolLM(config).eval()
+    batch_size = change.pop("batch_size", 2)
+    dtype = change.pop("dtype", torch.float32)
+    cache = KVCache(config.replace(**change), batch_size, 8, dtype=dtype)
+    with pytest.raises(ValueError, match="kv_cache does not fit this model") as info:
+        model(torch.zeros(2, 3, dtype=torch.long), kv_cache=cache)
+    assert info.match(says) and cache.length == 0
+
+
+def test_the_loss_with_no_counted_target_is_zero_without_gradient():
+    """Every target -100 (a batch of padding, a reply cut off): the mean over no token
+    is 0 with zero gradients, not NaN, which would poison a sum of losses."""
+    torch.manual_seed(0)
+    model = SmolLM(SmolConfig.preset("tiny"))
+    ids = torch.randint(0, 4096, (2, 5))
+    _, loss = model(ids, targets=torch.full((2, 5), -100))
+    loss.backward()
+    assert loss.item() == 0.0
+    assert all(not p.grad.any() for p in model.parameters())
+    targets = ids.roll(-1, 1)
+    targets[0, :3] = -100  # the mean counts the 7 others only
+    logits, loss = model(ids, targets=targets)
+    kept = targets != -100
+    torch.testing.assert_close(
+        loss, torch.nn.functional.cross_entropy(logits[kept], targets[kept])
+    )
 
 
 def test_state_dict_from_another_config_names_keys_and_shapes():
@@ -448,7 +527,7 @@ def test_position_ids_must_have_the_shape_of_input_ids():
         match=r"position_ids must have shape \(batch, seq_len\) = \(1, 2\), got \(2,\)",
     ):
         model(ids, position_ids=torch.arange(2))
-    with pytest.raises(TypeError, match="position_ids must hold integer positions"):
+    with pytest.raises(TypeError, match="position_ids must hold integers"):
         model(ids, position_ids=torch.zeros(1, 2))
     torch.testing.assert_close(
         model(ids, position_ids=torch.arange(2)[None])[0], model(ids)[0]

@@ -32,7 +32,7 @@ SHOWN = {
         "# smol/model.py: DecoderLayer",
         "# smol/model.py: SmolModel",
         "# smol/model.py: SmolLM",
-        "# smol/model.py: check_state_dict",
+        "# smol/model.py: _check_tensor, _check_range, check_state_dict",
         "# smol/model.py",
     ],
     "07_the_tokenizer": ["# smol/bpe.py"],

@@ -12,6 +12,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from smol import SmolConfig, SmolLM
+from smol.checkpoint import CheckpointError
 from smol.generate import generate
 from smol.gguf import GGUFFile, bundled_gguf_path, dequantize, permute_qk, unpermute_qk
 from smol.pretrained import build_model, load_pretrained, save_pretrained
@@ -281,6 +282,61 @@ def test_gguf_of_another_architecture(tmp_path):
     writer.close()
     with pytest.raises(ValueError, match="'gpt2' model; smol loads Llama"):
         load_pretrained(path)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["model.safetensors", "config.json", "tokenizer.json", "tokenizer_config.json"],
+)
+def test_a_flipped_byte_in_a_saved_model_is_caught_naming_the_file(
+    real_model, tmp_path, name
+):
+    tiny_folder(real_model, tmp_path)
+    data = bytearray((tmp_path / name).read_bytes())
+    data[len(data) // 2] ^= 0x04  # in the weights' middle, or a letter of the JSON
+    (tmp_path / name).write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=f"{tmp_path} is corrupted: {name} does"):
+        load_pretrained(tmp_path, device="cpu")
+
+
+@pytest.mark.parametrize(
+    "name, data, says",
+    [
+        ("config.json", b"{oops", "config.json is not valid JSON"),
+        ("config.json", b"[1, 2]", "config.json: expected a JSON object, got list"),
+        ("config.json", b'{"vocab_size": 8}', "no 'num_attention_heads' field"),
+        ("model.safetensors", b"\x08", "model.safetensors is not a readable safet"),
+        ("model.safetensors", None, "model.safetensors is not a readable safetensors"),
+        ("tokenizer.json", b"{oops", "tokenizer.json is not a readable tokenizer"),
+        ("tokenizer_config.json", b"{oops", "tokenizer_config.json is not valid JSON"),
+    ],
+)
+def test_a_damaged_file_of_a_folder_without_manifest_is_named(
+    real_model, tmp_path, name, data, says
+):
+    """Folders from the hub or transformers carry no manifest.json: each file's fault
+    is named with its path, instead of a bare JSON or safetensors error."""
+    tiny_folder(real_model, tmp_path)
+    (tmp_path / "manifest.json").unlink()
+    path = tmp_path / name
+    path.write_bytes(data if data is not None else path.read_bytes()[:-100])
+    with pytest.raises(ValueError, match=says) as info:
+        load_pretrained(tmp_path, device="cpu")
+    assert str(tmp_path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "kw, error, says",
+    [
+        (dict(source=5), TypeError, "source must be a path, a hub id or None, got int"),
+        (dict(dtype="bfloat16"), TypeError, "dtype must be a floating torch.dtype"),
+        (dict(dtype=torch.int8), TypeError, "dtype must be a floating torch.dtype"),
+        (dict(device="gpu"), ValueError, "device must be a torch device, got 'gpu'"),
+    ],
+)
+def test_load_pretrained_names_arguments_of_the_wrong_kind(tmp_path, kw, error, says):
+    with pytest.raises(error, match=says):
+        load_pretrained(**{"source": tmp_path} | kw)
 
 
 def test_config_json_is_a_llama_config(real_model, tmp_path):

@@ -144,3 +144,40 @@ def test_special_tokens_are_named_by_id_and_read_back_from_a_folder(tmp_path):
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     again = Tokenizer.from_folder(tmp_path)
     assert [getattr(again, n) for n in names] == ["<|im_start|>", "</s>", "</s>", "a"]
+
+
+@pytest.mark.parametrize(
+    "call, error, says",
+    [
+        (lambda t: t.encode(5), TypeError, "expected text as str, got int"),
+        (lambda t: t.encode(b"hi"), TypeError, "expected text as str, got bytes"),
+        # tokenizers would truncate 1.5, and skip an unknown id without a word
+        (lambda t: t.decode([1.5]), ValueError, r"in \[0, 49152\), got 1.5"),
+        (lambda t: t.decode([19556, 49152]), ValueError, "got 49152"),
+        (lambda t: t.decode([-1]), ValueError, "got -1"),
+        (lambda t: t.decode("19556"), TypeError, "got the str '19556'"),
+        (lambda t: t.batch_encode("hi"), TypeError, "a list of str, got the str 'hi'"),
+        (lambda t: t.apply_chat_template("hi"), ValueError, "a list of dicts, got str"),
+        (
+            lambda t: t.apply_chat_template([{"role": "user"}]),
+            ValueError,
+            "message 0 must be a dict",
+        ),
+        (
+            lambda t: t.apply_chat_template([{"role": "user", "content": 5}]),
+            ValueError,
+            "message 0 must be a dict",
+        ),
+    ],
+)
+def test_bad_arguments_are_named(tokenizers, call, error, says):
+    with pytest.raises(error, match=says):
+        call(tokenizers[0])
+
+
+def test_a_template_that_raises_is_a_value_error(tokenizers):
+    strict = Tokenizer(
+        tokenizers[0].backend, "{{ raise_exception('roles must alternate') }}"
+    )
+    with pytest.raises(ValueError, match="refused the messages: roles must alternate"):
+        strict.apply_chat_template(CHATS[0])
