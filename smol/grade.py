@@ -26,7 +26,8 @@ Markdown page per student, and the JSON report (by default next to the CSV) the 
 from which a rerun takes every notebook that has not changed.
 
 Exit status: 2 for a usage error (found before any grading), 1 when a notebook could
-not be read, an output could not be written, or (with --strict) below full marks, else
+not be read, an output could not be written, or (with --strict) below full marks, 130
+when interrupted (Ctrl-C or SIGTERM: every process it started is ended first), else
 0."""
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ import argparse
 import importlib
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -354,19 +356,28 @@ def _gradebook(args) -> int:
     return 0 if ok else 1
 
 
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv=None) -> int:
     parser = _parser()
     args = parser.parse_args(argv)
     problem = _usage_problem(args)
     if problem:
         parser.error(problem)
-    with reaper.reaping():
-        if args.gradebook is not None:
-            return _gradebook(args)
-        reports = _grade_all(args)
-        reaper.KEEP.clear()
-        reaper.sweep()  # nothing a notebook or a check started outlives the grading
-        return _finish(args, reports)
+    # SIGTERM ends what grading started, as Ctrl-C does
+    previous = signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        with reaper.reaping():
+            if args.gradebook is not None:
+                return _gradebook(args)
+            reports = _grade_all(args)
+            reaper.KEEP.clear()
+            reaper.sweep()  # nothing a notebook or a check started outlives it
+            return _finish(args, reports)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _finish(args, reports: list[dict]) -> int:
@@ -390,4 +401,10 @@ def _finish(args, reports: list[dict]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print(
+            "smol.grade: interrupted; every process it started ended", file=sys.stderr
+        )
+        sys.exit(130)

@@ -1316,6 +1316,26 @@ def _cumsum(x):
     return x.cumsum(-1)
 
 
+class _FailsToLoad:
+    def __reduce__(self):
+        return _refuse_to_load, ()
+
+
+def _refuse_to_load():
+    raise RuntimeError("a module the notebook had")
+
+
+@pytest.mark.parametrize("task_name", TEST_TASKS)
+@pytest.mark.parametrize("isolate", [False, True])
+def test_an_object_that_cannot_be_loaded_says_so(task_name, isolate):
+    import cloudpickle
+
+    payload = cloudpickle.dumps(_FailsToLoad())
+    result = run_checks(task_name, payload=payload, isolate=isolate)
+    want = "the grader could not load your object: RuntimeError: a module the notebook"
+    assert all(r.message.startswith(want) for r in result.rows), result.table()
+
+
 @pytest.mark.parametrize("task_name", TEST_TASKS)
 def test_loading_the_object_is_not_check_time(task_name, monkeypatch):
     import cloudpickle

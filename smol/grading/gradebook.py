@@ -237,8 +237,17 @@ def grade_class(subs: list[Submission], args, previous: dict) -> list[dict]:
                 flush=True,
             )
 
-        with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        pool = ThreadPoolExecutor(max_workers=args.jobs)
+        try:
             list(pool.map(one, todo))
+        except KeyboardInterrupt:  # Ctrl-C or SIGTERM: end the workers, then stop
+            pool.shutdown(wait=False, cancel_futures=True)
+            with workers.lock:
+                reaper.KEEP.clear()
+                reaper.sweep()
+            raise
+        finally:
+            pool.shutdown(wait=True)
     out = []
     for i, sub in enumerate(subs):
         report = reports[i]

@@ -329,15 +329,15 @@ def run_here(c: Check, load: Callable[[], Any], timeout: float) -> Row:
 def probe_here(
     c: Check, load: Callable[[], Any], inputs: bytes, timeout: float
 ) -> bytes:
-    """One probe in this process: its plain bytes ({"ok": ...} or {"error": ...})."""
+    """One probe in this process: its outcome."""
     out, why = _in_process(
         load,
         lambda obj, problem: (
-            plain.encode({"error": problem}) if problem else _probed(c, obj, inputs)
+            outcome(error=problem) if problem else _probed(c, obj, inputs)
         ),
         timeout,
     )
-    return out if out is not None else plain.encode({"error": why})
+    return out if out is not None else outcome(error=why)
 
 
 # --- in a forked child ----------------------------------------------------------------

@@ -53,9 +53,10 @@ def _prctl(option: int, value: int = 0) -> int | None:
 @contextlib.contextmanager
 def reaping():
     """While the block runs, this process is the reaper of whatever its descendants
-    leave behind, and non-dumpable; at its end every descendant not in KEEP is killed
-    and reaped, and both settings are restored. Yields whether the platform allowed
-    it. Only a grader's own process uses this: `sweep` kills its children."""
+    leave behind, and non-dumpable; at its end (an interrupt included) every
+    descendant is killed and reaped, and both settings are restored. Yields whether
+    the platform allowed it. Only a grader's own process uses this: `sweep` kills its
+    children."""
     global _ACTIVE
     dumpable = _prctl(PR_GET_DUMPABLE)
     adopting = _prctl(PR_GET_CHILD_SUBREAPER, -1)
@@ -64,6 +65,7 @@ def reaping():
     try:
         yield _ACTIVE
     finally:
+        KEEP.clear()
         sweep()
         _ACTIVE = False
         if adopting is not None:
