@@ -4,28 +4,46 @@ are added up.
     python -m smol.grade exercises/                      # every notebook in the folder
     python -m smol.grade exercises/02_rope.ipynb --strict  # exit 1 below full marks
     python -m smol.grade solutions/ --json report.json
+    python -m smol.grade submissions/ --gradebook grades.csv --feedback feedback/
 
 Each notebook runs top to bottom (errors do not stop it) under a time limit of its own.
-After each cell that calls `grade("task", obj)`, the grader takes `obj` out of the
-kernel (pickled) and runs the task's checks itself, in processes of its own, one per
-check, each killed at `--check-timeout`. What the notebook prints or displays is never
-read, and nothing a notebook does to the grading code in its kernel changes its score.
-The points at stake are every task of the notebook's topic (known from its file name)
-and every task its `grade` calls name: a task whose check cell never ran, a notebook
-that hangs, or one whose kernel dies scores zero on what it did not finish, and costs no
-other notebook anything. A file that is not a notebook is reported as an error (its
-tasks score zero) and the others are graded. Exit status: 2 for a usage error (found
-before any grading), 1 when a notebook could not be read, the report could not be
-written, or (with --strict) below full marks, else 0."""
+After each cell that calls `grade("task", obj)`, the grader grades `obj` itself, in
+processes of its own, one per check, each killed at `--check-timeout`. What the
+notebook prints or displays is never read, and nothing a notebook does to the grading
+code in its kernel changes its score. The points at stake are every task of the
+notebook's topic (known from its file name) and every task its `grade` calls name: a
+task whose check cell never ran, a notebook that hangs, or one whose kernel dies scores
+zero on what it did not finish, and costs no other notebook anything. A file that is not
+a notebook is reported as an error (its tasks score zero) and the others are graded.
+Every process a notebook or a check started is ended before the report is written, and
+the report is written at once (never a part of it), never over a notebook or a file that
+is not an earlier report.
+
+With --gradebook, the one path is a class's submissions folder (a folder per student, or
+notebooks named STUDENT__EXERCISE.ipynb): each notebook is graded by a process of its
+own, --jobs at a time; the CSV gets a row per student, exercise and task, --feedback a
+Markdown page per student, and the JSON report (by default next to the CSV) the details,
+from which a rerun takes every notebook that has not changed.
+
+Exit status: 2 for a usage error (found before any grading), 1 when a notebook could
+not be read, an output could not be written, or (with --strict) below full marks, 130
+when interrupted (Ctrl-C or SIGTERM: every process it started is ended first), else
+0."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import os
+import signal
 import sys
+import time
 from pathlib import Path
 
+from smol.grading import reaper
 from smol.grading.core import DEFAULT_TIMEOUT, timeout_problem
+from smol.grading.files import is_report, output_problem, write_atomic
 
 # Running a notebook and grading it lives in smol.grading.runner; these names stay
 # importable from here.
@@ -64,20 +82,7 @@ def notebook_paths(args: list[str]) -> list[Path]:
 def report_problem(path: Path) -> str:
     """Why the report cannot be written to `path` ("" when it can); leaves no file
     behind."""
-    if path.is_dir():
-        return "it is a folder"
-    folder = path.parent
-    if not folder.is_dir():
-        return f"the folder {folder} does not exist"
-    existed = path.exists()
-    try:
-        with open(path, "a"):
-            pass
-    except OSError as exc:
-        return exc.strerror or str(exc)
-    if not existed:
-        path.unlink(missing_ok=True)
-    return ""
+    return output_problem(path, is_report, "report of smol.grade")
 
 
 def _name(path: str) -> str:
@@ -125,6 +130,18 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive whole number, got {text!r}"
+        )
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m smol.grade",
@@ -154,8 +171,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--json",
         type=Path,
-        default=Path("grade_report.json"),
-        help="where to write the report",
+        default=None,
+        help="where to write the report (default grade_report.json, or with "
+        "--gradebook its name with .json); - writes it to standard output",
     )
     parser.add_argument(
         "--strict",
@@ -163,6 +181,35 @@ def _parser() -> argparse.ArgumentParser:
         help="exit 1 unless every notebook has full marks",
     )
     parser.add_argument("--quiet", action="store_true", help="one line per notebook")
+    parser.add_argument(
+        "--gradebook",
+        type=Path,
+        help="grade a class: the one path is a folder of submissions; write a CSV row "
+        "per student, exercise and task here",
+    )
+    parser.add_argument(
+        "--feedback",
+        type=Path,
+        help="with --gradebook: a folder for one Markdown page per student",
+    )
+    parser.add_argument(
+        "--jobs",
+        type=_count,
+        default=os.cpu_count() or 1,
+        help="with --gradebook: notebooks graded at once (default: the CPU count)",
+    )
+    parser.add_argument(
+        "--regrade",
+        action="store_true",
+        help="with --gradebook: grade every notebook, changed or not",
+    )
+    parser.add_argument(
+        "--tasks",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import MODULE first: it registers tasks of its own (repeatable)",
+    )
     return parser
 
 
@@ -173,15 +220,69 @@ def _usage_problem(args) -> str:
         import cloudpickle  # noqa: F401
     except ImportError:
         return "grading needs cloudpickle in this environment: pip install cloudpickle"
+    for name in args.tasks:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - any failure to import is a usage error
+            return f"cannot import --tasks {name}: {type(exc).__name__}: {exc}"
+    if args.gradebook is not None:
+        return _gradebook_problem(args)
+    for option in ("feedback", "regrade"):
+        if getattr(args, option):
+            return f"--{option} needs --gradebook"
     try:
         args.paths = notebook_paths(args.paths)
     except ValueError as exc:
         return str(exc)
+    if args.json is None:
+        args.json = Path("grade_report.json")
+    if str(args.json) == "-":
+        return ""
     problem = report_problem(args.json)
     if problem:
         return (
             f"cannot write the report to {args.json}: {problem} (choose another --json)"
         )
+    return ""
+
+
+def _gradebook_problem(args) -> str:
+    """What makes a class's grading unusable ("" when nothing does)."""
+    from smol.grading import gradebook
+
+    if args.strict:
+        return "--strict does not apply to --gradebook (the CSV holds every score)"
+    if len(args.paths) != 1 or not Path(args.paths[0]).is_dir():
+        return "--gradebook grades one folder of submissions: name only that folder"
+    try:
+        args.submissions = gradebook.find_submissions(Path(args.paths[0]))
+    except (ValueError, OSError) as exc:
+        return str(exc)
+    problem = output_problem(args.gradebook, gradebook.is_gradebook, "gradebook")
+    if problem:
+        return f"cannot write the gradebook to {args.gradebook}: {problem}"
+    if args.json is None:
+        args.json = args.gradebook.with_suffix(".json")
+    if str(args.json) == "-" or args.json.resolve() == args.gradebook.resolve():
+        return "--json must name a file of its own next to --gradebook"
+    problem = report_problem(args.json)
+    if problem:
+        return (
+            f"cannot write the report to {args.json}: {problem} (choose another --json)"
+        )
+    if args.feedback is not None:
+        folder = args.feedback
+        if folder.exists() and not folder.is_dir():
+            return f"--feedback {folder} is a file, not a folder"
+        if not folder.exists() and not folder.parent.is_dir():
+            return f"--feedback: the folder {folder.parent} does not exist"
+        for student in sorted({s.student for s in args.submissions}):
+            page = folder / gradebook.feedback_name(student)
+            if page.exists() and not gradebook.is_feedback(page):
+                return (
+                    f"--feedback: {page} exists and is not an earlier feedback page, "
+                    "which the output would replace"
+                )
     return ""
 
 
@@ -201,20 +302,62 @@ def _grade_all(args) -> list[dict]:
     return reports
 
 
-def _write_report(path: Path, score: int, total: int, reports: list[dict]) -> bool:
-    """Write the JSON report; whether that worked (if not, say so on stderr)."""
-    report = {"score": score, "total": total, "notebooks": reports}
+def _write(path: Path, text: str, what: str) -> bool:
+    """Write an output atomically; whether that worked (if not, say so on stderr)."""
     try:
-        path.write_text(json.dumps(report, indent=1) + "\n")
+        write_atomic(path, text)
     except OSError as exc:
         print(
-            f"smol.grade: could not write the report to {path}: "
+            f"smol.grade: could not write the {what} to {path}: "
             f"{exc.strerror or exc}; the scores above are all there is",
             file=sys.stderr,
         )
         return False
+    return True
+
+
+def _write_report(path: Path, score: int, total: int, reports: list[dict]) -> bool:
+    """Write the JSON report (to stdout for -); whether that worked."""
+    report = {"score": score, "total": total, "notebooks": reports}
+    if str(path) == "-":
+        sys.stdout.write(json.dumps(report) + "\n")
+        sys.stdout.flush()
+        return True
+    if not _write(path, json.dumps(report, indent=1) + "\n", "report"):
+        return False
     print(f"report written to {path}")
     return True
+
+
+def _gradebook(args) -> int:
+    """Grade a class's submissions; write the gradebook, the report and the pages."""
+    from smol.grading import gradebook as book
+
+    start = time.monotonic()
+    grader = book.fingerprint(args)
+    previous = {} if args.regrade else book.earlier_grades(args.json, grader)
+    reports = book.grade_class(args.submissions, args, previous)
+    reaper.KEEP.clear()
+    reaper.sweep()  # nothing a submission started outlives its grading
+    for r in reports:
+        r["grader"] = grader
+    rows = book.gradebook_rows(reports)
+    print(book.summary(reports, rows, time.monotonic() - start))
+    score, total = sum(r[3] for r in rows), sum(r[4] for r in rows)
+    ok = _write(args.gradebook, book.csv_text(rows), "gradebook")
+    ok &= _write_report(args.json, score, total, reports)
+    if args.feedback is not None:
+        args.feedback.mkdir(exist_ok=True)
+        for student in sorted({r["student"] for r in reports}):
+            page = book.feedback_page(student, reports, rows)
+            ok &= _write(args.feedback / book.feedback_name(student), page, "feedback")
+    if ok:
+        print(f"gradebook written to {args.gradebook}")
+    return 0 if ok else 1
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv=None) -> int:
@@ -223,16 +366,33 @@ def main(argv=None) -> int:
     problem = _usage_problem(args)
     if problem:
         parser.error(problem)
-    reports = _grade_all(args)
+    # SIGTERM ends what grading started, as Ctrl-C does
+    previous = signal.signal(signal.SIGTERM, _interrupted)
+    try:
+        with reaper.reaping():
+            if args.gradebook is not None:
+                return _gradebook(args)
+            reports = _grade_all(args)
+            reaper.KEEP.clear()
+            reaper.sweep()  # nothing a notebook or a check started outlives it
+            return _finish(args, reports)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _finish(args, reports: list[dict]) -> int:
+    """Show the scores and write the report; the exit status."""
     score, total = sum(r["score"] for r in reports), sum(r["total"] for r in reports)
-    print(table(reports, verbose=not args.quiet))
+    out = sys.stderr if str(args.json) == "-" else sys.stdout
+    print(table(reports, verbose=not args.quiet), file=out)
     code = 1 if args.strict and score < total else 0
     unreadable = [r for r in reports if "error" in r]
     if unreadable:
         files = f"{len(unreadable)} file{'s' if len(unreadable) > 1 else ''}"
         print(
             f"{files} could not be graded (scored zero): "
-            + "; ".join(r["error"] for r in unreadable)
+            + "; ".join(r["error"] for r in unreadable),
+            file=out,
         )
         code = 1
     if not _write_report(args.json, score, total, reports):
@@ -241,4 +401,10 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:
+        print(
+            "smol.grade: interrupted; every process it started ended", file=sys.stderr
+        )
+        sys.exit(130)

@@ -24,6 +24,7 @@ from torch import nn
 
 from smol.attention import Attention
 from smol.grading import NOTEBOOKS, TASKS, core, grade, preview, run_checks
+from smol.grading.checks._util import close
 from smol.grading.make_exercises import (
     BEGIN,
     END,
@@ -1890,3 +1891,651 @@ def test_preview_hides_hints_and_tables_need_no_emoji(capsys):
         assert all(ord(ch) < 0x2000 for ch in table), (
             "a symbol that needs a special font"
         )
+
+
+# --- the grader's own guarantees, on test-only tasks (not the course's checks)
+# ---------------------------------------------------------------------------------
+# "plain_cumsum" is a plain check (it runs the student's code and judges in one
+# process); "probe_cumsum" the same check as probe + judge. `python -m smol.grade
+# --tasks tests.test_grading` registers them in the grader and its kernels.
+
+core.task("plain_cumsum", "grader_tests", "cumsum(x) over the last dimension (plain)")
+core.task("probe_cumsum", "grader_tests", "cumsum(x) over the last dimension (probes)")
+
+
+def _cumsum_values(f):
+    x = torch.randn(3, 5)
+    close(f(x), x.cumsum(-1), "cumsum(x)")
+
+
+def _cumsum_dtype(f):
+    out = f(torch.randn(2, 4).to(torch.bfloat16))
+    assert out.dtype == torch.bfloat16, f"bfloat16 in gave {out.dtype} out"
+
+
+core.check("plain_cumsum", "values", 2, "add up along the last dimension")(
+    _cumsum_values
+)
+core.check("plain_cumsum", "bfloat16 in, bfloat16 out", 1, "keep the dtype")(
+    _cumsum_dtype
+)
+
+
+def _inputs():
+    return {"x": torch.randn(3, 5), "h": torch.randn(2, 4).to(torch.bfloat16)}
+
+
+def _judge_values(inputs, out):
+    close(out, inputs["x"].cumsum(-1), "cumsum(x)")
+
+
+def _judge_dtype(inputs, out):
+    assert isinstance(out, torch.Tensor), f"expected a tensor, got {type(out).__name__}"
+    assert out.dtype == torch.bfloat16, f"bfloat16 in gave {out.dtype} out"
+
+
+@core.probe_check(
+    "probe_cumsum",
+    "values",
+    2,
+    "add up along the last dimension",
+    inputs=_inputs,
+    judge=_judge_values,
+)
+def _probe_values(f, inputs):
+    return f(inputs["x"])
+
+
+@core.probe_check(
+    "probe_cumsum",
+    "bfloat16 in, bfloat16 out",
+    1,
+    "keep the dtype",
+    inputs=_inputs,
+    judge=_judge_dtype,
+)
+def _probe_dtype(f, inputs):
+    return f(inputs["h"])
+
+
+TEST_TASKS = ("plain_cumsum", "probe_cumsum")
+
+
+def test_probe_checks_judge_plain_data_outside_the_students_process():
+    for isolate in (False, True):
+        good = run_checks("probe_cumsum", lambda x: x.cumsum(-1), isolate=isolate)
+        assert good.score == good.total == 3, good.table()
+        upcast = run_checks(
+            "probe_cumsum", lambda x: x.float().cumsum(-1), isolate=isolate
+        )
+        assert [r.passed for r in upcast.rows] == [True, False], upcast.table()
+        odd = run_checks("probe_cumsum", lambda x: {x.sum().item()}, isolate=isolate)
+        assert odd.score == 0 and "is a set" in odd.rows[0].message, odd.table()
+
+
+def test_plain_data_decodes_only_what_it_encoded():
+    from smol.grading import plain
+
+    value = {"t": torch.arange(6).view(2, 3).t(), (1, "a"): [None, 2.5, (True,)]}
+    back = plain.decode(plain.encode(value))
+    assert torch.equal(back["t"], value["t"]) and back[(1, "a")] == [None, 2.5, (True,)]
+    data = plain.encode(value)
+    for broken in (b"", data[:-4], b"X" + data[1:], data + b"x"):
+        with pytest.raises(plain.NotPlain):
+            plain.decode(broken)
+    with pytest.raises(plain.NotPlain, match="is a object"):
+        plain.encode([object()])
+
+
+# --- fair to correct solutions ------------------------------------------------------
+
+
+class _SlowToLoad:
+    """Unpickles into `fn` after `seconds`: a large object whose load is slow."""
+
+    def __init__(self, fn, seconds):
+        self.fn, self.seconds = fn, seconds
+
+    def __reduce__(self):
+        return _slowly, (self.fn, self.seconds)
+
+
+def _slowly(fn, seconds):
+    time.sleep(seconds)
+    return fn
+
+
+def _cumsum(x):
+    return x.cumsum(-1)
+
+
+class _FailsToLoad:
+    def __reduce__(self):
+        return _refuse_to_load, ()
+
+
+def _refuse_to_load():
+    raise RuntimeError("a module the notebook had")
+
+
+@pytest.mark.parametrize("task_name", TEST_TASKS)
+@pytest.mark.parametrize("isolate", [False, True])
+def test_an_object_that_cannot_be_loaded_says_so(task_name, isolate):
+    import cloudpickle
+
+    payload = cloudpickle.dumps(_FailsToLoad())
+    result = run_checks(task_name, payload=payload, isolate=isolate)
+    want = "the grader could not load your object: RuntimeError: a module the notebook"
+    assert all(r.message.startswith(want) for r in result.rows), result.table()
+
+
+@pytest.mark.parametrize("task_name", TEST_TASKS)
+def test_loading_the_object_is_not_check_time(task_name, monkeypatch):
+    import cloudpickle
+
+    from smol.grading import isolation
+
+    payload = cloudpickle.dumps(_SlowToLoad(_cumsum, 1.0))
+    result = run_checks(task_name, payload=payload, timeout=0.6, isolate=True)
+    assert result.score == result.total, result.table()
+    monkeypatch.setattr(isolation, "LOAD_TIMEOUT", 0.3)
+    result = run_checks(task_name, payload=payload, timeout=0.6, isolate=True)
+    assert result.score == 0, result.table()
+    assert all("could not load your object in 0.3 s" in r.message for r in result.rows)
+
+
+def _holding_what_pickle_refuses(tmp_path, started: bool):
+    """A correct cumsum that holds a lock, an event, an open file and a generator
+    (started or not)."""
+    import itertools
+
+    lock, event = threading.RLock(), threading.Event()
+    log = open(tmp_path / "calls.log", "w")  # noqa: SIM115 - held open on purpose
+    ticks = (i for i in itertools.count())
+    if started:
+        next(ticks)
+
+    def cumsum(x):
+        with lock:
+            event.set()
+            log.write(f"call {next(ticks)}\n")
+            log.flush()
+            return x.cumsum(-1)
+
+    return cumsum
+
+
+@pytest.mark.parametrize("task_name", TEST_TASKS)
+def test_solutions_holding_locks_files_and_generators_keep_full_marks(
+    task_name, tmp_path
+):
+    """The command line hands a plain check the object pickled by smol.grading.carry
+    (plain cloudpickle refuses a lock), a probe check never copies it: both score as
+    `grade` in the notebook does."""
+    import cloudpickle
+
+    from smol.grading import carry
+
+    fresh = _holding_what_pickle_refuses(tmp_path, started=False)
+    with pytest.raises(TypeError, match="pickle"):
+        cloudpickle.dumps(fresh)
+    in_notebook = run_checks(task_name, fresh)
+    carried = run_checks(task_name, payload=carry.dumps(fresh), isolate=True)
+    assert in_notebook.score == carried.score == carried.total, carried.table()
+    started = _holding_what_pickle_refuses(tmp_path, started=True)
+    carried = run_checks(task_name, payload=carry.dumps(started), isolate=True)
+    if task_name == "probe_cumsum":  # the CLI runs probes where the object is
+        carried = run_checks(task_name, started, isolate=True)
+        assert carried.score == carried.total, carried.table()
+    else:  # a generator half-way through cannot be carried: the message says so
+        assert carried.score == 0, carried.table()
+        assert "could not be carried" in carried.rows[0].message, carried.table()
+
+
+def test_carried_files_and_locks_work_on_the_other_side(tmp_path):
+    import cloudpickle
+
+    from smol.grading import carry
+
+    out = open(tmp_path / "out.txt", "w")  # noqa: SIM115
+    out.write("kept\n")
+    reader = open(tmp_path / "out.txt")  # noqa: SIM115
+    condition, local = threading.Condition(), threading.local()
+    local.value = 7
+
+    def use():
+        with condition:
+            out.write("more\n")
+            out.flush()
+        return local.value, reader.read()
+
+    copy = cloudpickle.loads(carry.dumps(use))
+    assert copy() == (7, "kept\nmore\n")
+    assert (tmp_path / "out.txt").read_text() == "kept\nmore\n"  # not truncated
+
+
+@pytest.mark.parametrize("task_name", TEST_TASKS)
+@pytest.mark.parametrize("isolate", [False, True])
+def test_out_of_memory_is_not_called_an_endless_loop(task_name, isolate, monkeypatch):
+    from smol.grading import isolation
+
+    result = run_checks(task_name, lambda x: bytearray(1 << 50), isolate=isolate)
+    assert result.score == 0, result.table()
+    assert all(r.message.startswith("ran out of memory") for r in result.rows)
+    monkeypatch.setattr(
+        isolation, "memory_shortage", lambda pid=None: "12 of 24000 MiB were available"
+    )
+    stalled = run_checks(task_name, lambda x: time.sleep(30), 0.5, isolate=isolate)
+    for row in stalled.rows:
+        assert "memory was short (12 of 24000 MiB" in row.message, row.message
+        assert "endless loop?" not in row.message, row.message
+    monkeypatch.setattr(isolation, "memory_shortage", lambda pid=None: "")
+    looping = run_checks(task_name, lambda x: time.sleep(30), 0.5, isolate=isolate)
+    assert all("an endless loop" in r.message for r in looping.rows), looping.table()
+
+
+@pytest.mark.parametrize("task_name", TEST_TASKS)
+def test_a_child_killed_from_outside_blames_memory(task_name):
+    """The out-of-memory killer ends a process with SIGKILL; the grader sends none
+    before the time limit, so such a death is not called a timeout or a crash."""
+    import signal
+
+    result = run_checks(
+        task_name, lambda x: os.kill(os.getpid(), signal.SIGKILL), isolate=True
+    )
+    for row in result.rows:
+        assert "SIGKILL, which the grader did not send" in row.message, row.message
+        assert "out-of-memory" in row.message and "timed out" not in row.message
+
+
+def test_an_allocation_that_fails_in_torch_is_out_of_memory():
+    def allocate(x):  # a memory limit for this process only (the check's child)
+        import resource
+
+        with open("/proc/self/status") as f:
+            size = next(int(li.split()[1]) for li in f if li.startswith("VmSize"))
+        limit = size * 1024 + (256 << 20)
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+        return torch.empty(1 << 32, dtype=torch.float64)
+
+    result = run_checks("plain_cumsum", allocate, isolate=True)
+    assert all(r.message.startswith("ran out of memory") for r in result.rows), (
+        result.table()
+    )
+
+
+# --- nothing lost: the report never replaces what it did not write ---------------
+
+
+def test_a_report_never_replaces_a_notebook_or_a_foreign_file(tmp_path, capsys):
+    from smol.grade import main
+
+    nb = _notebook(tmp_path, "mine.ipynb", [HEAD])
+    before = nb.read_bytes()
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes")
+    other = tmp_path / "other.ipynb"
+    for where, why in (
+        (nb, "it is a notebook"),
+        (other, "it is a notebook"),
+        (notes, "not an earlier report"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main([str(nb), "--json", str(where)])
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"cannot write the report to {where}" in err and why in err, err
+    assert nb.read_bytes() == before and notes.read_text() == "my notes"
+    assert not other.exists() and sorted(p.name for p in tmp_path.iterdir()) == [
+        "mine.ipynb",
+        "notes.txt",
+    ]
+
+
+def test_reports_are_written_whole_and_only_over_earlier_reports(tmp_path, monkeypatch):
+    from smol.grading import files
+    from smol.grading.files import is_report, output_problem, write_atomic
+
+    report = tmp_path / "report.json"
+    first = json.dumps({"score": 0, "total": 0, "notebooks": []})
+    write_atomic(report, first)
+    assert is_report(report) and output_problem(report, is_report, "report") == ""
+
+    def full_disk(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(files.os, "fsync", full_disk)
+    with pytest.raises(OSError):  # fails half-way: the old report stays whole
+        write_atomic(report, json.dumps({"score": 1, "total": 1, "notebooks": []}))
+    assert report.read_text() == first
+    assert [p.name for p in tmp_path.iterdir()] == ["report.json"]
+    report.write_text('{"score": 1}')  # JSON, not a report
+    assert "not an earlier report" in output_problem(report, is_report, "report")
+
+
+# --- the command line: escapes, forgeries and fairness, end to end ---------------
+
+ESCAPE = '''import os, time
+def escape(tag, folder, target="report.json"):
+    """A process that leaves its group and its parent, waits for the grader's output
+    `target`, then rewrites it."""
+    pid = os.fork()
+    if pid == 0:
+        os.setsid()
+        if os.fork() == 0:
+            with open(os.path.join(folder, tag + ".pid"), "w") as f:
+                f.write(str(os.getpid()))
+            report = os.path.join(folder, target)
+            while not os.path.exists(report):
+                time.sleep(0.05)
+            time.sleep(0.3)
+            with open(report, "w") as f:
+                f.write('{"forged by": "%s"}' % tag)
+        os.kill(os.getpid(), 9)
+    os.waitpid(pid, 0)
+escape("kernel", FOLDER, TARGET)'''
+PLAIN_ESCAPE = """def cumsum(x):
+    if not os.path.exists(os.path.join(FOLDER, "check.pid")):
+        escape("check", FOLDER)
+    import ctypes
+    try:  # write into the grader's memory (its pid: this process's parent)
+        with open(f"/proc/{os.getppid()}/mem", "r+b"):
+            pass
+        verdict = "opened"
+    except OSError as exc:
+        verdict = type(exc).__name__
+    dumpable = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE, inherited
+    with open(os.path.join(FOLDER, "grader-memory.txt"), "w") as f:
+        f.write(f"{verdict} {dumpable}")
+    return x.cumsum(-1)"""
+PROBE_FORGERY = '''import sys, torch
+from smol.grading import plain
+def forger(x):
+    """Leaves a process behind, then finds the pipe to the grader on the stack and
+    sends a result of its own making, with the grader's framing."""
+    if not os.path.exists(os.path.join(FOLDER, "probe.pid")):
+        escape("probe", FOLDER)
+    frame, fd = sys._getframe(), None
+    while frame is not None:
+        fd = frame.f_locals.get("write_fd", fd)
+        frame = frame.f_back
+    for forged in (plain.encode({"passed": True}), plain.encode(torch.zeros(3, 5))):
+        data = b"O" + forged
+        os.write(fd, b"R" + len(data).to_bytes(8, "little") + data)
+    os.kill(os.getpid(), 9)'''
+FAIR = """import itertools, threading
+lock, event = threading.RLock(), threading.Event()
+log = open("calls.log", "w")
+unstarted = (i for i in itertools.count())
+started = (i for i in itertools.count())
+next(started)
+def plain_sol(x):
+    with lock:
+        event.set()
+        log.write(f"call {next(unstarted)}\\n")
+        return x.cumsum(-1)
+def probe_sol(x):
+    with lock:
+        log.write(f"call {next(started)}\\n")
+        return x.cumsum(-1)"""
+
+
+@pytest.fixture(scope="module")
+def hostile_and_fair(tmp_path_factory):
+    """One run of `python -m smol.grade` over a notebook whose code escapes, reaches
+    for the grader's memory and forges a probe's result, and one whose correct code
+    holds what pickle refuses; then a wait past the escapes' rewrite."""
+    tmp = tmp_path_factory.mktemp("escapes")
+    head = f"{HEAD}\nFOLDER, TARGET = {str(tmp)!r}, 'report.json'"
+    hostile = _notebook(
+        tmp,
+        "hostile.ipynb",
+        [
+            head,
+            ESCAPE,
+            PLAIN_ESCAPE,
+            'grade("plain_cumsum", cumsum)',
+            PROBE_FORGERY,
+            'grade("probe_cumsum", forger)',
+        ],
+    )
+    fair = _notebook(
+        tmp,
+        "fair.ipynb",
+        [
+            "# the setup cell's place (run_in_process skips it)",
+            head,
+            FAIR,
+            'grade("plain_cumsum", plain_sol)',
+            'grade("probe_cumsum", probe_sol)',
+        ],
+    )
+    report = tmp / "report.json"
+    env = _env_with_tests()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "smol.grade",
+            str(hostile),
+            str(fair),
+            "--json",
+            str(report),
+        ]
+        + ["--tasks", "tests.test_grading", "--cell-timeout", "60"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env=env,
+    )
+    time.sleep(1.5)  # an escaped process would have rewritten the report by now
+    return proc, tmp, report
+
+
+def _pid_is_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def test_no_escaped_process_outlives_the_grading(hostile_and_fair):
+    proc, tmp, report = hostile_and_fair
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert is_report_file(report), report.read_text()[:300]
+    for tag in ("kernel", "check", "probe"):  # each started, each killed
+        pid = int((tmp / f"{tag}.pid").read_text())
+        assert _pid_is_gone(pid), f"the {tag}'s escaped process {pid} still runs"
+
+
+def test_a_check_cannot_reach_into_the_graders_memory(hostile_and_fair):
+    """The grader is non-dumpable (its check children inherit that): a process of the
+    same user cannot open its memory. Root can, whatever the flag: grade as a user."""
+    _, tmp, _ = hostile_and_fair
+    opened, dumpable = (tmp / "grader-memory.txt").read_text().split()
+    assert dumpable == "0"
+    if os.geteuid() != 0:
+        assert opened == "PermissionError"
+
+
+def test_a_probe_that_forges_its_result_scores_nothing(hostile_and_fair):
+    _, _, report = hostile_and_fair
+    hostile = _report_of(report, "hostile.ipynb")
+    assert hostile == {"plain_cumsum": (3, 3), "probe_cumsum": (0, 3)}, hostile
+
+
+def test_the_command_line_agrees_with_grade_on_code_pickle_refuses(
+    hostile_and_fair, monkeypatch
+):
+    _, tmp, report = hostile_and_fair
+    monkeypatch.chdir(tmp)  # the notebook opens calls.log where it runs
+    _, _, in_notebook = run_in_process(tmp / "fair.ipynb")
+    here = {name: (r.score, r.total) for name, r in in_notebook.items()}
+    assert (
+        _report_of(report, "fair.ipynb")
+        == here
+        == {
+            "plain_cumsum": (3, 3),
+            "probe_cumsum": (3, 3),
+        }
+    )
+
+
+def is_report_file(path: Path) -> bool:
+    from smol.grading.files import is_report
+
+    return is_report(path)
+
+
+def _report_of(report: Path, name: str) -> dict:
+    notebooks = json.loads(report.read_text())["notebooks"]
+    nb = next(n for n in notebooks if n["notebook"].endswith(name))
+    return {t["task"]: (t["score"], t["total"]) for t in nb["tasks"]}
+
+
+def _env_with_tests() -> dict:
+    """The environment in which a grader, and its kernels, import tests.test_grading."""
+    paths = [str(ROOT), os.environ.get("PYTHONPATH", "")]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in paths if p)}
+
+
+# --- an instructor's gradebook ------------------------------------------------------
+
+
+def _grade_class(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "smol.grade", *args, "--tasks", "tests.test_grading"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=ROOT,
+        env=_env_with_tests(),
+    )
+
+
+@pytest.fixture(scope="module")
+def gradebook(tmp_path_factory):
+    """A class of three: alice (a folder) solves the exercise; bob (a file prefix)
+    keeps float32, leaves a process behind that rewrites the gradebook later, and
+    hangs in a check; carol's notebook is cut short. Graded two at a time."""
+    tmp = tmp_path_factory.mktemp("class")
+    subs = tmp / "submissions"
+    (subs / "alice").mkdir(parents=True)
+    (subs / "carol").mkdir()
+    solve = "def cumsum(x):\n    return x.cumsum(-1)"
+    _notebook(
+        subs / "alice",
+        "warmup.ipynb",
+        [HEAD, solve, 'grade("plain_cumsum", cumsum)', 'grade("probe_cumsum", cumsum)'],
+    )
+    _notebook(
+        subs,
+        "bob__warmup.ipynb",
+        [
+            f"{HEAD}\nFOLDER, TARGET = {str(tmp)!r}, 'grades.csv'",
+            ESCAPE,
+            "def cumsum(x):\n    return x.float().cumsum(-1)",
+            'grade("plain_cumsum", cumsum)',
+            "def hangs(x):\n    while True:\n        pass",
+            'grade("probe_cumsum", hangs)',
+        ],
+    )
+    (subs / "carol" / "warmup.ipynb").write_text('{"cells": [')
+    outputs = ["--gradebook", str(tmp / "grades.csv"), "--feedback", str(tmp / "fb")]
+    options = ["--jobs", "2", "--check-timeout", "3"]
+    start = time.monotonic()
+    proc = _grade_class(str(subs), *outputs, *options)
+    seconds = time.monotonic() - start
+    time.sleep(1.5)  # bob's escaped process would have rewritten the gradebook
+    return proc, tmp, outputs + options, seconds
+
+
+def _rows(path: Path) -> dict:
+    import csv
+
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    return {(r["student"], r["task"]): r for r in rows}
+
+
+def test_a_gradebook_has_a_row_per_student_exercise_and_task(gradebook):
+    proc, tmp, _, _ = gradebook
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = _rows(tmp / "grades.csv")
+    got = {k: (r["exercise"], r["points"], r["max_points"]) for k, r in rows.items()}
+    assert got == {
+        ("alice", "plain_cumsum"): ("warmup", "3", "3"),
+        ("alice", "probe_cumsum"): ("warmup", "3", "3"),
+        ("bob", "plain_cumsum"): ("warmup", "2", "3"),  # float32 out
+        ("bob", "probe_cumsum"): ("warmup", "0", "3"),
+        ("carol", "plain_cumsum"): ("warmup", "0", "3"),
+        ("carol", "probe_cumsum"): ("warmup", "0", "3"),
+    }
+    assert rows["bob", "plain_cumsum"]["status"] == "graded"
+    assert rows["bob", "probe_cumsum"]["status"] == "graded"
+    assert "invalid JSON" in rows["carol", "plain_cumsum"]["status"]
+    pid = int((tmp / "kernel.pid").read_text())
+    assert _pid_is_gone(pid), "bob's escaped process outlived the grading"
+
+
+def test_feedback_pages_show_each_failed_check_with_its_hint(gradebook):
+    _, tmp, _, _ = gradebook
+    pages = {p.name: p.read_text() for p in (tmp / "fb").iterdir()}
+    assert sorted(pages) == ["alice.md", "bob.md", "carol.md"]
+    assert (
+        "# alice: 6/6 points" in pages["alice.md"] and "failed" not in pages["alice.md"]
+    )
+    bob = pages["bob.md"]
+    assert "**failed** (1 points): bfloat16 in, bfloat16 out" in bob
+    assert "hint: keep the dtype" in bob and "bfloat16 in gave torch.float32 out" in bob
+    assert "### probe_cumsum: 0/3 points" in bob and "timed out after 3 s" in bob
+    assert "could not be graded" in pages["carol.md"]
+
+
+def test_a_rerun_grades_only_what_changed(gradebook):
+    _, tmp, args, _ = gradebook
+    subs = tmp / "submissions"
+    again = _grade_class(str(subs), *args)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "0 graded, 3 unchanged since the last run" in again.stdout, again.stdout
+    (subs / "carol" / "warmup.ipynb").write_text('{"cells": [{')  # a new attempt
+    third = _grade_class(str(subs), *args)
+    assert "1 graded, 2 unchanged since the last run" in third.stdout, third.stdout
+    assert _rows(tmp / "grades.csv")["alice", "probe_cumsum"]["points"] == "3"
+
+
+def test_a_gradebook_refuses_to_replace_what_it_did_not_write(tmp_path, capsys):
+    from smol.grade import main
+
+    subs = tmp_path / "subs"
+    (subs / "alice").mkdir(parents=True)
+    _notebook(subs / "alice", "warmup.ipynb", [HEAD])
+    foreign = tmp_path / "grades.csv"
+    foreign.write_text("name,grade\nalice,A\n")
+    (tmp_path / "fb").mkdir()
+    (tmp_path / "fb" / "alice.md").write_text("my own notes")
+    for args, why in (
+        (["--gradebook", str(foreign)], "not an earlier gradebook"),
+        (
+            [
+                "--gradebook",
+                str(tmp_path / "new.csv"),
+                "--feedback",
+                str(tmp_path / "fb"),
+            ],
+            "not an earlier feedback page",
+        ),
+        (["--gradebook", str(tmp_path / "x.ipynb")], "it is a notebook"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main([str(subs), *args])
+        assert exit_.value.code == 2
+        assert why in capsys.readouterr().err
+    (subs / "stray.ipynb").write_text("{}")  # names no student
+    with pytest.raises(SystemExit):
+        main([str(subs), "--gradebook", str(tmp_path / "new.csv")])
+    assert "STUDENT__EXERCISE.ipynb" in capsys.readouterr().err
+    assert foreign.read_text() == "name,grade\nalice,A\n"
+    assert not (tmp_path / "new.csv").exists()

@@ -9,24 +9,31 @@ notebooks in fresh kernels and scores them.
 Where things are: `registry` holds the tasks, their checks and the results; `isolation`
 runs one check safely (a time limit, a forked child per check); `core` runs a task's
 checks and shows them (`grade`, `preview`, `summary`); `runner` executes a notebook in a
-kernel for `python -m smol.grade`; `checks` holds the checks of each exercise, and
-`make_exercises` writes exercises/ from solutions/.
+kernel for `python -m smol.grade`, and `gradebook` grades a class with it; `plain`
+carries probe data across processes, `carry` a student's object for plain checks,
+`reaper` ends every process grading started, `files` writes reports; `checks` holds the
+checks of each exercise, and `make_exercises` writes exercises/ from solutions/.
 
 What a score can be trusted for. In a notebook, `grade` is feedback: it runs in the
 student's own kernel, where their code may change anything. The score that counts comes
 from `python -m smol.grade`, which assumes that the notebook's code may print or display
-anything (a forged result included), read environment variables and files, and
-monkeypatch `smol.grading`, `torch` or anything else in its kernel. So the command reads
-nothing that the notebook shows: after each check cell it takes the graded object out of
-the kernel (pickled with `cloudpickle`) and runs the checks itself, in children forked
-from its own process, which never ran the notebook's earlier cells; each check gets a
-fresh child (whatever the student's code patches dies with it) and reports over a pipe
-with a nonce fresh for that check. What this does not defend against: code that, while a
-check calls it, deliberately attacks that check's own process (patches the comparison
-functions, finds the pipe and the nonce in memory); code that outlives its kernel or
-edits the installed package on disk (for exams, run the command in a container, as a
-user who cannot write the package); and submitting `smol`'s own implementation, which
-the checks cannot tell from the student's. Checks read behaviour, not authorship.
+anything (a forged result included), monkeypatch `smol.grading`, `torch` or anything
+else in its kernel, read its own process's memory, start processes that leave their
+group and their parent, and write the files the grader writes. So the command reads
+nothing that the notebook shows and runs the checks itself. A probe check
+(`probe_check`) decides in the command's own process, which never runs the student's
+code: the probe runs in a child forked from the kernel on inputs the command chose and
+hands back plain data, which the command judges. A plain check (`check`) runs in a child
+forked from the command, on the object pickled in the kernel; it decides there, so code
+that attacks that child's own memory can forge that one check (the reason to write
+checks as probes). Every process a notebook or a check starts is killed and reaped
+before a report is written, reports are written atomically and never over a notebook,
+and the command's process is closed to others of the same user (non-dumpable). What this
+does not defend against: a grader run as root, code that edits the installed package on
+disk or attacks other processes of the same user (for exams, run the command in a
+container, as a user who cannot write the package); and submitting `smol`'s own
+implementation, which the checks cannot tell from the student's. Checks read behaviour,
+not authorship.
 """
 
 from smol.grading import checks  # noqa: F401 - registers every task

@@ -3,7 +3,10 @@ never raises; `grade`, `preview` and `summary` show the results in a notebook.
 
 The registry of tasks and checks and the results live in `smol.grading.registry`; how a
 single check runs safely (a time limit, a forked child per check where the platform
-allows it) in `smol.grading.isolation`. Their names stay importable from here.
+allows it) in `smol.grading.isolation`. Their names stay importable from here. A probe
+check runs in three steps here: `chosen_inputs` (its data), a probe in a child, and
+`judged` (the verdict, in this process); `serve_probes` is the middle step as
+`python -m smol.grade` runs it inside a notebook's kernel.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import os
 import sys
 from typing import Any
 
+from smol.grading import plain
 from smol.grading.isolation import (
     ISOLATE,
     CheckTimeout,
@@ -19,6 +23,9 @@ from smol.grading.isolation import (
     _describe,
     can_isolate,
     exits_refused,
+    outcome,
+    probe_here,
+    probe_in_child,
     run_here,
     run_in_child,
     timeout_problem,
@@ -33,6 +40,7 @@ from smol.grading.registry import (
     Row,
     Task,
     check,
+    probe_check,
     task,
 )
 
@@ -52,9 +60,14 @@ __all__ = [
     "Task",
     "can_isolate",
     "check",
+    "check_row",
+    "chosen_inputs",
     "grade",
+    "judged",
     "preview",
+    "probe_check",
     "run_checks",
+    "serve_probes",
     "summary",
     "task",
     "timeout_problem",
@@ -105,11 +118,100 @@ def run_checks(
 
     if isolate:
         _warm_up(TASKS[task_name])
-    run = run_in_child if isolate else run_here
     with exits_refused():
         return Result(
-            task_name, [run(c, load, timeout) for c in TASKS[task_name].checks]
+            task_name,
+            [check_row(c, load, timeout, isolate) for c in TASKS[task_name].checks],
         )
+
+
+def check_row(c: Check, load, timeout: float, isolate: bool) -> Row:
+    """The row one check earns, `load()` giving the student's object: a plain check
+    runs (and judges itself) in a child or here; a probe check's probe runs there, and
+    this process judges what it returned."""
+    if c.probe is None:
+        return (run_in_child if isolate else run_here)(c, load, timeout)
+    chosen = chosen_inputs(c)
+    if isinstance(chosen, Row):
+        return chosen
+    inputs, sent = chosen
+    run = probe_in_child if isolate else probe_here
+    return judged(c, inputs, run(c, load, sent, timeout))
+
+
+def chosen_inputs(c: Check) -> tuple[Any, bytes] | Row:
+    """A probe check's inputs (seeded) as the probe will see them, and as bytes; or a
+    failed row, if the check cannot make them."""
+    import torch
+
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            sent = plain.encode(c.inputs())
+        return plain.decode(sent), sent
+    except Exception as exc:  # noqa: BLE001 - a broken check costs its own row
+        message = f"the check could not make its inputs: {_describe(exc)}"
+        return Row(c.name, c.points, 0, False, c.hint, message)
+
+
+def judged(c: Check, inputs: Any, data: bytes | None) -> Row:
+    """The row of a probe check, from its probe's outcome (`isolation.outcome`): its
+    outputs are judged here; an error fails with its message."""
+    import torch
+
+    def row(passed: bool, message: str = "") -> Row:
+        return Row(c.name, c.points, c.points if passed else 0, passed, c.hint, message)
+
+    if not data or data[:1] not in (b"O", b"E"):
+        return row(False, "the grader got no result for this check")
+    if data[:1] == b"E":
+        return row(False, data[1:501].decode(errors="replace"))
+    try:
+        out = plain.decode(data[1:])
+    except plain.NotPlain as exc:
+        return row(False, f"the grader cannot read the check's result: {exc}")
+    try:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(0)
+            c.judge(inputs, out)
+        return row(True)
+    except Exception as exc:  # noqa: BLE001 - outputs of any shape reach the judge
+        return row(False, _describe(exc))
+
+
+def serve_probes(
+    task_name: str,
+    obj: Any,
+    folder: str,
+    indices: list[int],
+    timeout: float,
+    modules: tuple[str, ...] = (),
+) -> None:
+    """For `python -m smol.grade`, inside a notebook's kernel: run the probes of
+    `task_name`'s checks `indices` on `obj`, each on the inputs in `folder`/in-<i>,
+    writing its outcome to `folder`/out-<i>. `modules` register the task. The grader
+    judges what this writes; nothing here decides a score."""
+    import importlib
+    from pathlib import Path
+
+    where = Path(folder)
+    with exits_refused():
+        for index in indices:
+            try:
+                for name in modules:
+                    importlib.import_module(name)
+                c = TASKS[task_name].checks[index]
+                isolate = ISOLATE and can_isolate()
+                if isolate:
+                    _warm_up(TASKS[task_name])
+                run = probe_in_child if isolate else probe_here
+                out = run(c, lambda: obj, (where / f"in-{index}").read_bytes(), timeout)
+            except Exception as exc:  # noqa: BLE001
+                problem = (
+                    f"the notebook's kernel could not run the check: {_describe(exc)}"
+                )
+                out = outcome(error=problem)
+            (where / f"out-{index}").write_bytes(out)
 
 
 def _warm_up(t: Task) -> None:

@@ -5,9 +5,17 @@ its own.
 Where the platform can fork (Linux; see `ISOLATE`), every check runs in a forked child
 process: the time limit then kills the child, so it stops even a check stuck in one long
 torch call, and nothing a check's code does (patching modules, exiting, crashing)
-outlives it. The child reports its row over a pipe, tagged with a nonce fresh for that
-check. Elsewhere the check runs in-process under a timer that interrupts Python code
-only, between two C calls.
+outlives it. Elsewhere the check runs in-process under a timer that interrupts Python
+code only, between two C calls.
+
+The child first takes the student's object (from a pickle, for `python -m smol.grade`)
+and says so; the check's time limit starts then, so a slow load costs no check time. A
+plain check's child then reports its verdict, tagged with a nonce fresh for that check.
+A probe check's child reports only what the student's code returned, as plain data
+(`smol.grading.plain`), and the parent judges it: nothing the child does can turn into
+a pass. When a child sends nothing, the parent says why: its time ran out (and whether
+memory was short then, which stalls code that is not looping), a signal killed it (a
+SIGKILL that the grader did not send is the out-of-memory killer's), or it exited.
 """
 
 from __future__ import annotations
@@ -25,10 +33,12 @@ import traceback
 import warnings
 from typing import Any, Callable
 
+from smol.grading import plain, reaper
 from smol.grading.registry import NOT_WRITTEN, Check, Row
 
 # fork a child per check by default (safe there)
 ISOLATE = sys.platform.startswith("linux")
+LOAD_TIMEOUT = 60.0  # seconds to take the student's object, not counted as check time
 # the real ones, whatever a check's code patches later
 _exit, _write = os._exit, os.write
 
@@ -40,6 +50,15 @@ class CheckTimeout(Exception):
 class ExitRefused(Exception):
     """Raised in place of os._exit / os.abort while a check runs, so the kernel
     survives."""
+
+
+def out_of_memory(exc: BaseException) -> bool:
+    """Whether `exc` says that an allocation failed (Python's or torch's)."""
+    text = str(exc).lower()
+    return isinstance(exc, MemoryError) or (
+        isinstance(exc, RuntimeError)
+        and ("can't allocate memory" in text or "out of memory" in text)
+    )
 
 
 def _describe(exc: BaseException) -> str:
@@ -61,7 +80,10 @@ def _describe(exc: BaseException) -> str:
     last = frames[-1] if frames else None
     where = f" (line {last.lineno}: {last.line})" if last and last.line else ""
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}{where}"[:300]
+    what = f"{type(exc).__name__}: {text[0] if text else ''}{where}"
+    if out_of_memory(exc):
+        what = f"ran out of memory ({what})"
+    return what[:300]
 
 
 def timeout_problem(timeout: Any) -> str:
@@ -103,38 +125,95 @@ def exits_refused():
         os._exit, os.abort = saved_exit, saved_abort
 
 
-def _check(c: Check, load: Callable[[], Any]) -> Row:
-    """Run one check (no time limit); the row it earns."""
-    import torch
+# --- is memory short? -----------------------------------------------------------------
 
-    torch.manual_seed(0)
+
+def _numbers(path: str, unit: int = 1) -> dict[str, int]:
+    """The `key: value [kB]` lines of a /proc file, in bytes ({} if unreadable)."""
+    out = {}
     try:
-        obj = load()
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:  # noqa: BLE001
-        message = f"the grader could not load your object: {_describe(exc)}"
-        return Row(c.name, c.points, 0, False, c.hint, message)
+        with open(path) as f:
+            for line in f:
+                key, _, rest = line.partition(":" if ":" in line else " ")
+                value = rest.split()
+                if value and value[0].isdigit():
+                    out[key.strip()] = int(value[0]) * unit
+    except OSError:
+        pass
+    return out
+
+
+def _read_int(path: str) -> int | None:
     try:
-        c.fn(obj)
-        return Row(c.name, c.points, c.points, True, c.hint)
-    except KeyboardInterrupt:
-        raise
-    # student code may raise anything, even SystemExit
-    except BaseException as exc:  # noqa: BLE001
-        return Row(c.name, c.points, 0, False, c.hint, _describe(exc))
+        with open(path) as f:
+            text = f.read().strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def memory_shortage(pid: int | None = None) -> str:
+    """Why memory looks short right now ("" when it does not): little left available
+    to the machine or its container (cgroup), the process's pages swapped out, or tasks
+    stalled waiting for memory (pressure stall information)."""
+    notes = []
+    for limit_file, usage_file in (
+        ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory.current"),
+        (
+            "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+            "/sys/fs/cgroup/memory/memory.usage_in_bytes",
+        ),
+    ):
+        limit, usage = _read_int(limit_file), _read_int(usage_file)
+        if limit and usage and limit < 1 << 60 and usage > 0.9 * limit:
+            notes.append(f"the container used {usage >> 20} of its {limit >> 20} MiB")
+            break
+    info = _numbers("/proc/meminfo", 1024)
+    total, available = info.get("MemTotal"), info.get("MemAvailable")
+    if total and available is not None and available < 0.05 * total:
+        notes.append(f"{available >> 20} of {total >> 20} MiB were available")
+    if pid is not None:
+        swapped = _numbers(f"/proc/{pid}/status", 1024).get("VmSwap", 0)
+        if swapped > 64 << 20:
+            notes.append(f"{swapped >> 20} MiB of the check's memory were swapped out")
+    try:
+        with open("/proc/pressure/memory") as f:
+            full = next(line for line in f if line.startswith("full"))
+        stalled = float(full.split()[1].split("=")[1])
+        if stalled >= 10:
+            notes.append(f"tasks stalled on memory {stalled:g}% of the last 10 s")
+    except (OSError, StopIteration, IndexError, ValueError):
+        pass
+    return "; ".join(notes)
+
+
+def _timed_out(timeout: float, pid: int | None) -> str:
+    """The message of a check that ran out of time, blaming memory when it was short."""
+    short = memory_shortage(pid)
+    if short:
+        return (
+            f"timed out after {timeout:g} s while memory was short ({short}): it "
+            "stalled for lack of memory, not necessarily in an endless loop"
+        )
+    return f"timed out after {timeout:g} s (an endless loop, or one very long call?)"
+
+
+def _load_timed_out() -> str:
+    return f"the grader could not load your object in {LOAD_TIMEOUT:g} s"
+
+
+# --- in this process ------------------------------------------------------------------
 
 
 def _run_with_timeout(fn: Callable[[], None], timeout: float) -> None:
     """Run fn; raise CheckTimeout after `timeout` seconds. On the main thread of a
     POSIX process (a Jupyter kernel, a script) a SIGALRM timer interrupts the check;
     elsewhere the check runs in a daemon thread that is abandoned when it overruns."""
-    message = f"timed out after {timeout:g} s (an endless loop?)"
     main = threading.current_thread() is threading.main_thread()
     if main and hasattr(signal, "setitimer"):
 
         def on_alarm(signum, frame):
-            raise CheckTimeout(message)
+            raise CheckTimeout(_timed_out(timeout, os.getpid()))
 
         previous = signal.signal(signal.SIGALRM, on_alarm)
         signal.setitimer(signal.ITIMER_REAL, timeout)
@@ -156,90 +235,227 @@ def _run_with_timeout(fn: Callable[[], None], timeout: float) -> None:
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        raise CheckTimeout(message)
+        raise CheckTimeout(_timed_out(timeout, os.getpid()))
     if box:
         raise box[0]
 
 
-def run_here(c: Check, load: Callable[[], Any], timeout: float) -> Row:
-    """One check in this process, under a timer that interrupts Python code (not a C
-    call)."""
+def _loaded(load: Callable[[], Any]) -> tuple[Any, str]:
+    """(the student's object, "") or (None, why it could not be taken)."""
+    try:
+        return load(), ""
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        return None, f"the grader could not load your object: {_describe(exc)}"
+
+
+def _verdict(c: Check, obj: Any) -> tuple[bool, str]:
+    """A plain check run on `obj` (no time limit): (passed, message)."""
+    import torch
+
+    torch.manual_seed(0)
+    try:
+        c.fn(obj)
+        return True, ""
+    except KeyboardInterrupt:
+        raise
+    # student code may raise anything, even SystemExit
+    except BaseException as exc:  # noqa: BLE001
+        return False, _describe(exc)
+
+
+def outcome(data: bytes | None = None, error: str = "") -> bytes:
+    """What a probe hands back: b"O" and its outputs as plain bytes, or b"E" and why
+    it has none."""
+    return b"O" + data if data is not None else b"E" + error.encode()
+
+
+def _probed(c: Check, obj: Any, inputs: bytes) -> bytes:
+    """A probe run on `obj` (no time limit): its outcome."""
+    import torch
+
+    try:
+        data = plain.decode(inputs)
+        torch.manual_seed(0)
+        return outcome(plain.encode(c.probe(obj, data)))
+    except KeyboardInterrupt:
+        raise
+    except plain.NotPlain as exc:
+        return outcome(error=f"the grader cannot read what it got: {exc}")
+    except BaseException as exc:  # noqa: BLE001
+        return outcome(error=_describe(exc))
+
+
+def _in_process(
+    load: Callable[[], Any], work: Callable[[Any, str], Any], timeout: float
+) -> tuple[Any, str]:
+    """work(obj, load problem) here, under a timer that interrupts Python code (not a
+    C call): (its result, "") or (None, why it did not finish). The load has a time
+    limit of its own."""
     import torch
 
     state, threads, box = torch.random.get_rng_state(), torch.get_num_threads(), []
     try:
-        _run_with_timeout(lambda: box.append(_check(c, load)), timeout)
-        return box[0]
+        try:
+            _run_with_timeout(lambda: box.append(_loaded(load)), LOAD_TIMEOUT)
+        except CheckTimeout:
+            obj, problem = None, _load_timed_out()
+        else:
+            obj, problem = box.pop()
+        _run_with_timeout(lambda: box.append(work(obj, problem)), timeout)
+        return box[0], ""
     except KeyboardInterrupt:
         raise
     # the timeout, or a raise from a stray thread
     except BaseException as exc:  # noqa: BLE001
-        return Row(c.name, c.points, 0, False, c.hint, _describe(exc))
+        return None, _describe(exc)
     finally:
         torch.random.set_rng_state(state)
         torch.set_num_threads(threads)
 
 
+def run_here(c: Check, load: Callable[[], Any], timeout: float) -> Row:
+    """One plain check in this process."""
+    out, why = _in_process(
+        load,
+        lambda obj, problem: (False, problem) if problem else _verdict(c, obj),
+        timeout,
+    )
+    passed, message = out if out is not None else (False, why)
+    return Row(c.name, c.points, c.points if passed else 0, passed, c.hint, message)
+
+
+def probe_here(
+    c: Check, load: Callable[[], Any], inputs: bytes, timeout: float
+) -> bytes:
+    """One probe in this process: its outcome."""
+    out, why = _in_process(
+        load,
+        lambda obj, problem: (
+            outcome(error=problem) if problem else _probed(c, obj, inputs)
+        ),
+        timeout,
+    )
+    return out if out is not None else outcome(error=why)
+
+
+# --- in a forked child ----------------------------------------------------------------
+
+
 def run_in_child(c: Check, load: Callable[[], Any], timeout: float) -> Row:
-    """One check in a forked child, killed (with anything it started) at the time
-    limit. The child reports its row over a pipe, tagged with a nonce fresh for this
-    check."""
+    """One plain check in a forked child, killed (with anything it started) at the time
+    limit. The child reports its verdict, tagged with a nonce fresh for this check."""
     nonce = secrets.token_hex(16)
+
+    def work(obj, problem):
+        passed, message = (False, problem) if problem else _verdict(c, obj)
+        report = {"nonce": nonce, "passed": passed, "message": message}
+        return json.dumps(report).encode()
+
+    data, why = _in_child(load, work, timeout)
+    report = _report(data, nonce) if data is not None else None
+    if report is None:
+        why = why or "the check's process sent a report the grader cannot read"
+        return Row(c.name, c.points, 0, False, c.hint, why)
+    passed, message = report
+    return Row(c.name, c.points, c.points if passed else 0, passed, c.hint, message)
+
+
+def probe_in_child(
+    c: Check, load: Callable[[], Any], inputs: bytes, timeout: float
+) -> bytes:
+    """One probe in a forked child, killed at the time limit: its outcome, which the
+    caller judges (an error when the child sent none)."""
+
+    def work(obj, problem):
+        return outcome(error=problem) if problem else _probed(c, obj, inputs)
+
+    data, why = _in_child(load, work, timeout)
+    return data if data is not None else outcome(error=why)
+
+
+def _in_child(
+    load: Callable[[], Any], work: Callable[[Any, str], bytes], timeout: float
+) -> tuple[bytes | None, str]:
+    """work(obj, load problem) in a forked child: (the bytes it returned, "") or (None,
+    why it sent none). The time limit starts once the child has its object."""
     read_fd, write_fd = os.pipe()
     with warnings.catch_warnings():
         # "This process is multi-threaded, use of fork() may lead to deadlocks" (3.12+)
         warnings.simplefilter("ignore", DeprecationWarning)
         pid = os.fork()
     if pid == 0:
-        _child(c, load, read_fd, write_fd, nonce)
+        _child(load, work, read_fd, write_fd)
     os.close(write_fd)
     try:
-        data, timed_out = _read_line(read_fd, time.monotonic() + timeout)
+        data, why = _receive(read_fd, pid, timeout)
     finally:
         os.close(read_fd)
-        status = _kill(pid)
-    report = _report(data, nonce)
-    if report is None:
-        why = _how_it_ended(status, timed_out, timeout)
-        return Row(c.name, c.points, 0, False, c.hint, why)
-    passed, message = report
-    return Row(c.name, c.points, c.points if passed else 0, passed, c.hint, message)
+        # a child that ended by itself (why == "") gets a moment to be reaped as it is
+        status, killed = _end(pid, grace=0.5 if data is None and not why else 0.0)
+        reaper.sweep()  # whatever it started and left behind
+    if data is not None:
+        return data, ""
+    return None, why or _how_it_ended(status, killed)
 
 
-def _read_line(fd: int, deadline: float) -> tuple[bytes, bool]:
-    """What arrives on `fd` until a newline, the end of the pipe or the deadline; and
-    whether the deadline passed first."""
-    data = b""
-    while b"\n" not in data:
+def _receive(fd: int, pid: int, timeout: float) -> tuple[bytes | None, str]:
+    """The child's result from `fd`: b"L" once it has its object, then b"R", 8 bytes of
+    length and the result. (result, "") or (None, why) when the time ran out or the
+    pipe broke the protocol; (None, "") when the child closed it before its result."""
+    data, start = b"", None
+    deadline = time.monotonic() + LOAD_TIMEOUT
+    while True:
+        if start is None and data[:1] == b"L":
+            data, start = data[1:], time.monotonic()
+            deadline = start + timeout
+        if start is not None and len(data) >= 9:
+            size = int.from_bytes(data[1:9], "little")
+            if data[:1] != b"R" or size > plain.MAX_BYTES + (1 << 20):
+                return None, "the check's process sent the grader something else"
+            if len(data) >= 9 + size:
+                return data[9 : 9 + size], ""
+        if data and data[:1] not in (b"L", b"R"):
+            return None, "the check's process sent the grader something else"
         left = deadline - time.monotonic()
         if left <= 0:
-            return data, True
+            if start is None:
+                return None, _load_timed_out()
+            return None, _timed_out(timeout, pid)
         if select.select([fd], [], [], left)[0]:
-            chunk = os.read(fd, 1 << 16)
+            chunk = os.read(fd, 1 << 20)
             if not chunk:
-                break
+                return None, ""
             data += chunk
-    return data, False
 
 
-def _kill(pid: int) -> int:
-    """Kill the child and its process group (whatever it started); its wait status."""
-    for kill in (
-        lambda: os.killpg(pid, signal.SIGKILL),
-        lambda: os.kill(pid, signal.SIGKILL),
-    ):
-        try:
-            kill()
-        except OSError:
-            pass
-    return os.waitpid(pid, 0)[1]
+def _end(pid: int, grace: float) -> tuple[int, bool]:
+    """End the child and its process group: its wait status, and whether the grader
+    had to kill it (rather than it ending within `grace` seconds by itself)."""
+    deadline = time.monotonic() + grace
+    killed = False
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        if time.monotonic() >= deadline:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            killed = True
+            status = os.waitpid(pid, 0)[1]
+            break
+        time.sleep(0.005)
+    with contextlib.suppress(OSError):
+        os.killpg(pid, signal.SIGKILL)  # whatever it started in its group
+    return status, killed
 
 
 def _report(data: bytes, nonce: str) -> tuple[bool, str] | None:
-    """(passed, message) from the child's report line, if it sent a valid one tagged
-    with this check's nonce."""
+    """(passed, message) from the child's report, if it is a valid one tagged with
+    this check's nonce."""
     try:
-        report = json.loads(data.split(b"\n")[0])
+        report = json.loads(data)
         if report.pop("nonce") != nonce:
             return None
         return bool(report["passed"]), str(report["message"])
@@ -247,28 +463,41 @@ def _report(data: bytes, nonce: str) -> tuple[bool, str] | None:
         return None
 
 
-def _how_it_ended(status: int, timed_out: bool, timeout: float) -> str:
-    """Why a child sent no report: its time ran out, a signal killed it, or it
-    exited."""
-    if timed_out:
-        return (
-            f"timed out after {timeout:g} s (an endless loop, or one very long call?)"
-        )
+def _how_it_ended(status: int, killed: bool) -> str:
+    """Why a child sent no result: a signal killed it, or it exited."""
+    if killed:
+        return "the check's process stopped reporting to the grader before it finished"
     if os.WIFSIGNALED(status):
         number = os.WTERMSIG(status)
+        if number == signal.SIGKILL:
+            return (
+                "the check's process was killed by SIGKILL, which the grader did not "
+                "send: most likely the system ran out of memory (its out-of-memory "
+                "killer ends the largest process)"
+            )
         known = number in signal.Signals._value2member_map_
         name = signal.Signals(number).name if known else number
-        why = f"was killed by signal {name} (a crash, or out of memory?)"
-    else:
-        why = f"ended (exit status {os.WEXITSTATUS(status)}) before it finished"
-    return f"the check's process {why}"
+        return f"the check's process was killed by signal {name} (a crash?)"
+    return (
+        f"the check's process ended (exit status {os.WEXITSTATUS(status)}) before it "
+        "finished"
+    )
+
+
+def _send(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[_write(fd, view) :]
 
 
 def _child(
-    c: Check, load: Callable[[], Any], read_fd: int, write_fd: int, nonce: str
+    load: Callable[[], Any],
+    work: Callable[[Any, str], bytes],
+    read_fd: int,
+    write_fd: int,
 ) -> None:
-    """The forked child: run the check with output discarded, report one line, never
-    return."""
+    """The forked child: take the object, say so, run the work with output discarded,
+    send its bytes, never return."""
     try:
         os.close(read_fd)
         os.setpgid(0, 0)  # its own process group: the parent kills whatever it starts
@@ -284,11 +513,10 @@ def _child(
         import torch
 
         torch.set_num_threads(1)  # an OpenMP pool does not survive a fork
-        row = _check(c, load)
-        line = json.dumps(
-            {"nonce": nonce, "passed": row.passed, "message": row.message}
-        )
-        _write(write_fd, line.encode() + b"\n")
+        obj, problem = _loaded(load)
+        _send(write_fd, b"L")
+        data = work(obj, problem)
+        _send(write_fd, b"R" + len(data).to_bytes(8, "little") + data)
     finally:
         _exit(0)
         os.kill(os.getpid(), signal.SIGKILL)

@@ -2,13 +2,18 @@
 grading the objects its check cells name.
 
 The notebook runs top to bottom (errors do not stop it) under a time limit of its own.
-After each cell that calls `grade("task", obj)`, the grader takes `obj` out of the
-kernel (pickled with `cloudpickle`) and runs the task's checks itself, in processes of
-its own (`smol.grading.isolation`), one per check. What the notebook prints or displays
-is never read: `collected_results` reads it for the student's eyes and the course's
-tests only, and nothing a notebook does to the grading code in its kernel changes its
-score. The points at stake are every task of the notebook's topic (known from its file
-name) and every task its `grade` calls name (`expected_tasks`).
+After each cell that calls `grade("task", obj)`, the grader grades `obj` itself, in
+processes of its own, one per check (`smol.grading.isolation`). A probe check's probe
+runs in a child forked from the kernel, where `obj` lives, on inputs this process chose,
+and hands back plain data that this process judges: the object is never copied out,
+and nothing of the student's runs here. A plain check needs the object itself: the
+kernel pickles it (`smol.grading.carry`) and the check runs in a child forked from this
+process. What the notebook prints or displays is never read: `collected_results` reads
+it for the student's eyes and the course's tests only, and nothing a notebook does to
+the grading code in its kernel changes its score. The points at stake are every task of
+the notebook's topic (known from its file name) and every task its `grade` calls name
+(`expected_tasks`). Every process the notebook or a check started is killed and reaped
+before its result is returned (`smol.grading.reaper`).
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ import copy
 import json
 import os
 import re
+import stat
 import subprocess
 import tempfile
 import time
@@ -26,9 +32,22 @@ from pathlib import Path
 from typing import Any
 
 import nbformat
+from nbclient.exceptions import CellTimeoutError
 
-from smol.grading import MIME, NOTEBOOKS, TASKS
-from smol.grading.core import DEFAULT_TIMEOUT, DEFERRED, Result, Row, run_checks
+from smol.grading import MIME, NOTEBOOKS, TASKS, reaper
+from smol.grading.core import (
+    DEFAULT_TIMEOUT,
+    DEFERRED,
+    Result,
+    Row,
+    _warm_up,
+    chosen_inputs,
+    exits_refused,
+    judged,
+    run_in_child,
+)
+from smol.grading.isolation import can_isolate, run_here
+from smol.grading.plain import MAX_BYTES
 
 GRADE_CALL = re.compile(r"""(?<![\w.])grade\(\s*["'](\w+)["']""")
 
@@ -80,11 +99,17 @@ def grade_calls(source: str) -> list[tuple[str, str | None]]:
     return [(task, expr) for _, _, task, expr in sorted(calls)]
 
 
+def exercise_name(path: Path) -> str:
+    """The exercise a file holds: its name without a student's prefix
+    (alice__02_rope.ipynb: 02_rope)."""
+    return path.stem.split("__")[-1]
+
+
 def topic_tasks(path: Path | None) -> list[str]:
-    """The tasks of the exercise a file name stands for (02_rope.ipynb: the rope
-    tasks)."""
+    """The tasks of the exercise a file name stands for (02_rope.ipynb, or
+    alice__02_rope.ipynb: the rope tasks)."""
     topics = {stem: topic for topic, stem in NOTEBOOKS.items()}
-    topic = topics.get(path.stem) if path is not None else None
+    topic = topics.get(exercise_name(path)) if path is not None else None
     return [t.name for t in TASKS.values() if t.notebook == topic] if topic else []
 
 
@@ -167,19 +192,38 @@ def _failed(task: str, message: str) -> Result:
 def _capture(client, cell_index: int, expr: str, target: Path) -> str:
     """Pickle the object `expr` names in the kernel into `target`; "" or what went
     wrong."""
-    code = (
-        f"(lambda b: open({str(target)!r}, 'wb').write(b))"
-        f"(__import__('cloudpickle').dumps(({expr})))"
-    )
-    cell = nbformat.v4.new_code_cell(code)
-    client.execute_cell(cell, cell_index, store_history=False)
-    error = next((o for o in cell.outputs if o.get("output_type") == "error"), None)
+    carry = "__import__('smol.grading.carry').grading.carry"
+    code = f"{carry}.dump(({expr}), {str(target)!r})"
+    error = _execute(client, cell_index, code)
     failed = f"the grader could not take `{expr}` from the notebook"
-    if error is not None:
-        return f"{failed}: {error.ename}: {error.evalue}"[:300]
+    if error:
+        return f"{failed}: {error}"[:300]
     if not target.exists() or not target.stat().st_size:
         return failed
     return ""
+
+
+def _execute(client, cell_index: int, code: str) -> str:
+    """Run the grader's `code` in the kernel (not stored in the notebook); "" or the
+    error it raised."""
+    cell = nbformat.v4.new_code_cell(code)
+    client.execute_cell(cell, cell_index, store_history=False)
+    error = next((o for o in cell.outputs if o.get("output_type") == "error"), None)
+    return "" if error is None else f"{error.ename}: {error.evalue}"
+
+
+def _read_file(path: Path, limit: int) -> bytes | None:
+    """A regular file's bytes (None when it is missing, not a regular file or over
+    `limit` bytes): the kernel wrote it, so it may be anything."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = f.read(limit + 1)
+    return data if len(data) <= limit else None
 
 
 def run_notebook(
@@ -212,12 +256,15 @@ def run_notebook(
     deadline = time.monotonic() + timeout
     env = {**os.environ, DEFERRED: "1"}
     try:
-        # The kernel's own stderr holds only its logs (cell output comes over its
-        # channels).
+        # The kernel's own stdout and stderr hold only its logs (cell output comes over
+        # its channels); neither is this process's, which may carry a report.
         with (
             tempfile.TemporaryDirectory(prefix="smol-grade-") as tmp,
-            client.setup_kernel(stderr=subprocess.DEVNULL, env=env),
+            client.setup_kernel(
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env
+            ),
         ):
+            reaper.KEEP.update(_kernel_pids(client))
             run = _Run(client, Path(tmp), check_timeout, results)
             return results, run.cells(deadline, timeout, cell_timeout)
     except DeadKernelError:
@@ -227,6 +274,20 @@ def run_notebook(
         text = str(exc).strip()
         first = text.splitlines()[0] if text else ""
         return results, f"stopped: {type(exc).__name__}: {first}"
+    finally:
+        # the kernel is shut down: end whatever the notebook or its checks left
+        reaper.KEEP.clear()
+        reaper.sweep()
+
+
+def _kernel_pids(client) -> set[int]:
+    """The kernel's process id (the children of this process, if the kernel manager
+    does not say)."""
+    process = getattr(getattr(client.km, "provisioner", None), "process", None)
+    if process is not None:
+        return {process.pid}
+    me = os.getpid()
+    return {pid for pid, parent in reaper._parents().items() if parent == me}
 
 
 @dataclass
@@ -238,10 +299,11 @@ class _Run:
     tmp: Path  # where the kernel writes the objects it hands over
     check_timeout: float
     results: dict[str, dict]  # task -> Result.to_json(), filled as the cells run
+    stuck: int | None = None  # the cell whose checks the kernel did not run in time
 
     def cells(self, deadline: float, timeout: float, cell_timeout: float) -> str:
         """Run every code cell before the deadline; the status line."""
-        from nbclient.exceptions import CellTimeoutError, DeadKernelError
+        from nbclient.exceptions import DeadKernelError
 
         errors = 0
         for index, cell in enumerate(self.client.nb.cells):
@@ -255,6 +317,10 @@ class _Run:
                 self.client.execute_cell(cell, index)
                 errors += any(o.get("output_type") == "error" for o in cell.outputs)
                 self.grade(index, cell.source)
+                if self.stuck is not None:
+                    return (
+                        f"stopped: the kernel did not finish the checks of cell {index}"
+                    )
             except CellTimeoutError:
                 return (
                     f"stopped: cell {index} ran past its time limit "
@@ -272,20 +338,96 @@ class _Run:
     def grade(self, index: int, source: str) -> None:
         """Grade the tasks that the cell at `index` (just run) calls `grade` on."""
         for task, expr in grade_calls(source):
-            if expr is None:
+            if self.stuck is not None:
+                return
+            if task not in TASKS:
+                result = _failed(task, f"unknown task {task!r}")
+            elif expr is None:
                 result = _failed(task, "its check cell does not parse")
-                self.results[task] = result.to_json()
-                continue
+            else:
+                result = Result(task, self.rows(index, task, expr))
+            self.results[task] = result.to_json()
+
+    def rows(self, index: int, task: str, expr: str) -> list[Row]:
+        """The rows of `task`'s checks on the object `expr` names in the kernel."""
+        checks = TASKS[task].checks
+        plain = [i for i, c in enumerate(checks) if c.probe is None]
+        rows = self.probed(
+            index, task, expr, [i for i in range(len(checks)) if i not in plain]
+        )
+        if plain and self.stuck is not None:
+            why = "the notebook's kernel is still busy with this task's probes"
+            rows.update({i: _row(checks[i], why) for i in plain})
+        elif plain:
             target = self.tmp / f"{task}-{index}.pickle"
             problem = _capture(self.client, index, expr, target)
             if problem:
-                result = _failed(task, problem)
+                rows.update({i: _row(checks[i], problem) for i in plain})
             else:
                 payload = target.read_bytes()
-                result = run_checks(
-                    task, payload=payload, timeout=self.check_timeout, isolate=True
-                )
-            self.results[task] = result.to_json()
+
+                def load():
+                    import cloudpickle
+
+                    return cloudpickle.loads(payload)
+
+                _warm_up(TASKS[task])
+                run = run_in_child if can_isolate() else run_here
+                with exits_refused():
+                    for i in plain:
+                        rows[i] = run(checks[i], load, self.check_timeout)
+        return [rows[i] for i in range(len(checks))]
+
+    def probed(
+        self, index: int, task: str, expr: str, indices: list[int]
+    ) -> dict[int, Row]:
+        """The rows of `task`'s probe checks `indices`: their inputs chosen here, their
+        probes run in the kernel (each in a child of its own), their outputs judged
+        here."""
+        if not indices:
+            return {}
+        checks = TASKS[task].checks
+        folder = self.tmp / f"probes-{index}-{task}"
+        folder.mkdir()
+        rows, inputs = {}, {}
+        for i in indices:
+            chosen = chosen_inputs(checks[i])
+            if isinstance(chosen, Row):
+                rows[i] = chosen
+                continue
+            inputs[i], sent = chosen
+            (folder / f"in-{i}").write_bytes(sent)
+        modules = tuple(sorted({checks[i].probe.__module__ for i in inputs}))
+        code = (
+            "__import__('smol.grading.core').grading.core.serve_probes("
+            f"{task!r}, ({expr}), {str(folder)!r}, {list(inputs)!r}, "
+            f"{self.check_timeout!r}, {modules!r})"
+        )
+        # each probe gets its time, and its child a moment to start and end
+        budget = len(inputs) * (self.check_timeout + 5) + 30
+        saved, self.client.timeout = self.client.timeout, int(budget)
+        try:
+            error = _execute(self.client, index, code)
+        except CellTimeoutError:
+            why = f"the notebook's kernel did not run the checks within {budget:g} s"
+            rows.update({i: _row(checks[i], why) for i in inputs})
+            self.stuck = index
+            return rows
+        finally:
+            self.client.timeout = saved
+        for i in inputs:
+            data = _read_file(folder / f"out-{i}", MAX_BYTES + (1 << 20))
+            if data is None and error:
+                why = f"the grader could not run `{expr}` in the notebook: {error}"
+                rows[i] = _row(checks[i], why[:300])
+            else:
+                rows[i] = judged(checks[i], inputs[i], data)
+        reaper.sweep()
+        return rows
+
+
+def _row(c, message: str) -> Row:
+    return Row(c.name, c.points, 0, False, c.hint, message)
 
 
 def score_notebook(
