@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import math
+import statistics
 import sys
 import time
 
@@ -33,10 +35,12 @@ class TextStream:
         self.tokenizer, self.skip = tokenizer, skip_special_tokens
         self.out = out if out is not None else sys.stdout  # looked up when made
         self.ids: list[int] = []
+        self.times: list[float] = []  # time.perf_counter() as each token came
         self.printed = 0
 
     def __call__(self, tokens: torch.Tensor) -> None:
         """tokens (1,): this step's new token."""
+        self.times.append(time.perf_counter())
         self.ids.append(int(tokens[0]))
         text = self.tokenizer.decode(self.ids, skip_special_tokens=self.skip)
         # an incomplete UTF-8 character: wait for its next bytes
@@ -56,6 +60,8 @@ def check_args(args) -> None:
         raise UsageError("the message is empty (leave it out for an interactive chat)")
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.threads is not None and args.threads < 1:
+        raise UsageError(f"--threads must be >= 1, got {args.threads}")
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise UsageError(
             f"--temperature must be a finite number >= 0, got {args.temperature}"
@@ -170,11 +176,15 @@ def _sampling(args, device) -> dict:
 
 
 def _generate(args, model, tokenizer, ids, skip_special_tokens):
+    """Stream the continuation of ids to stdout -> (the time generation started, the
+    stream, which holds the new tokens and when each came)."""
     from smol.generate import generate
 
     n = _fit(ids, args, model)
     ids = torch.tensor([ids], device=model.model.embed_tokens.weight.device)
     draft = copy.deepcopy(model).to(getattr(torch, args.draft)) if args.draft else None
+    stream = TextStream(tokenizer, skip_special_tokens)
+    start = time.perf_counter()
     generate(
         model,
         ids,
@@ -183,17 +193,36 @@ def _generate(args, model, tokenizer, ids, skip_special_tokens):
         compile=args.compile,
         speculative=args.speculative,
         draft_model=draft,
-        stream=TextStream(tokenizer, skip_special_tokens),
+        stream=stream,
         **_sampling(args, ids.device),
     )
     print()
+    return start, stream
+
+
+def speed_report(loaded: float, start: float, times: list[float]) -> str:
+    """One line on how fast it went: `times` holds time.perf_counter() at each new
+    token, `start` when generation began, `loaded` the seconds loading took. The
+    median step leaves out the waits of a few steps: the prompt's before the first
+    token, and with --compile the compiling during the next ones."""
+    n, total = len(times), times[-1] - start
+    line = f"[{n} new token{'s' * (n > 1)} in {total:.1f} s: {n / total:.1f} tokens/s"
+    if n > 1:
+        step = statistics.median(b - a for a, b in itertools.pairwise(times))
+        line += f", {1 / step:.1f} at the median step"
+    line += f", the first after {times[0] - start:.2f} s"
+    threads = torch.get_num_threads()
+    return line + f"; loaded in {loaded:.1f} s; {threads} thread{'s' * (threads > 1)}]"
 
 
 def cmd_generate(args) -> None:
+    begin = time.perf_counter()
     model, tokenizer, device = _load(args)
+    loaded = time.perf_counter() - begin
     ids = tokenizer.encode(args.prompt)
     print(args.prompt, end="", flush=True)
-    _generate(args, model, tokenizer, ids, skip_special_tokens=False)
+    start, stream = _generate(args, model, tokenizer, ids, skip_special_tokens=False)
+    print(speed_report(loaded, start, stream.times), file=sys.stderr)
 
 
 def cmd_chat(args) -> None:
@@ -309,6 +338,14 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
         "--device", default=None, help="default: cuda when available, else cpu"
     )
     p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="CPU threads for PyTorch (torch.set_num_threads; default: PyTorch's, "
+        "usually one per core)",
+    )
+    p.add_argument(
         "--dtype",
         choices=["float32", "bfloat16", "float16"],
         default=None,
@@ -375,6 +412,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         check_args(args)
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
         args.fn(args)
     except UsageError as e:
         print(f"{parser.prog} {args.command}: error: {e}", file=sys.stderr)

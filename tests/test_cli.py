@@ -3,6 +3,7 @@
 work."""
 
 import io
+import re
 import subprocess
 import sys
 
@@ -11,8 +12,8 @@ import torch
 
 import smol.pretrained
 from smol import speculative
+from smol.__main__ import main, speed_report
 from smol.chat import ChatSession
-from smol.__main__ import main
 from smol.gguf import bundled_gguf_path
 
 ROOT = __import__("pathlib").Path(__file__).resolve().parents[1]
@@ -88,6 +89,8 @@ def fake_load(real_model, monkeypatch):
             "leave out --dtype and --quantize",
         ),
         (["chat", "--compile"], "--compile works for one message, not the interactive"),
+        (["generate", "Hi", "--threads", "0"], "--threads must be >= 1, got 0"),
+        (["chat", "Hi", "--threads", "-2"], "--threads must be >= 1, got -2"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(argv, message, capsys, monkeypatch):
@@ -320,3 +323,55 @@ def test_a_reply_stopped_midway_stays_as_far_as_it_got(real_model):
     assert 1 <= len(partial) <= 3
     # the cache holds what the conversation says: the next turn agrees with a re-read
     assert kept.send("Go on", 8, temperature=0) == fresh.send("Go on", 8, temperature=0)
+
+
+def test_speed_report_counts_tokens_and_the_median_step():
+    """Generation began at 10.0 s; the first token came at 10.5 s, the second a second
+    later (a step that compiles, say), then three more 0.25 s apart."""
+    line = speed_report(1.3, 10.0, [10.5, 11.5, 11.75, 12.0, 12.25])
+    assert line.startswith(
+        "[5 new tokens in 2.2 s: 2.2 tokens/s, 4.0 at the median step, the first "
+        "after 0.50 s; loaded in 1.3 s; "
+    )
+    assert speed_report(0.5, 2.0, [3.0]).startswith(
+        "[1 new token in 1.0 s: 1.0 tokens/s, the first after 1.00 s; loaded in 0.5 s"
+    )
+
+
+def test_generate_reports_speed_on_stderr_with_the_threads_it_used(
+    fake_load, real_model, capsys, monkeypatch
+):
+    """stdout holds the prompt and its continuation alone (a pipe gets the text); one
+    line on stderr says how fast it went, on --threads threads."""
+    from smol import generate as generation
+
+    model, tokenizer = real_model
+    prompt = "The capital of France is"
+    ids = torch.tensor([tokenizer.encode(prompt)])
+    eos = tokenizer.eos_token_id
+    new = generation.generate(model, ids, 6, temperature=0.0, eos_token_id=eos)
+    new = new[0, ids.shape[1] :].tolist()
+    threads = []  # how many threads PyTorch had when generation began
+    make = generation.generate
+    monkeypatch.setattr(
+        generation,
+        "generate",
+        lambda *a, **k: threads.append(torch.get_num_threads()) or make(*a, **k),
+    )
+    before = torch.get_num_threads()
+    try:
+        code, out, err = run(
+            ["generate", prompt, "--max-new-tokens", "6", "--device", "cpu"]
+            + ["--threads", str(before + 1)],
+            capsys,
+        )
+    finally:
+        torch.set_num_threads(before)
+    assert code == 0 and threads == [before + 1]
+    assert out == prompt + tokenizer.decode(new, skip_special_tokens=False) + "\n"
+    last = err.splitlines()[-1]
+    assert re.fullmatch(
+        rf"\[{len(new)} new tokens in [\d.]+ s: [\d.]+ tokens/s, [\d.]+ at the median "
+        rf"step, the first after [\d.]+ s; loaded in [\d.]+ s; {before + 1} threads\]",
+        last,
+    ), err
