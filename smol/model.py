@@ -213,8 +213,11 @@ class SmolLM(nn.Module):
                 f"targets must have the shape of input_ids {tuple(shape)}, "
                 f"got {tuple(targets.shape)}"
             )
-        counted = targets[targets != IGNORE_INDEX] if targets.is_cpu else targets[:0]
-        _check_range("targets (other than -100)", counted, 0, self.config.vocab_size)
+        if targets.is_cpu:  # an ignored target (-100) stands in as 0, in range
+            counted = targets.masked_fill(targets == IGNORE_INDEX, 0)
+            _check_range(
+                "targets (other than -100)", counted, 0, self.config.vocab_size
+            )
 
     def _attention_mask(self, attention_mask, B, T, offset, device):
         """(mask, is_causal) for SDPA: no mask and is_causal when plain causal attention

@@ -456,7 +456,8 @@ def test_a_resume_refuses_other_lora_settings_or_data(base, tmp_path, capsys):
     assert "--allow-changed-settings" in err
 
 
-# SIGTERM: a checkpoint, one line saying where, status 143; --resume continues the run
+# SIGTERM or Ctrl-C: a checkpoint, one line saying where, status 143 or 130; --resume
+# continues the run
 
 SIGNAL_OPTIONS = (
     "--lora-r 2 --steps 30 --batch-size 2 --max-len 64 --eval-every 0 --device cpu "
@@ -464,8 +465,8 @@ SIGNAL_OPTIONS = (
 ).split()
 
 
-def run_finetune(base, out, *extra, signal_at=None):
-    """`python -m smol.finetune` in a subprocess; with signal_at, SIGTERM once the
+def run_finetune(base, out, *extra, signal_at=None, sig=signal.SIGTERM):
+    """`python -m smol.finetune` in a subprocess; with signal_at, send `sig` once the
     checkpoint of that step exists."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     data, model = base / "data.jsonl", base / "model"
@@ -479,19 +480,28 @@ def run_finetune(base, out, *extra, signal_at=None):
         deadline = time.monotonic() + 240
         while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
             time.sleep(0.01)
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
     out, err = proc.communicate(timeout=300)
     return proc.returncode, out, err
 
 
-def test_sigterm_saves_and_the_resume_gives_the_uninterrupted_adapter(base, tmp_path):
-    code, _, err = run_finetune(base, tmp_path / "whole")
+@pytest.fixture(scope="module")
+def uninterrupted(base, tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole")
+    code, _, err = run_finetune(base, out)
     assert code == 0, err
-    out = tmp_path / "stopped"
-    code, _, err = run_finetune(base, out, "--ckpt-every", "1", signal_at=3)
-    assert code == 143, err
+    return adapter_of(out)
+
+
+@pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_saves_and_the_resume_gives_the_uninterrupted_adapter(
+    base, uninterrupted, tmp_path, sig, status
+):
+    out, name = tmp_path / "stopped", signal.Signals(sig).name
+    code, _, err = run_finetune(base, out, "--ckpt-every", "1", signal_at=3, sig=sig)
+    assert code == status, err
     assert "Traceback" not in err and err.strip().count("\n") == 1, err
-    saved = re.search(r"stopped by SIGTERM after step (\d+): saved (\S+);", err)
+    saved = re.search(rf"stopped by {name} after step (\d+): saved (\S+);", err)
     step = int(saved.group(1))
     assert 3 <= step < 30 and saved.group(2) == str(
         out / "training" / "checkpoints" / f"step_{step:07d}"
@@ -500,6 +510,6 @@ def test_sigterm_saves_and_the_resume_gives_the_uninterrupted_adapter(base, tmp_
     code, printed, err = run_finetune(base, out, "--ckpt-every", "1", "--resume")
     assert code == 0, err
     assert f"from step {step}" in printed
-    whole, resumed = adapter_of(tmp_path / "whole"), adapter_of(out)
-    assert whole.keys() == resumed.keys()
-    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+    resumed = adapter_of(out)
+    assert uninterrupted.keys() == resumed.keys()
+    assert all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)
