@@ -4,7 +4,7 @@ GPU.
     python -m smol generate "Once upon a time" --max-new-tokens 64
     python -m smol chat "What is the capital of France?"
     python -m smol chat                 # an interactive conversation: /reset, /exit
-    python -m smol generate "Once upon a time" --quantize int8 --compile  # fastest
+    python -m smol generate "Once upon a time" --dtype bfloat16  # fast, starts at once
 
 Every error is one line: exit status 2 for a bad command line, 1 for anything else.
 Training has its own entry point: python -m smol.train.
