@@ -1,5 +1,10 @@
-"""Small helpers the checks share: a small model's config, calling the student's code,
-and comparing tensors with clear messages."""
+"""Small helpers the checks share: a small model's config, calling the student's code
+(in a probe) and comparing what it returned with smol's reference (in a judge), with
+clear messages.
+
+A probe may assert too, for a clearer message when the student's code fails; but only
+what the judge asserts can turn into points, so every judge checks all that its check
+promises on the data alone."""
 
 from __future__ import annotations
 
@@ -59,6 +64,37 @@ def close(actual, expected, what="the result", atol=1e-5, rtol=1e-5) -> None:
             f"{what} differs from the reference: {int((~ok).sum())} of {ok.numel()} "
             f"values off, largest difference {worst}"
         )
+
+
+def untouched(after, before, what="its input") -> None:
+    """Judge side: `after` (an input as the probe saw it after the call) equals
+    `before` (as the judge chose it): no in-place writes into the caller's data."""
+    assert isinstance(after, torch.Tensor) and torch.equal(after, before), (
+        f"the code wrote into {what} in place"
+    )
+
+
+def grads(fn, *inputs, upstream):
+    """fn(*inputs) on cloned leaves, and the gradients of sum(fn(*inputs) * upstream)
+    with respect to each (None where none reached it)."""
+    leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
+    out = fn(*leaves)
+    is_tensor(out)
+    assert out.requires_grad, (
+        "the result is not connected to the inputs' autograd graph (detached?)"
+    )
+    (out * upstream).sum().backward()
+    return out, [x.grad for x in leaves]
+
+
+def same_grads(grads, want, names, atol=1e-5) -> None:
+    """Judge side: each of `grads` (from the probe) close to the gradient in `want`."""
+    assert isinstance(grads, (list, tuple)) and len(grads) == len(want), (
+        f"expected {len(want)} gradients, got {grads!r:.60}"
+    )
+    for name, g, w in zip(names, grads, want):
+        assert g is not None, f"no gradient reached {name}"
+        close(g, w, f"the gradient of {name}", atol=atol)
 
 
 def unchanged(call, *tensors, what="its input"):
