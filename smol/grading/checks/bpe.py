@@ -185,6 +185,25 @@ def _encoding_check(name, points, hint, cases, message):
     )(lambda fn, inputs: [fn(list(ids), ranks) for ids, ranks in inputs])
 
 
+_encoding_check(
+    "one merge, no merge, one symbol, no symbols",
+    1,
+    "loop while some adjacent pair has a rank; return the ids when none has",
+    [
+        (ids, {(1, 2): (0, 9)}, want)
+        for ids, want in (([1, 2, 3], [9, 3]), ([3, 3], [3, 3]), ([5], [5]), ([], []))
+    ],
+    "encode_ids({ids}, {ranks}) gave {got}, expected {want}",
+)
+_encoding_check(
+    "a token made by one merge takes part in the next",
+    1,
+    "after each merge, look at the new pairs again",
+    [([1, 2, 3, 1, 2], {(1, 2): (0, 9), (9, 3): (1, 10)}, [10, 9])],
+    "encode_ids gave {got}, expected [10, 9]",
+)
+
+
 def _lowest_rank_inputs():
     bpe, words = _small_bpe()
     return {
