@@ -97,32 +97,6 @@ def same_grads(grads, want, names, atol=1e-5) -> None:
         close(g, w, f"the gradient of {name}", atol=atol)
 
 
-def unchanged(call, *tensors, what="its input"):
-    """call()'s result, after checking that it left `tensors` as they were (no in-place
-    writes into the caller's data)."""
-    before = [t.detach().clone() for t in tensors]
-    out = call()
-    for b, t in zip(before, tensors):
-        assert torch.equal(b, t.detach()), f"the code wrote into {what} in place"
-    return out
-
-
-def grad_of(fn, *inputs, upstream=None):
-    """Gradients of sum(fn(*inputs) * upstream) with respect to each input (cloned
-    leaves)."""
-    leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
-    out = fn(*leaves)
-    is_tensor(out)
-    assert out.requires_grad, (
-        "the result is not connected to the inputs' autograd graph (detached?)"
-    )
-    up = torch.randn_like(out) if upstream is None else upstream
-    (out * up).sum().backward()
-    for i, x in enumerate(leaves):
-        assert x.grad is not None, f"no gradient reached input {i}"
-    return out, [x.grad for x in leaves], up
-
-
 def _not_allowed(name: str) -> str:
     return f"your code calls {name}, which this task asks you not to use"
 
