@@ -3,8 +3,9 @@
 clear messages.
 
 A probe may assert too, for a clearer message when the student's code fails; but only
-what the judge asserts can turn into points, so every judge checks all that its check
-promises on the data alone."""
+the judge passes a check, so a judge checks every value its check promises against a
+reference it computes itself. What only the student's process can see (a function
+called, a parameter's requires_grad, a forward call) the probe reports as data."""
 
 from __future__ import annotations
 
