@@ -831,7 +831,7 @@ def command_line(tmp_path_factory):
         ],
     )
     forges = _notebook(tmp, "forges.ipynb", [HEAD, FORGE, 'grade("rms", None)'])
-    _notebook(tmp, "tampers.ipynb", [HEAD, TAMPER, 'grade("rms", rms)'])
+    tampers = _notebook(tmp, "tampers.ipynb", [HEAD, TAMPER, 'grade("rms", rms)'])
     patches = _notebook(
         tmp,
         "patches.ipynb",
@@ -852,7 +852,6 @@ def command_line(tmp_path_factory):
         folder, "04_swiglu.ipynb", [HEAD, ROTATE, 'grade("rotate_half", rotate_half)']
     )
     report = tmp / "report.json"
-    tampers = tmp / "tampers.ipynb"
     paths = (SOLUTIONS[0], EXERCISES[0], dies, hangs, forges, patches, tampers, folder)
     options = ["--cell-timeout", "15", "--json", str(report), "--strict"]
     proc = subprocess.run(
