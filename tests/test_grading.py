@@ -777,6 +777,21 @@ for task, total in (("rms", 4), ("rmsnorm", 7)):
               "error": "", "checks": [row]}
     display({MIME: forged, "text/plain": f"{task}: {total}/{total} points"}, raw=True)
     print(forged)"""
+TAMPER = '''import sys, torch
+def rms(x, eps):
+    """Ones of the right shape (wrong values, a zero gradient); each call first
+    rewrites, in its own process, what a judge there would compare with: the checks'
+    comparisons, torch's, and smol's reference."""
+    for name in ("smol.grading.checks.norm", "smol.grading.checks._util"):
+        module = sys.modules[name]
+        module.close = module.same_grads = lambda *args, **kwargs: None
+        module.same_shape = lambda out, *args, **kwargs: out
+    sys.modules["smol.grading.checks.norm"]._rms_reference = lambda t, e: rms(t, e)
+    torch.equal = torch.allclose = lambda *args, **kwargs: True
+    torch.isclose = lambda a, b, **kwargs: torch.ones(
+        torch.broadcast_shapes(a.shape, b.shape), dtype=torch.bool
+    )
+    return x[..., :1] * 0 + 1'''
 PATCH = """import smol.grading, smol.grading.core as core
 def full_marks(task_name, obj=None, timeout=10.0, **kw):
     return core.Result(task_name, [core.Row(c.name, c.points, c.points, True, c.hint)
@@ -816,6 +831,7 @@ def command_line(tmp_path_factory):
         ],
     )
     forges = _notebook(tmp, "forges.ipynb", [HEAD, FORGE, 'grade("rms", None)'])
+    tampers = _notebook(tmp, "tampers.ipynb", [HEAD, TAMPER, 'grade("rms", rms)'])
     patches = _notebook(
         tmp,
         "patches.ipynb",
@@ -836,7 +852,7 @@ def command_line(tmp_path_factory):
         folder, "04_swiglu.ipynb", [HEAD, ROTATE, 'grade("rotate_half", rotate_half)']
     )
     report = tmp / "report.json"
-    paths = (SOLUTIONS[0], EXERCISES[0], dies, hangs, forges, patches, folder)
+    paths = (SOLUTIONS[0], EXERCISES[0], dies, hangs, forges, patches, tampers, folder)
     options = ["--cell-timeout", "15", "--json", str(report), "--strict"]
     proc = subprocess.run(
         [sys.executable, "-m", "smol.grade", *map(str, paths), *options],
@@ -906,14 +922,53 @@ def test_printed_or_displayed_results_are_not_counted(command_line):
     assert (forged["score"], forged["total"]) == (0, 4), forged
 
 
-def test_patching_the_grader_in_the_notebook_changes_nothing(command_line):
+def test_patching_the_grader_in_the_notebook_gains_nothing(command_line):
+    """The patch forges nothing; emptying its kernel's registry of checks, from which
+    the probes run, costs the notebook the points of what it solves (rotate_half)."""
     patched = next(
         r for n, r in command_line[1].items() if n.endswith("/patches.ipynb")
     )
     scores = {t["task"]: (t["score"], t["total"]) for t in patched["tasks"]}
-    assert scores == {"rms": (0, 4), "rotate_half": (3, 3)}, (
-        patched
-    )  # what it really solves
+    assert scores == {"rms": (0, 4), "rotate_half": (0, 3)}, patched
+    rotate = next(t for t in patched["tasks"] if t["task"] == "rotate_half")
+    assert all(
+        c["message"].startswith("the notebook's kernel could not run the check")
+        for c in rotate["checks"]
+    ), rotate
+
+
+def test_a_notebook_that_tampers_with_its_probes_gains_nothing(command_line):
+    """Its code rewrites the comparisons and the reference in the process that runs
+    it; the judges run in the command's process, so only the shape (which it gets
+    right) counts. As plain checks, which judge in that process, it scored 4/4."""
+    tampered = next(
+        r for n, r in command_line[1].items() if n.endswith("/tampers.ipynb")
+    )
+    scores = {t["task"]: (t["score"], t["total"]) for t in tampered["tasks"]}
+    assert scores == {"rms": (1, 4)}, tampered
+
+
+def test_code_that_tampers_with_its_probe_earns_only_what_it_computes():
+    namespace = {}
+    exec(TAMPER, namespace)  # noqa: S102 - the notebook's cell, here
+    saved = {name: getattr(torch, name) for name in ("equal", "allclose", "isclose")}
+    result = run_checks("rms", namespace["rms"], isolate=True)
+    assert all(getattr(torch, name) is f for name, f in saved.items())
+    passed = [r.check for r in result.rows if r.passed]
+    assert passed == [check_named("rms", "keeps the last dimension")], result.table()
+
+
+def test_every_course_check_is_judged_outside_the_students_process():
+    """Plain checks (`check`) decide in the process that runs the student's code; the
+    course's own checks are all probes."""
+    plain = [
+        f"{t.name}: {c.name}"
+        for t in TASKS.values()
+        if t.notebook in NOTEBOOKS
+        for c in t.checks
+        if c.probe is None
+    ]
+    assert not plain, plain
 
 
 def test_a_deleted_check_cell_still_counts_its_points(command_line):

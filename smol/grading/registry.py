@@ -2,15 +2,17 @@
 running a task's checks, as a table for the terminal, HTML for a notebook, and JSON for
 `python -m smol.grade`.
 
-A check comes in one of two kinds. A plain check (`check`) is a function of the
-student's object that returns normally when the object passes and raises (usually
-`AssertionError` with a message for the student) when it does not: it runs the student's
-code and judges it in the same process. A probe check (`probe_check`) splits the two:
-`inputs()` chooses the data (grader side), `probe(obj, inputs)` runs the student's code
-on it and returns plain data (tensors, numbers; `smol.grading.plain`) from a process of
-its own, and `judge(inputs, outputs)` decides (grader side), never touching the
-student's object. The modules of `smol.grading.checks` register them with `task`,
-`check` and `probe_check`.
+A check comes in one of two kinds. A probe check (`probe_check`), the kind of every
+check of the course, splits running from judging: `inputs()` chooses the data (grader
+side), `probe(obj, inputs)` runs the student's code on it and returns plain data
+(tensors, numbers, strings; `smol.grading.plain`) from a process of its own, and
+`judge(inputs, outputs)` decides (grader side), never touching the student's object. A
+plain check (`check`) is a function of the student's object that returns normally when
+the object passes and raises (usually `AssertionError` with a message for the student)
+when it does not: it runs the student's code and judges it in the same process, so code
+that attacks that process can forge its verdict. It stays for an instructor's quick
+checks of their own. The modules of `smol.grading.checks` register theirs with `task`
+and `probe_check`.
 """
 
 from __future__ import annotations

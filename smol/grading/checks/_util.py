@@ -1,5 +1,11 @@
-"""Small helpers the checks share: a small model's config, calling the student's code,
-and comparing tensors with clear messages."""
+"""Small helpers the checks share: a small model's config, calling the student's code
+(in a probe) and comparing what it returned with smol's reference (in a judge), with
+clear messages.
+
+A probe may assert too, for a clearer message when the student's code fails; but only
+the judge passes a check, so a judge checks every value its check promises against a
+reference it computes itself. What only the student's process can see (a function
+called, a parameter's requires_grad, a forward call) the probe reports as data."""
 
 from __future__ import annotations
 
@@ -61,30 +67,35 @@ def close(actual, expected, what="the result", atol=1e-5, rtol=1e-5) -> None:
         )
 
 
-def unchanged(call, *tensors, what="its input"):
-    """call()'s result, after checking that it left `tensors` as they were (no in-place
-    writes into the caller's data)."""
-    before = [t.detach().clone() for t in tensors]
-    out = call()
-    for b, t in zip(before, tensors):
-        assert torch.equal(b, t.detach()), f"the code wrote into {what} in place"
-    return out
+def untouched(after, before, what="its input") -> None:
+    """Judge side: `after` (an input as the probe saw it after the call) equals
+    `before` (as the judge chose it): no in-place writes into the caller's data."""
+    assert isinstance(after, torch.Tensor) and torch.equal(after, before), (
+        f"the code wrote into {what} in place"
+    )
 
 
-def grad_of(fn, *inputs, upstream=None):
-    """Gradients of sum(fn(*inputs) * upstream) with respect to each input (cloned
-    leaves)."""
+def grads(fn, *inputs, upstream):
+    """fn(*inputs) on cloned leaves, and the gradients of sum(fn(*inputs) * upstream)
+    with respect to each (None where none reached it)."""
     leaves = [x.detach().clone().requires_grad_(True) for x in inputs]
     out = fn(*leaves)
     is_tensor(out)
     assert out.requires_grad, (
         "the result is not connected to the inputs' autograd graph (detached?)"
     )
-    up = torch.randn_like(out) if upstream is None else upstream
-    (out * up).sum().backward()
-    for i, x in enumerate(leaves):
-        assert x.grad is not None, f"no gradient reached input {i}"
-    return out, [x.grad for x in leaves], up
+    (out * upstream).sum().backward()
+    return out, [x.grad for x in leaves]
+
+
+def same_grads(grads, want, names, atol=1e-5) -> None:
+    """Judge side: each of `grads` (from the probe) close to the gradient in `want`."""
+    assert isinstance(grads, (list, tuple)) and len(grads) == len(want), (
+        f"expected {len(want)} gradients, got {grads!r:.60}"
+    )
+    for name, g, w in zip(names, grads, want):
+        assert g is not None, f"no gradient reached {name}"
+        close(g, w, f"the gradient of {name}", atol=atol)
 
 
 def _not_allowed(name: str) -> str:

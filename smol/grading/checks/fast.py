@@ -6,9 +6,9 @@ import torch
 
 from smol import SmolLM
 from smol.generate import generate
-from smol.grading.checks._util import close, is_tensor, pair, small_config, unchanged
+from smol.grading.checks._util import close, is_tensor, pair, small_config, untouched
 from smol.grading.checks.generation import _Spy
-from smol.grading.core import check, task
+from smol.grading.core import probe_check, task
 from smol.speculative import lookup_draft as reference_lookup
 
 task(
@@ -48,23 +48,21 @@ def _weight(out=12, inp=40, seed=0):
 
 
 def _quantized(fn, w):
-    """(q, scale) for a copy of w: an in-place write costs only the check made for
-    it."""
-    q, scale = pair(fn(w.clone()), "return (q, scale)")
-    is_tensor(q, "q")
-    is_tensor(scale, "scale")
-    return q, scale
+    """Probe side: (q, scale) for a copy of w: an in-place write costs only the check
+    made for it."""
+    return fn(w.clone())
 
 
-@check(
-    BOTH,
-    "q is int8 (out, in), scale float32 (out,), for float32 and bfloat16 weights",
-    1,
-    "compute in float32 (weight.float()); q = ....to(torch.int8); one scale per row",
-)
-def _(fn):
-    for dtype in (torch.float32, torch.bfloat16):
-        q, scale = _quantized(fn, _weight().to(dtype))
+def _q_and_scale(out):
+    """Judge side: the tensors q and scale of a quantizer's result."""
+    q, scale = pair(out, "return (q, scale)")
+    return is_tensor(q, "q"), is_tensor(scale, "scale")
+
+
+def _judge_dtypes(weights, outs):
+    for w, out in zip(weights, outs, strict=True):
+        dtype = w.dtype
+        q, scale = _q_and_scale(out)
         assert q.dtype == torch.int8 and tuple(q.shape) == (12, 40), (
             f"q is {q.dtype} {tuple(q.shape)} for a {dtype} weight, expected "
             f"torch.int8 (12, 40)"
@@ -75,29 +73,38 @@ def _(fn):
         )
 
 
-@check(
+@probe_check(
+    BOTH,
+    "q is int8 (out, in), scale float32 (out,), for float32 and bfloat16 weights",
+    1,
+    "compute in float32 (weight.float()); q = ....to(torch.int8); one scale per row",
+    inputs=lambda: [_weight(), _weight().bfloat16()],
+    judge=_judge_dtypes,
+)
+def _(fn, weights):
+    return [_quantized(fn, w) for w in weights]
+
+
+def _judge_scales(w, out):
+    _, scale = _q_and_scale(out)
+    close(scale, w.abs().amax(dim=1) / 127, "the scales", atol=0, rtol=1e-5)
+
+
+@probe_check(
     BOTH,
     "one scale per output channel: each row's largest |w| maps to 127",
     1,
     "scale = weight.abs().amax(dim=1) / 127: a row of small weights keeps its own "
     "precision instead of rounding to zero under the largest row's scale",
+    inputs=_weight,
+    judge=_judge_scales,
 )
-def _(fn):
-    w = _weight()
-    _, scale = _quantized(fn, w)
-    close(scale, w.abs().amax(dim=1) / 127, "the scales", atol=0, rtol=1e-5)
+def _(fn, w):
+    return _quantized(fn, w)
 
 
-@check(
-    BOTH,
-    "rounded to the nearest step: every |w - q * scale| <= scale / 2",
-    2,
-    "torch.round(w / scale) before .to(torch.int8): the cast alone truncates towards "
-    "zero, and the error grows to a whole step",
-)
-def _(fn):
-    w = _weight(seed=1)
-    q, scale = _quantized(fn, w)
+def _judge_rounding(w, out):
+    q, scale = _q_and_scale(out)
     assert q.abs().max() <= 127, f"q reaches {int(q.abs().max())}, beyond 127"
     s = scale.float()[:, None]
     error = (w - q.float() * s).abs() / s  # in steps of each row's scale
@@ -107,29 +114,54 @@ def _(fn):
     )
 
 
-@check(
+@probe_check(
     BOTH,
-    "an all-zero row gives zeros and a finite scale (no division by zero)",
-    1,
-    "clamp the scale from below (scale.clamp(min=1e-12)) before dividing by it",
+    "rounded to the nearest step: every |w - q * scale| <= scale / 2",
+    2,
+    "torch.round(w / scale) before .to(torch.int8): the cast alone truncates towards "
+    "zero, and the error grows to a whole step",
+    inputs=lambda: _weight(seed=1),
+    judge=_judge_rounding,
 )
-def _(fn):
+def _(fn, w):
+    return _quantized(fn, w)
+
+
+def _with_zero_row():
     w = _weight()
     w[3] = 0
-    q, scale = _quantized(fn, w)
+    return w
+
+
+def _judge_zero_row(w, out):
+    q, scale = _q_and_scale(out)
     assert torch.isfinite(scale).all(), "a scale is inf or NaN"
     assert not q[3].any(), f"the zero row quantizes to {q[3].tolist()}"
 
 
-@check(
+@probe_check(
+    BOTH,
+    "an all-zero row gives zeros and a finite scale (no division by zero)",
+    1,
+    "clamp the scale from below (scale.clamp(min=1e-12)) before dividing by it",
+    inputs=_with_zero_row,
+    judge=_judge_zero_row,
+)
+def _(fn, w):
+    return _quantized(fn, w)
+
+
+@probe_check(
     BOTH,
     "the weight is left unchanged",
     1,
     "divide into a new tensor (w / scale), not in place (w.div_)",
+    inputs=lambda: _weight(seed=2),
+    judge=lambda w, after: untouched(after, w, what="the weight"),
 )
-def _(fn):
-    w = _weight(seed=2)
-    unchanged(lambda: fn(w), w, what="the weight")
+def _(fn, w):
+    fn(w)
+    return w
 
 
 def _int8(out=16, inp=24, seed=0):
@@ -142,111 +174,133 @@ def _product(x, q, scale):
     return x.float() @ (q.float() * scale[:, None]).T
 
 
-@check(
+def _judge_product(inputs, out):
+    x, q, scale = inputs
+    is_tensor(out)
+    close(out, _product(x, q, scale), "int8_linear(x, q, scale)", atol=1e-4)
+
+
+@probe_check(
     "int8_linear",
     "values: x @ (q * scale)^T, each scale on its output (out != in)",
     2,
     "(x @ q.T) * scale: scale (out,) multiplies the last axis of the result, which "
     "has out entries",
+    inputs=lambda: [torch.randn(3, 5, 24), *_int8()],
+    judge=_judge_product,
 )
-def _(fn):
-    q, scale = _int8()
-    x = torch.randn(3, 5, 24)
-    out = is_tensor(fn(x, q, scale))
-    close(out, _product(x, q, scale), "int8_linear(x, q, scale)", atol=1e-4)
+def _(fn, inputs):
+    return fn(*inputs)
 
 
-@check(
-    "int8_linear",
-    "bfloat16 activations give bfloat16 outputs, for any leading shape",
-    1,
-    "convert q and scale to x's dtype (q.to(x.dtype)) before multiplying",
-)
-def _(fn):
+def _bfloat16_inputs():
     q, scale = _int8(seed=1)
-    for shape in ((24,), (2, 3, 24)):
-        x = torch.randn(shape).bfloat16()
-        out = is_tensor(fn(x, q, scale))
+    xs = [torch.randn(shape).bfloat16() for shape in ((24,), (2, 3, 24))]
+    return {"xs": xs, "q": q, "scale": scale}
+
+
+def _judge_bfloat16(inputs, outs):
+    q, scale = inputs["q"], inputs["scale"]
+    for x, out in zip(inputs["xs"], outs, strict=True):
+        is_tensor(out)
         assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
         close(
             out.float(),
             _product(x, q, scale),
-            f"the output for a {shape} input",
+            f"the output for a {tuple(x.shape)} input",
             atol=0.05,
             rtol=0.05,
         )
 
 
-@check(
+@probe_check(
+    "int8_linear",
+    "bfloat16 activations give bfloat16 outputs, for any leading shape",
+    1,
+    "convert q and scale to x's dtype (q.to(x.dtype)) before multiplying",
+    inputs=_bfloat16_inputs,
+    judge=_judge_bfloat16,
+)
+def _(fn, inputs):
+    return [fn(x, inputs["q"], inputs["scale"]) for x in inputs["xs"]]
+
+
+def _judge_kept(inputs, after):
+    _, q, scale = inputs
+    for before, now in zip((q, scale), after, strict=True):
+        untouched(now, before, what="q or scale")
+
+
+@probe_check(
     "int8_linear",
     "q and scale are left unchanged",
     1,
     "convert into new tensors (q.to(...), scale * ...), never in place",
+    inputs=lambda: [torch.randn(4, 24), *_int8(seed=2)],
+    judge=_judge_kept,
 )
-def _(fn):
-    q, scale = _int8(seed=2)
-    unchanged(lambda: fn(torch.randn(4, 24), q, scale), q, scale, what="q or scale")
+def _(fn, inputs):
+    _, q, scale = inputs
+    fn(*inputs)
+    return [q, scale]
 
 
-def _draft(fn, tokens, max_ngram=3, num_draft=8):
-    t = torch.tensor(tokens)
-    out = is_tensor(fn(t, max_ngram, num_draft), "the draft")
-    assert out.dim() == 1 and out.dtype == torch.long, (
-        f"the draft should be a 1-d tensor of token ids, got {out.dim()}-d {out.dtype}"
+def _draft_check(name, points, hint, cases):
+    """A check of lookup_draft on `cases` ((tokens, max_ngram, num_draft) each)
+    against smol's."""
+
+    def judge(inputs, outs):
+        for (tokens, max_ngram, num_draft), out in zip(cases, outs, strict=True):
+            is_tensor(out, "the draft")
+            assert out.dim() == 1 and out.dtype == torch.long, (
+                "the draft should be a 1-d tensor of token ids, got "
+                f"{out.dim()}-d {out.dtype}"
+            )
+            want = reference_lookup(torch.tensor(tokens), max_ngram, num_draft)
+            assert torch.equal(out, want), (
+                f"lookup_draft({tokens}, max_ngram={max_ngram}, num_draft="
+                f"{num_draft}) gave {out.tolist()}, expected {want.tolist()}"
+            )
+
+    probe_check("lookup_draft", name, points, hint, inputs=lambda: cases, judge=judge)(
+        lambda fn, inputs: [fn(torch.tensor(t), n, d) for t, n, d in inputs]
     )
-    want = reference_lookup(t, max_ngram, num_draft)
-    assert torch.equal(out, want), (
-        f"lookup_draft({tokens}, max_ngram={max_ngram}, num_draft={num_draft}) gave "
-        f"{out.tolist()}, expected {want.tolist()}"
-    )
 
 
-@check(
-    "lookup_draft",
+_draft_check(
     "the tokens after the latest earlier occurrence of the last n tokens",
     2,
     "slide over the earlier positions, keep the last match, return tokens[start + n "
     ": start + n + num_draft] (fewer near the end)",
+    [
+        ([1, 2, 3, 9, 1, 2, 3, 8, 7, 1, 2, 3], 3, 8),  # latest (1, 2, 3): 8 7 1 2 3
+        ([4, 5, 6, 7, 8, 9, 4, 5], 3, 3),  # 6 7 8
+        ([1, 2, 1, 2, 1, 2], 3, 8),  # overlapping: 1 2 after the latest (1, 2)
+    ],
 )
-def _(fn):
-    _draft(fn, [1, 2, 3, 9, 1, 2, 3, 8, 7, 1, 2, 3])  # latest (1, 2, 3): 8 7 1 2 3
-    _draft(fn, [4, 5, 6, 7, 8, 9, 4, 5], num_draft=3)  # 6 7 8
-    _draft(fn, [1, 2, 1, 2, 1, 2])  # overlapping: 1 2 after the latest (1, 2)
-
-
-@check(
-    "lookup_draft",
+_draft_check(
     "the longest n-gram first, from max_ngram down to 1",
     1,
     "for n in range(max_ngram, 0, -1): the first n that occurred before decides",
+    [
+        ([7, 8, 9, 1, 5, 9, 2, 7, 8, 9], 3, 8),  # (7, 8, 9) -> 1; the latest 9 -> 2
+        ([7, 8, 9, 1, 5, 9, 2, 7, 8, 9], 1, 8),
+        ([9, 3, 4, 6, 5, 4, 6, 3, 4], 2, 8),  # (3, 4) -> 6 5 4 6 3 4
+    ],
 )
-def _(fn):
-    tokens = [7, 8, 9, 1, 5, 9, 2, 7, 8, 9]  # (7, 8, 9) -> 1; the latest 9 -> 2
-    _draft(fn, tokens)
-    _draft(fn, tokens, max_ngram=1)
-    _draft(fn, [9, 3, 4, 6, 5, 4, 6, 3, 4], max_ngram=2)  # (3, 4) -> 6 5 4 6 3 4
-
-
-@check(
-    "lookup_draft",
+_draft_check(
     "nothing found gives an empty tensor; the last tokens themselves do not count",
     1,
     "search only the earlier windows (start < len - n); return tokens[:0] when none "
     "matches",
+    [([1, 2, 3, 4, 5], 3, 8), ([6], 3, 8)],
 )
-def _(fn):
-    _draft(fn, [1, 2, 3, 4, 5])
-    _draft(fn, [6])
-
-
-@check(
-    "lookup_draft",
+_draft_check(
     "an occurrence at the very start counts",
     1,
     "the first window starts at position 0",
+    [([5, 6, 7, 8, 6, 9, 5, 6], 3, 4)],  # (5, 6) at 0 -> 7 8 6 9
 )
-def _(fn):
-    _draft(fn, [5, 6, 7, 8, 6, 9, 5, 6], num_draft=4)  # (5, 6) at 0 -> 7 8 6 9
 
 
 CONFIG = small_config(67)
@@ -254,7 +308,8 @@ CONFIG = small_config(67)
 
 def _spec_model(scale, seed):
     """A small model with weights scaled up, so that greedy choices are clear; at
-    scale 4 its text soon repeats, at scale 8 it repeats now and then."""
+    scale 4 its text soon repeats, at scale 8 it repeats now and then: its weights
+    and a prompt."""
     torch.manual_seed(seed)
     model = SmolLM(CONFIG).eval()
     with torch.no_grad():
@@ -262,64 +317,88 @@ def _spec_model(scale, seed):
             if p.dim() >= 2:
                 p.mul_(scale)
     prompt = torch.randint(0, CONFIG.vocab_size, (1, 6))
-    return model, prompt
+    return {"state": model.state_dict(), "prompt": prompt}
 
 
-def _greedy(model, prompt, n):
-    return generate(model, prompt, n, temperature=0.0)
+def _model(state):
+    model = SmolLM(CONFIG).eval()
+    model.load_state_dict(state)
+    return model
 
 
-@check(
+def _judge_spec_shape(inputs, out):
+    is_tensor(out, "the output")
+    assert tuple(out.shape) == (1, 21), f"shape {tuple(out.shape)}, expected (1, 21)"
+    assert torch.equal(out[:, :6], inputs["prompt"]), (
+        "the output does not start with the prompt"
+    )
+
+
+@probe_check(
     "speculative_greedy",
     "returns (1, T + max_new_tokens) token ids starting with the prompt",
     1,
     "append the next token and the accepted draft tokens; stop at max_new_tokens",
+    inputs=lambda: _spec_model(4, 5),
+    judge=_judge_spec_shape,
 )
-def _(fn):
-    model, prompt = _spec_model(4, 5)
-    out = is_tensor(fn(model, prompt, 15), "the output")
-    assert tuple(out.shape) == (1, 21), f"shape {tuple(out.shape)}, expected (1, 21)"
-    assert torch.equal(out[:, :6], prompt), "the output does not start with the prompt"
+def _(fn, inputs):
+    return fn(_model(inputs["state"]), inputs["prompt"], 15)
 
 
-@check(
+# greedy's top logit leads by more than 0.06 at every step: no near ties
+RUNS = ((8, 5, 30), (8, 6, 30), (4, 5, 30), (4, 5, 13))
+
+
+def _judge_spec_greedy(inputs, outs):
+    for case, (_, _, n), out in zip(inputs, RUNS, outs, strict=True):
+        want = generate(_model(case["state"]), case["prompt"], n, temperature=0.0)
+        is_tensor(out, "the output")
+        assert out.shape == want.shape and torch.equal(out, want), (
+            f"generated {out[0, 6:].tolist()}, greedy decoding gives "
+            f"{want[0, 6:].tolist()}"
+        )
+
+
+@probe_check(
     "speculative_greedy",
     "the same tokens as greedy decoding, with drafts kept and drafts rejected",
     2,
     "keep the draft up to its first token unlike the model's choice before it; then "
     "take that choice, and forget the rejected tokens' keys and values (cache.length "
     "-= rejected)",
+    inputs=lambda: [_spec_model(scale, seed) for scale, seed, _ in RUNS],
+    judge=_judge_spec_greedy,
 )
-def _(fn):
-    # greedy's top logit leads by more than 0.06 at every step: no near ties
-    for scale, seed, n in ((8, 5, 30), (8, 6, 30), (4, 5, 30), (4, 5, 13)):
-        model, prompt = _spec_model(scale, seed)
-        want = _greedy(model, prompt, n)
-        out = is_tensor(fn(model, prompt, n), "the output")
-        assert torch.equal(out, want), (
-            f"generated {out[0, 6:].tolist()}, greedy decoding gives "
-            f"{want[0, 6:].tolist()}"
-        )
+def _(fn, inputs):
+    return [
+        fn(_model(case["state"]), case["prompt"], n)
+        for case, (_, _, n) in zip(inputs, RUNS)
+    ]
 
 
-@check(
-    "speculative_greedy",
-    "fewer forward passes than tokens where the text repeats, each with the cache",
-    1,
-    "after the prefill, one pass over [next token, *draft] checks the whole draft: "
-    "model(step, kv_cache=cache)",
-)
-def _(fn):
-    model, prompt = _spec_model(4, 1)
-    spy = _Spy(model)
-    model.forward = spy
-    fn(model, prompt, 40)
-    assert spy.calls and all(c for _, c in spy.calls), (
-        "the model was called without kv_cache="
-    )
-    lengths = [n for n, _ in spy.calls]
+def _judge_passes(inputs, calls):
+    assert calls and all(c for _, c in calls), "the model was called without kv_cache="
+    lengths = [n for n, _ in calls]
     assert lengths[0] == 6, f"the first pass took {lengths[0]} tokens, not the prompt"
     assert len(lengths) - 1 <= 30, (
         f"{len(lengths) - 1} passes after the prefill for 40 tokens of a text that "
         "repeats: the drafts are not used"
     )
+
+
+@probe_check(
+    "speculative_greedy",
+    "fewer forward passes than tokens where the text repeats, each with the cache",
+    1,
+    "after the prefill, one pass over [next token, *draft] checks the whole draft: "
+    "model(step, kv_cache=cache)",
+    inputs=lambda: _spec_model(4, 1),
+    judge=_judge_passes,
+)
+def _(fn, inputs):
+    model = _model(inputs["state"])
+    spy = _Spy(model)
+    model.forward = spy
+    fn(model, inputs["prompt"], 40)
+    return spy.calls

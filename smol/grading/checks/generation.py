@@ -10,7 +10,7 @@ from smol.generate import (
     generate,
 )
 from smol.grading.checks._util import close, is_tensor, same_shape, small_config
-from smol.grading.core import check, task
+from smol.grading.core import probe_check, task
 
 task(
     "filter_top_k",
@@ -45,112 +45,130 @@ def _same_filter(out, want, what):
     close(out[kept], want[want_kept], f"{what}: the kept logits")
 
 
-def _keeps_every_logit(fn, name, logits, arguments):
-    """fn(logits, argument) returns the logits unchanged, for every argument of
-    `arguments` ({argument: how a message shows it})."""
-    for argument, shown in arguments.items():
-        _same_filter(fn(logits, argument), logits, f"{name}(logits, {shown})")
+def _judge_filters(name, arguments, logits, outs, reference):
+    """Judge side: each of `outs`, fn(logits, argument) for an argument of
+    `arguments` ({argument: how a message shows it}), equals reference(argument)."""
+    for (argument, shown), out in zip(arguments.items(), outs, strict=True):
+        _same_filter(out, reference(argument), f"{name}(logits, {shown})")
 
 
-@check(
+def _filter_check(task_name, name, points, hint, make_logits, arguments, reference):
+    """A check that the filter of `task_name` on logits from make_logits() equals
+    reference(logits, argument) for every argument of `arguments` (each call on a
+    copy: writing into the logits is the business of `_leaves_input`)."""
+    probe_check(
+        task_name,
+        name,
+        points,
+        hint,
+        inputs=make_logits,
+        judge=lambda logits, outs: _judge_filters(
+            task_name, arguments, logits, outs, lambda a: reference(logits, a)
+        ),
+    )(lambda fn, logits: [fn(logits.clone(), argument) for argument in arguments])
+
+
+def _leaves_input(task_name, hint, argument):
+    """A check that the filter of `task_name` does not write into its logits."""
+
+    def judge(logits, after):
+        assert isinstance(after, torch.Tensor) and torch.equal(after, logits), (
+            f"{task_name} wrote into the caller's logits"
+        )
+
+    def probe(fn, logits):
+        fn(logits, argument)
+        return logits
+
+    probe_check(
+        task_name,
+        "leaves its input unchanged",
+        1,
+        hint,
+        inputs=lambda: torch.randn(2, 20),
+        judge=judge,
+    )(probe)
+
+
+_filter_check(
     "filter_top_k",
     "keeps exactly the k largest logits of each row, the rest -inf",
     2,
     "the k-th largest value is torch.topk(logits, k).values[..., -1:]; masked_fill "
     "what is below it",
+    lambda: torch.randn(3, 50),
+    {1: "1", 5: "5", 17: "17"},
+    reference_top_k,
 )
-def _(fn):
-    logits = torch.randn(3, 50)
-    for k in (1, 5, 17):
-        _same_filter(
-            fn(logits, k), reference_top_k(logits, k), f"filter_top_k(logits, {k})"
-        )
-
-
-@check(
+_filter_check(
     "filter_top_k",
     "k >= vocabulary size keeps every logit",
     1,
     "nothing to remove when k >= V",
+    lambda: torch.randn(2, 10),
+    {10: "V", 25: "25"},
+    lambda logits, k: logits,
 )
-def _(fn):
-    _keeps_every_logit(fn, "filter_top_k", torch.randn(2, 10), {10: "V", 25: "25"})
-
-
-@check(
-    "filter_top_k",
-    "leaves its input unchanged",
-    1,
-    "masked_fill (not masked_fill_) returns a new tensor",
-)
-def _(fn):
-    logits = torch.randn(2, 20)
-    before = logits.clone()
-    fn(logits, 3)
-    assert torch.equal(logits, before), "filter_top_k wrote into the caller's logits"
-
-
-@check(
+_leaves_input("filter_top_k", "masked_fill (not masked_fill_) returns a new tensor", 3)
+_filter_check(
     "filter_top_p",
     "keeps the smallest set of most likely tokens whose probability reaches p",
     2,
     "sort descending, softmax, cumsum; drop a token when the mass of the tokens before "
     "it is already >= p",
+    lambda: torch.randn(4, 40) * 2,
+    {0.3: "0.3", 0.9: "0.9"},
+    reference_top_p,
 )
-def _(fn):
-    logits = torch.randn(4, 40) * 2
-    for p in (0.3, 0.9):
-        want = reference_top_p(logits, p)
-        _same_filter(fn(logits, p), want, f"filter_top_p(logits, {p})")
-
-
-@check(
+_filter_check(
     "filter_top_p",
     "always keeps the most likely token, even for a tiny p",
     1,
     "the first sorted token is never removed (remove[..., 0] = False)",
+    lambda: torch.randn(3, 30),
+    {1e-4: "1e-4"},
+    reference_top_p,
 )
-def _(fn):
-    logits = torch.randn(3, 30)
-    _same_filter(
-        fn(logits, 1e-4), reference_top_p(logits, 1e-4), "filter_top_p(logits, 1e-4)"
-    )
-
-
-@check(
+_leaves_input(
     "filter_top_p",
-    "leaves its input unchanged",
-    1,
     "masked_fill (not masked_fill_, nor logits[remove] = ...) returns a new tensor",
+    0.5,
 )
-def _(fn):
-    logits = torch.randn(2, 20)
-    before = logits.clone()
-    fn(logits, 0.5)
-    assert torch.equal(logits, before), "filter_top_p wrote into the caller's logits"
-
-
-@check(
+_filter_check(
     "filter_top_p",
     "p = 1 keeps every logit",
     1,
     "the whole distribution has probability 1",
+    lambda: torch.randn(2, 30),
+    {1.0: "1.0"},
+    lambda logits, p: logits,
 )
-def _(fn):
-    _keeps_every_logit(fn, "filter_top_p", torch.randn(2, 30), {1.0: "1.0"})
 
 
 CONFIG = small_config(67)
 
 
-def _model():
+def _model(state=None):
     model = SmolLM(CONFIG).eval()
+    if state is not None:
+        model.load_state_dict(state)
+        return model
     # larger weights than the init: distinct, confident greedy choices
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() >= 2:
                 p.mul_(8)
     return model
+
+
+def _model_and_prompt(*shape):
+    prompt = torch.randint(0, CONFIG.vocab_size, shape)
+    return {"state": _model().state_dict(), "prompt": prompt}
+
+
+def _greedy(fn, inputs, n):
+    """Probe side: the student's greedy_generate on the inputs' model and prompt."""
+    return fn(_model(inputs["state"]), inputs["prompt"], n)
 
 
 class _Spy:
@@ -166,66 +184,84 @@ class _Spy:
         return self.forward(input_ids, *args, **kwargs)
 
 
-@check(
+def _judge_prompt_kept(inputs, out):
+    same_shape(out, (2, 11), "greedy_generate(model, prompt, 6)")
+    assert torch.equal(out[:, :5], inputs["prompt"]), (
+        "the output does not start with the prompt"
+    )
+
+
+@probe_check(
     "kv_generate",
     "returns (B, T + max_new_tokens) token ids starting with the prompt",
     1,
     "append one token per step with torch.cat([tokens, next_token[:, None]], dim=1)",
+    inputs=lambda: _model_and_prompt(2, 5),
+    judge=_judge_prompt_kept,
 )
-def _(fn):
-    model, prompt = _model(), torch.randint(0, CONFIG.vocab_size, (2, 5))
-    out = same_shape(fn(model, prompt, 6), (2, 11), "greedy_generate(model, prompt, 6)")
-    assert torch.equal(out[:, :5], prompt), "the output does not start with the prompt"
+def _(fn, inputs):
+    return _greedy(fn, inputs, 6)
 
 
-@check(
+def _judge_greedy(inputs, out, n, show=slice(None)):
+    prompt = inputs["prompt"]
+    want = generate(
+        _model(inputs["state"]), prompt, n, temperature=0.0, use_cache=False
+    )
+    is_tensor(out)
+    assert out.shape == want.shape and torch.equal(out, want), (
+        f"generated {out[:, show].tolist()}, expected {want[:, show].tolist()}"
+    )
+
+
+@probe_check(
     "kv_generate",
     "the same tokens as greedy decoding without a cache",
     2,
     "prefill the whole prompt once, then feed only the newest token; take argmax of "
     "the last logits",
+    inputs=lambda: _model_and_prompt(3, 4),
+    judge=lambda inputs, out: _judge_greedy(inputs, out, 8, slice(4, None)),
 )
-def _(fn):
-    model, prompt = _model(), torch.randint(0, CONFIG.vocab_size, (3, 4))
-    want = generate(model, prompt, 8, temperature=0.0, use_cache=False)
-    out = is_tensor(fn(model, prompt, 8))
-    assert torch.equal(out, want), (
-        f"generated {out[:, 4:].tolist()}, expected {want[:, 4:].tolist()}"
-    )
+def _(fn, inputs):
+    return _greedy(fn, inputs, 8)
 
 
-@check(
-    "kv_generate",
-    "uses the cache: after the prompt, each forward call sees one new token",
-    1,
-    "KVCache(model.config, B, T + max_new_tokens); model(ids, kv_cache=cache) appends "
-    "to it itself",
-)
-def _(fn):
-    model, prompt = _model(), torch.randint(0, CONFIG.vocab_size, (1, 6))
-    spy = _Spy(model)
-    model.forward = spy
-    fn(model, prompt, 5)
-    lengths = [n for n, _ in spy.calls]
-    assert spy.calls and all(c for _, c in spy.calls), (
-        "the model was called without kv_cache="
-    )
+def _judge_cache_used(inputs, calls):
+    lengths = [n for n, _ in calls]
+    assert calls and all(c for _, c in calls), "the model was called without kv_cache="
     assert lengths[0] == 6 and all(n == 1 for n in lengths[1:]), (
         f"tokens per call {lengths}, expected [6, 1, 1, ...]"
     )
 
 
-@check(
+@probe_check(
+    "kv_generate",
+    "uses the cache: after the prompt, each forward call sees one new token",
+    1,
+    "KVCache(model.config, B, T + max_new_tokens); model(ids, kv_cache=cache) appends "
+    "to it itself",
+    inputs=lambda: _model_and_prompt(1, 6),
+    judge=_judge_cache_used,
+)
+def _(fn, inputs):
+    model = _model(inputs["state"])
+    spy = _Spy(model)
+    model.forward = spy
+    fn(model, inputs["prompt"], 5)
+    return spy.calls
+
+
+@probe_check(
     "kv_generate",
     "a one-token prompt works too",
     1,
     "the prefill may be a single token",
+    inputs=lambda: _model_and_prompt(2, 1),
+    judge=lambda inputs, out: _judge_greedy(inputs, out, 4),
 )
-def _(fn):
-    model, prompt = _model(), torch.randint(0, CONFIG.vocab_size, (2, 1))
-    want = generate(model, prompt, 4, temperature=0.0, use_cache=False)
-    out = is_tensor(fn(model, prompt, 4))
-    assert torch.equal(out, want), f"generated {out.tolist()}, expected {want.tolist()}"
+def _(fn, inputs):
+    return _greedy(fn, inputs, 4)
 
 
 def _reference_mask(attention_mask, T, offset=0):
@@ -238,8 +274,10 @@ def _reference_mask(attention_mask, T, offset=0):
     return mask
 
 
-def _mask(fn, attention_mask, T, offset=0):
-    out = is_tensor(fn(attention_mask, T, offset), "the mask")
+def _mask(out, attention_mask, T, offset=0):
+    """Judge side: the student's mask for these arguments, checked and broadcast to
+    (B, 1, T, offset + T)."""
+    is_tensor(out, "the mask")
     assert out.dtype == torch.bool, (
         f"the mask has dtype {out.dtype}, expected torch.bool"
     )
@@ -257,29 +295,39 @@ def _mask(fn, attention_mask, T, offset=0):
 PADDED = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 0, 0]])
 
 
-@check(
-    "attention_mask_bug",
-    "no padding mask: causal, also with cached tokens before",
-    1,
-    "query at position offset + i sees keys 0 .. offset + i",
-)
-def _(fn):
-    for T, offset in ((5, 0), (3, 4)):
-        got = _mask(fn, None, T, offset)
+def _mask_check(name, points, hint, cases, judge):
+    """A check of the masks for `cases` ((attention_mask, T, offset) each):
+    judge(masks) decides on them, each checked and broadcast by `_mask`."""
+    probe_check(
+        "attention_mask_bug",
+        name,
+        points,
+        hint,
+        inputs=lambda: cases,
+        judge=lambda inputs, outs: judge(
+            [_mask(out, *case) for case, out in zip(inputs, outs, strict=True)]
+        ),
+    )(lambda fn, inputs: [fn(*case) for case in inputs])
+
+
+def _judge_causal(masks):
+    for (_, T, offset), got in zip(((None, 5, 0), (None, 3, 4)), masks):
         assert torch.equal(got, _reference_mask(None, T, offset)), (
             f"wrong causal mask for T={T}, offset={offset}"
         )
 
 
-@check(
-    "attention_mask_bug",
-    "padded keys are hidden from real tokens",
+_mask_check(
+    "no padding mask: causal, also with cached tokens before",
     1,
-    "combine with attention_mask.bool()[:, None, None, :] (the keys' axis)",
+    "query at position offset + i sees keys 0 .. offset + i",
+    [(None, 5, 0), (None, 3, 4)],
+    _judge_causal,
 )
-def _(fn):
-    got = _mask(fn, PADDED, 6)
-    real = PADDED.bool()
+
+
+def _judge_padded_hidden(masks):
+    (got,), real = masks, PADDED.bool()
     for b in range(len(PADDED)):
         for i in range(6):
             if real[b, i]:
@@ -288,18 +336,19 @@ def _(fn):
                 )
 
 
-@check(
-    "attention_mask_bug",
-    "real tokens see every real token up to themselves (left or right padding, with "
-    "cached tokens too)",
+_mask_check(
+    "padded keys are hidden from real tokens",
     1,
-    "hide only what is padding or later: causal AND attention_mask, with the query "
-    "positions offset + 0 .. offset + T - 1; nothing more",
+    "combine with attention_mask.bool()[:, None, None, :] (the keys' axis)",
+    [(PADDED, 6, 0)],
+    _judge_padded_hidden,
 )
-def _(fn):
+SHIFTED = [(PADDED, 6, 0), (PADDED, 2, 4)]
+
+
+def _judge_real_seen(masks):
     real = PADDED.bool()
-    for T, offset in ((6, 0), (2, 4)):
-        got = _mask(fn, PADDED, T, offset)
+    for (_, T, offset), got in zip(SHIFTED, masks):
         for b in range(len(PADDED)):
             for i in range(T):
                 q = offset + i
@@ -311,15 +360,19 @@ def _(fn):
                     )
 
 
-@check(
-    "attention_mask_bug",
-    "with a padding mask, attention is still causal (no peeking at later tokens)",
-    2,
-    "AND the padding mask with the causal mask; do not replace one by the other",
+_mask_check(
+    "real tokens see every real token up to themselves (left or right padding, with "
+    "cached tokens too)",
+    1,
+    "hide only what is padding or later: causal AND attention_mask, with the query "
+    "positions offset + 0 .. offset + T - 1; nothing more",
+    SHIFTED,
+    _judge_real_seen,
 )
-def _(fn):
-    for am, T, offset in ((PADDED, 6, 0), (PADDED, 2, 4)):
-        got = _mask(fn, am, T, offset)
+
+
+def _judge_still_causal(masks):
+    for (_, T, offset), got in zip(SHIFTED, masks):
         q = torch.arange(offset, offset + T)[:, None]
         k = torch.arange(offset + T)[None, :]
         assert not got[..., k > q].any(), (
@@ -327,15 +380,27 @@ def _(fn):
         )
 
 
-@check(
-    "attention_mask_bug",
+_mask_check(
+    "with a padding mask, attention is still causal (no peeking at later tokens)",
+    2,
+    "AND the padding mask with the causal mask; do not replace one by the other",
+    SHIFTED,
+    _judge_still_causal,
+)
+
+
+def _judge_sees_itself(masks):
+    (got,) = masks
+    assert got.any(-1).all(), "some query row masks every key"
+    for i in range(6):
+        assert got[0, 0, i, i], f"row 0: query {i} does not see itself"
+
+
+_mask_check(
     "a padding query still sees itself (no all-masked row, no NaN)",
     1,
     "OR the diagonal back in: (k_pos == q_pos); a row of only -inf makes softmax "
     "return NaN",
+    [(PADDED, 6, 0)],
+    _judge_sees_itself,
 )
-def _(fn):
-    got = _mask(fn, PADDED, 6)
-    assert got.any(-1).all(), "some query row masks every key"
-    for i in range(6):
-        assert got[0, 0, i, i], f"row 0: query {i} does not see itself"

@@ -5,8 +5,15 @@ import torch
 import torch.nn.functional as F
 
 from smol.attention import repeat_kv as reference_repeat_kv
-from smol.grading.checks._util import close, grad_of, same_shape, without
-from smol.grading.core import check, task
+from smol.grading.checks._util import (
+    close,
+    grads,
+    pair,
+    same_grads,
+    same_shape,
+    without,
+)
+from smol.grading.core import probe_check, task
 
 task(
     "repeat_kv",
@@ -27,65 +34,80 @@ task(
 BOTH = ("repeat_kv", "repeat_kv_bug")
 
 
-@check(
+def _judge_repeat_shape(inputs, out):
+    out32, out16 = pair(out, "two results")
+    same_shape(out32, (1, 9, 7, 5), "repeat_kv of (1, 3, 7, 5) with n_rep=3")
+    same_shape(out16, (1, 9, 7, 5), "repeat_kv of bfloat16 keys")
+    assert out16.dtype == torch.bfloat16, f"bfloat16 in, {out16.dtype} out"
+
+
+@probe_check(
     BOTH,
     "shape (B, H_kv * n_rep, T, D) on odd sizes, in the input's dtype",
     1,
     "the head dimension (dim 1) grows n_rep times; B, T and D stay; build the result "
     "from x itself (a new torch.empty is float32 for bfloat16 keys)",
+    inputs=lambda: torch.randn(1, 3, 7, 5),
+    judge=_judge_repeat_shape,
 )
-def _(fn):
-    x = torch.randn(1, 3, 7, 5)
-    same_shape(fn(x, 3), (1, 9, 7, 5), "repeat_kv of (1, 3, 7, 5) with n_rep=3")
-    out = same_shape(fn(x.bfloat16(), 3), (1, 9, 7, 5), "repeat_kv of bfloat16 keys")
-    assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
+def _(fn, x):
+    return [fn(x, 3), fn(x.bfloat16(), 3)]
 
 
-@check(
+@probe_check(
     BOTH,
     "query head h reads key/value head h // n_rep (k0 k0 k1 k1, not k0 k1 k0 k1)",
     2,
     "repeat each head in place (repeat_interleave on dim 1, or einops "
     "'b h t d -> b (h r) t d'), not tile the whole stack (x.repeat(1, n_rep, 1, 1))",
+    inputs=lambda: torch.randn(2, 3, 5, 4),
+    judge=lambda x, out: close(out, reference_repeat_kv(x, 2), "repeat_kv(x, 2)"),
 )
-def _(fn):
-    x = torch.randn(2, 3, 5, 4)
-    close(fn(x, 2), reference_repeat_kv(x, 2), "repeat_kv(x, 2)")
+def _(fn, x):
+    return fn(x, 2)
 
 
-@check(
+@probe_check(
     BOTH,
     "n_rep = 1 returns the input's values",
     1,
     "with one query head per key/value head there is nothing to repeat",
+    inputs=lambda: torch.randn(2, 4, 3, 6),
+    judge=lambda x, out: close(out, x, "repeat_kv(x, 1)"),
 )
-def _(fn):
-    x = torch.randn(2, 4, 3, 6)
-    close(fn(x, 1), x, "repeat_kv(x, 1)")
+def _(fn, x):
+    return fn(x, 1)
 
 
-@check(
+@probe_check(
     BOTH,
     "one key/value head (multi-query attention) serves every query head",
     1,
     "H_kv = 1 repeated n_rep times gives n_rep identical heads",
+    inputs=lambda: torch.randn(2, 1, 4, 6),
+    judge=lambda x, out: close(
+        out, x.expand(2, 4, 4, 6), "repeat_kv of one head, n_rep=4"
+    ),
 )
-def _(fn):
-    x = torch.randn(2, 1, 4, 6)
-    close(fn(x, 4), x.expand(2, 4, 4, 6), "repeat_kv of one head, n_rep=4")
+def _(fn, x):
+    return fn(x, 4)
 
 
-@check(
+def _judge_repeat_grads(x, out):
+    same_grads(out, [torch.full_like(x, 2.0)], ["sum(repeat_kv(x, 2))"])
+
+
+@probe_check(
     BOTH,
     "gradients: each key/value head collects the gradients of its n_rep copies",
     1,
     "use differentiable operations (expand + reshape, repeat_interleave, "
     "einops.repeat)",
+    inputs=lambda: torch.randn(2, 3, 4, 5),
+    judge=_judge_repeat_grads,
 )
-def _(fn):
-    x = torch.randn(2, 3, 4, 5)
-    out, (gx,), _ = grad_of(lambda t: fn(t, 2), x, upstream=torch.ones(2, 6, 4, 5))
-    close(gx, torch.full_like(x, 2.0), "the gradient of sum(repeat_kv(x, 2))")
+def _(fn, x):
+    return grads(lambda t: fn(t, 2), x, upstream=torch.ones(2, 6, 4, 5))[1]
 
 
 def _reference(q, k, v):
@@ -93,87 +115,114 @@ def _reference(q, k, v):
 
 
 def _qkv(B=2, H=6, H_kv=2, T=5, D=4):
-    return (
+    return [
         torch.randn(B, H, T, D),
         torch.randn(B, H_kv, T, D),
         torch.randn(B, H_kv, T, D),
-    )
+    ]
 
 
-@check(
+def _judge_attention_shape(qkv, out):
+    out32, out16 = pair(out, "two results")
+    same_shape(out32, qkv[0].shape, "gqa_attention(q, k, v)")
+    same_shape(out16, qkv[0].shape)
+    assert out16.dtype == torch.bfloat16, f"bfloat16 in, {out16.dtype} out"
+
+
+@probe_check(
     "gqa_attention",
     "shape: (B, H, T, D), one output per query head; bfloat16 in, bfloat16 out",
     1,
     "repeat k and v to H heads first, then (q @ k^T / sqrt(D)).softmax(-1) @ v; a "
     "softmax in float32 is cast back to q's dtype",
+    inputs=lambda: _qkv(T=7),
+    judge=_judge_attention_shape,
 )
-def _(fn):
-    q, k, v = _qkv(T=7)
-    same_shape(fn(q, k, v), q.shape, "gqa_attention(q, k, v)")
-    out = same_shape(fn(q.bfloat16(), k.bfloat16(), v.bfloat16()), q.shape)
-    assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
+def _(fn, qkv):
+    return [fn(*qkv), fn(*(t.bfloat16() for t in qkv))]
 
 
-@check(
+def _judge_values(qkv, out, what="gqa_attention(q, k, v)"):
+    close(out, _reference(*qkv), what, atol=1e-5)
+
+
+@probe_check(
     "gqa_attention",
     "values equal SDPA (causal, grouped query heads, head size 6)",
     2,
     "scale the scores by 1/sqrt(head_dim) (math.sqrt, not an integer root), mask the "
     "future with -inf before the softmax",
+    inputs=lambda: _qkv(D=6),  # sqrt(6) is no integer, unlike sqrt(4)
+    judge=_judge_values,
 )
-def _(fn):
-    q, k, v = _qkv(D=6)  # sqrt(6) is no integer, unlike sqrt(4)
-    close(fn(q, k, v), _reference(q, k, v), "gqa_attention(q, k, v)", atol=1e-5)
+def _(fn, qkv):
+    return fn(*qkv)
 
 
-@check(
+def _causal_inputs():
+    q, k, v = _qkv(T=6)
+    k2, v2 = k.clone(), v.clone()
+    k2[:, :, 4:], v2[:, :, 4:] = torch.randn(2, 2, 2, 4), torch.randn(2, 2, 2, 4)
+    return {"qkv": [q, k, v], "changed": [q, k2, v2]}
+
+
+def _judge_causal(inputs, out):
+    changed, same = pair(out, "two results")
+    same_shape(changed, same.shape)
+    close(changed[:, :, :4], same[:, :, :4], "outputs before position 4")
+
+
+@probe_check(
     "gqa_attention",
     "causal: changing future tokens leaves earlier outputs unchanged",
     1,
     "mask scores[..., i, j] for j > i (torch.ones(T, T).tril() marks what may be seen)",
+    inputs=_causal_inputs,
+    judge=_judge_causal,
 )
-def _(fn):
-    q, k, v = _qkv(T=6)
-    k2, v2 = k.clone(), v.clone()
-    k2[:, :, 4:], v2[:, :, 4:] = torch.randn(2, 2, 2, 4), torch.randn(2, 2, 2, 4)
-    close(fn(q, k2, v2)[:, :, :4], fn(q, k, v)[:, :, :4], "outputs before position 4")
+def _(fn, inputs):
+    return [fn(*inputs["changed"]), fn(*inputs["qkv"])]
 
 
-@check(
+@probe_check(
     "gqa_attention",
     "plain multi-head attention (n_rep = 1) too",
     1,
     "n_rep = H // H_kv may be 1",
+    inputs=lambda: _qkv(H=3, H_kv=3),
+    judge=lambda qkv, out: _judge_values(qkv, out, "gqa_attention with H_kv = H"),
 )
-def _(fn):
-    q, k, v = _qkv(H=3, H_kv=3)
-    close(fn(q, k, v), _reference(q, k, v), "gqa_attention with H_kv = H", atol=1e-5)
+def _(fn, qkv):
+    return fn(*qkv)
 
 
-@check(
+def _judge_attention_grads(inputs, out):
+    _, want = grads(_reference, *inputs["qkv"], upstream=inputs["up"])
+    same_grads(out, want, "qkv", atol=1e-4)
+
+
+@probe_check(
     "gqa_attention",
     "gradients for q, k and v equal SDPA's",
     1,
     "use differentiable operations; masked_fill returns a new tensor, keep it",
+    inputs=lambda: {"qkv": _qkv(), "up": torch.randn(2, 6, 5, 4)},
+    judge=_judge_attention_grads,
 )
-def _(fn):
-    q, k, v = _qkv()
-    _, grads, up = grad_of(fn, q, k, v)
-    _, ref_grads, _ = grad_of(_reference, q, k, v, upstream=up)
-    for name, g, r in zip("qkv", grads, ref_grads):
-        close(g, r, f"the gradient of {name}", atol=1e-4)
+def _(fn, inputs):
+    return grads(fn, *inputs["qkv"], upstream=inputs["up"])[1]
 
 
-@check(
+@probe_check(
     "gqa_attention",
     "written by hand: no F.scaled_dot_product_attention",
     1,
     "the task is the attention itself: scores = q @ k^T / sqrt(D), mask, softmax, @ v",
+    inputs=_qkv,
+    judge=_judge_values,
 )
-def _(fn):
-    q, k, v = _qkv()
-    out = without(
-        lambda: fn(q, k, v),
+def _(fn, qkv):
+    return without(
+        lambda: fn(*qkv),
         {F.scaled_dot_product_attention: "F.scaled_dot_product_attention"},
     )
-    close(out, _reference(q, k, v), "gqa_attention(q, k, v)", atol=1e-5)

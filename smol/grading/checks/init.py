@@ -8,7 +8,7 @@ import torch
 
 from smol import SmolLM
 from smol.grading.checks._util import close, small_config
-from smol.grading.core import check, task
+from smol.grading.core import probe_check, task
 from smol.norm import RMSNorm
 
 task(
@@ -54,68 +54,94 @@ def _tied(model) -> bool:
     return model.lm_head.weight is model.model.embed_tokens.weight
 
 
-@check(
+def _judge_one_tensor(inputs, out):
+    assert out["tied"], "lm_head.weight and embed_tokens.weight are different tensors"
+    assert out["count"] == SmolLM(CONFIG).count_params(), (
+        "the tied model still counts two matrices"
+    )
+
+
+@probe_check(
     "tie_weights",
     "the head's weight is the embedding's Parameter (one tensor, not a copy)",
     2,
     "model.lm_head.weight = model.model.embed_tokens.weight (assign the Parameter "
     "itself)",
+    inputs=lambda: None,
+    judge=_judge_one_tensor,
 )
-def _(fn):
+def _(fn, _):
     model = _tied_by(fn)
-    assert _tied(model), "lm_head.weight and embed_tokens.weight are different tensors"
-    assert model.count_params() == SmolLM(CONFIG).count_params(), (
-        "the tied model still counts two matrices"
-    )
+    return {"tied": _tied(model), "count": model.count_params()}
 
 
-@check(
-    "tie_weights",
-    "the head takes the embedding's values, not the other way round",
-    1,
-    "assign the embedding to the head, not the head to the embedding",
-)
-def _(fn):
-    model = _untied_model()
-    embedding = model.model.embed_tokens.weight.detach().clone()
-    fn(model)
-    assert torch.equal(model.model.embed_tokens.weight.detach(), embedding), (
+def _judge_embedding_kept(embedding, out):
+    assert isinstance(out, torch.Tensor) and torch.equal(out, embedding), (
         "the embedding's values changed"
     )
 
 
-@check(
+@probe_check(
+    "tie_weights",
+    "the head takes the embedding's values, not the other way round",
+    1,
+    "assign the embedding to the head, not the head to the embedding",
+    inputs=lambda: torch.randn(CONFIG.vocab_size, CONFIG.hidden_size) * 0.02,
+    judge=_judge_embedding_kept,
+)
+def _(fn, embedding):
+    model = _untied_model()
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(embedding)
+    fn(model)
+    return model.model.embed_tokens.weight
+
+
+def _judge_tied_runs(ids, out):
+    ref = SmolLM(CONFIG)
+    ref.load_state_dict(out["state"])
+    close(out["logits"], ref(ids[:, :-1])[0], "the tied model's logits")
+    grad = out["grad"]
+    assert grad is not None and torch.isfinite(grad).all(), (
+        "no finite gradient reached the shared matrix"
+    )
+
+
+@probe_check(
     "tie_weights",
     "the tied model runs and learns: smol's logits, a gradient for the shared matrix",
     1,
     "tie the Parameter (lm_head.weight = embed_tokens.weight); replacing lm_head by "
     "the embedding module gives the same weight, and a head that cannot project hidden "
     "states",
+    inputs=lambda: torch.randint(0, CONFIG.vocab_size, (2, 9)),
+    judge=_judge_tied_runs,
 )
-def _(fn):
+def _(fn, ids):
     model = _tied_by(fn)
-    ref = SmolLM(CONFIG)
-    ref.load_state_dict(model.state_dict())
-    ids = torch.randint(0, CONFIG.vocab_size, (2, 9))
+    state = model.state_dict()
     logits, loss = model(ids[:, :-1], targets=ids[:, 1:])
-    close(logits, ref(ids[:, :-1])[0], "the tied model's logits")
     loss.backward()
     grad = model.model.embed_tokens.weight.grad
-    assert grad is not None and torch.isfinite(grad).all(), (
-        "no finite gradient reached the shared matrix"
-    )
+    return {"state": state, "logits": logits, "grad": grad}
 
 
-@check(
+def _judge_untied(inputs, tied):
+    assert tied is False, "an untied config was tied"
+
+
+@probe_check(
     "tie_weights",
     "an untied config (tie_word_embeddings=False) keeps two matrices",
     1,
     "tie only when model.config.tie_word_embeddings is true",
+    inputs=lambda: None,
+    judge=_judge_untied,
 )
-def _(fn):
+def _(fn, _):
     model = SmolLM(CONFIG.replace(tie_word_embeddings=False))
     fn(model)
-    assert not _tied(model), "an untied config was tied"
+    return _tied(model)
 
 
 def _scrambled(config=CONFIG):
@@ -170,29 +196,39 @@ def _std_ok(name, p, expected, tol=0.1):
     )
 
 
+def _parameters(fn, config=CONFIG):
+    """Probe side: the parameters of a scrambled model after the student's
+    init_weights, by name (a tied head once, as the embedding)."""
+    return dict(_initialised_by(fn, config).named_parameters())
+
+
 BOTH = ("init_weights", "init_bug")
 
 
-@check(BOTH, "norm weights start at one", 1, "nn.init.ones_ on every RMSNorm's weight")
-def _(fn):
-    model = _initialised_by(fn)
-    for name, module in model.named_modules():
+def _judge_norms(inputs, params):
+    for name, module in SmolLM(CONFIG).named_modules():
         if isinstance(module, RMSNorm):
-            assert torch.equal(
-                module.weight.detach(), torch.ones_like(module.weight)
-            ), f"{name}.weight is not all ones"
+            weight = params[f"{name}.weight"]
+            assert torch.equal(weight, torch.ones_like(weight)), (
+                f"{name}.weight is not all ones"
+            )
 
 
-@check(
+@probe_check(
     BOTH,
-    "embedding and projections: N(0, initializer_range)",
+    "norm weights start at one",
     1,
-    "nn.init.normal_(weight, mean=0.0, std=config.initializer_range)",
+    "nn.init.ones_ on every RMSNorm's weight",
+    inputs=lambda: None,
+    judge=_judge_norms,
 )
-def _(fn):
-    model = _initialised_by(fn)
+def _(fn, _):
+    return _parameters(fn)
+
+
+def _judge_projections(inputs, params):
     std = CONFIG.initializer_range
-    for name, p in model.named_parameters():
+    for name, p in params.items():
         if name.endswith(
             (
                 "embed_tokens.weight",
@@ -206,31 +242,40 @@ def _(fn):
             _std_ok(name, p, std)
 
 
-@check(
+@probe_check(
+    BOTH,
+    "embedding and projections: N(0, initializer_range)",
+    1,
+    "nn.init.normal_(weight, mean=0.0, std=config.initializer_range)",
+    inputs=lambda: None,
+    judge=_judge_projections,
+)
+def _(fn, _):
+    return _parameters(fn)
+
+
+def _judge_scaled(inputs, params):
+    want = CONFIG.initializer_range / math.sqrt(2 * CONFIG.num_hidden_layers)
+    for name, p in params.items():
+        if name.endswith(("o_proj.weight", "down_proj.weight")):
+            _std_ok(name, p, want)
+
+
+@probe_check(
     BOTH,
     "o_proj and down_proj: std / sqrt(2 * n_layers)",
     1,
     "modules flagged scaled_init write into the residual stream; divide their std by "
     "sqrt(2 * n_layers)",
+    inputs=lambda: None,
+    judge=_judge_scaled,
 )
-def _(fn):
-    model = _initialised_by(fn)
-    want = CONFIG.initializer_range / math.sqrt(2 * CONFIG.num_hidden_layers)
-    for name, p in model.named_parameters():
-        if name.endswith(("o_proj.weight", "down_proj.weight")):
-            _std_ok(name, p, want)
+def _(fn, _):
+    return _parameters(fn)
 
 
-@check(
-    BOTH,
-    "every matrix draws its own random values (no two are copies of each other)",
-    1,
-    "seed once, outside the loop (or not at all): torch.manual_seed inside the loop "
-    "restarts the generator, and every layer gets the same numbers",
-)
-def _(fn):
-    model = _initialised_by(fn)
-    named = [(n, p) for n, p in model.named_parameters() if p.dim() >= 2]
+def _judge_no_copies(inputs, params):
+    named = [(n, p) for n, p in params.items() if p.dim() >= 2]
     firsts = []  # the first 256 values of each matrix, standardised
     for name, p in named:
         v = p.detach().flatten()[:256].double()
@@ -243,48 +288,97 @@ def _(fn):
             )
 
 
-@check(
+@probe_check(
+    BOTH,
+    "every matrix draws its own random values (no two are copies of each other)",
+    1,
+    "seed once, outside the loop (or not at all): torch.manual_seed inside the loop "
+    "restarts the generator, and every layer gets the same numbers",
+    inputs=lambda: None,
+    judge=_judge_no_copies,
+)
+def _(fn, _):
+    return _parameters(fn)
+
+
+def _judge_once(inputs, out):
+    n = out["writes"]
+    assert n <= 1, f"the shared embedding/head matrix was initialised {n} times"
+    _std_ok("the shared embedding/head matrix", out["shared"], CONFIG.initializer_range)
+
+
+@probe_check(
     BOTH,
     "the tied matrix is initialised once, as the embedding",
     2,
     "lm_head.weight IS embed_tokens.weight: skip the head when it is tied (if "
     "module.weight is model.model.embed_tokens.weight: continue)",
+    inputs=lambda: None,
+    judge=_judge_once,
 )
-def _(fn):
+def _(fn, _):
     model = _scrambled()
     shared = model.model.embed_tokens.weight
     with _CountWrites() as spy:
         fn(model)
-    n = spy.counts[shared.data_ptr()]
-    assert n <= 1, f"the shared embedding/head matrix was initialised {n} times"
-    _std_ok("the shared embedding/head matrix", shared, CONFIG.initializer_range)
+    return {"writes": spy.counts[shared.data_ptr()], "shared": shared}
 
 
-@check(
+def _judge_still_tied(inputs, out):
+    assert out["tied"], "init untied the head"
+    _std_ok("lm_head.weight", out["head"], CONFIG.initializer_range)
+
+
+@probe_check(
     BOTH,
     "the head is still tied after init",
     1,
     "initialise in place (nn.init.normal_); assigning new Parameters breaks the tie",
+    inputs=lambda: None,
+    judge=_judge_still_tied,
 )
-def _(fn):
+def _(fn, _):
     model = _initialised_by(fn)
-    assert _tied(model), "init untied the head"
-    _std_ok("lm_head.weight", model.lm_head.weight, CONFIG.initializer_range)
+    return {"tied": _tied(model), "head": model.lm_head.weight}
 
 
-@check(
+@probe_check(
     BOTH,
     "an untied head gets its own N(0, initializer_range) init",
     1,
     "the skip applies to the tied head only: an untied lm_head is an ordinary "
     "nn.Linear",
+    inputs=lambda: None,
+    judge=lambda inputs, head: _std_ok(
+        "lm_head.weight", head, CONFIG.initializer_range
+    ),
 )
-def _(fn):
+def _(fn, _):
     model = _initialised_by(fn, CONFIG.replace(tie_word_embeddings=False))
-    _std_ok("lm_head.weight", model.lm_head.weight, CONFIG.initializer_range)
+    return model.lm_head.weight
 
 
-@check(
+def _judge_learns(ids, out):
+    frozen = out["frozen"]
+    assert not frozen, (
+        f"{frozen[0]} no longer requires a gradient: training could not change it"
+    )
+    model = SmolLM(CONFIG)
+    model.load_state_dict(out["state"])
+    _, loss = model(ids[:, :-1], targets=ids[:, 1:])
+    want = math.log(CONFIG.vocab_size)
+    assert torch.isfinite(loss) and abs(loss.item() - want) < 0.5, (
+        f"the loss of the freshly initialised model is {loss.item():.3f}, expected "
+        f"about {want:.3f}"
+    )
+    for name, _ in model.named_parameters():
+        grad = out["grads"].get(name)
+        assert grad is not None and torch.isfinite(grad).all(), (
+            f"no finite gradient reached {name}"
+        )
+
+
+@probe_check(
     BOTH,
     "the model still runs and learns after init: a loss near log(vocab), "
     "every gradient",
@@ -292,22 +386,14 @@ def _(fn):
     "initialise values in place and leave the rest alone (requires_grad, dtypes, "
     "modules): a fresh model predicts about uniformly, so its loss is close to "
     "log(vocab_size)",
+    inputs=lambda: torch.randint(0, CONFIG.vocab_size, (2, 9)),
+    judge=_judge_learns,
 )
-def _(fn):
+def _(fn, ids):
     model = _initialised_by(fn)
-    ids = torch.randint(0, CONFIG.vocab_size, (2, 9))
     frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
-    assert not frozen, (
-        f"{frozen[0]} no longer requires a gradient: training could not change it"
-    )
-    _, loss = model(ids[:, :-1], targets=ids[:, 1:])
-    want = math.log(CONFIG.vocab_size)
-    assert torch.isfinite(loss) and abs(loss.item() - want) < 0.5, (
-        f"the loss of the freshly initialised model is {loss.item():.3f}, expected "
-        f"about {want:.3f}"
-    )
-    loss.backward()
-    for name, p in model.named_parameters():
-        assert p.grad is not None and torch.isfinite(p.grad).all(), (
-            f"no finite gradient reached {name}"
-        )
+    state = model.state_dict()
+    if not frozen:
+        model(ids[:, :-1], targets=ids[:, 1:])[1].backward()
+    grads = {name: p.grad for name, p in model.named_parameters()}
+    return {"frozen": frozen, "state": state, "grads": grads}

@@ -8,10 +8,11 @@ B, so any layout that holds A as (r, in) and B as (out, r), as peft does, passes
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from smol.grading.checks._util import close, pair, same_shape
-from smol.grading.core import check, task
+from smol.grading.core import probe_check, task
 
 task("lora_init", "lora", "init_lora_(A, B): A Kaiming-uniform, B zero, and why")
 task(
@@ -27,13 +28,22 @@ task(
 IN, OUT, R = 24, 16, 4
 
 
-def _base(bias=False, seed=0):
+def _base_state(bias=False, seed=0):
+    """The weights of a base layer (IN -> OUT)."""
     torch.manual_seed(seed)
-    return nn.Linear(IN, OUT, bias=bias)
+    return nn.Linear(IN, OUT, bias=bias).state_dict()
 
 
-def _layer(cls, base=None, r=R, alpha=8.0):
-    layer = cls(_base() if base is None else base, r, alpha)
+def _base(state, dtype=torch.float32):
+    """The base layer holding `state` (both sides)."""
+    base = nn.Linear(IN, OUT, bias="bias" in state)
+    base.load_state_dict(state)
+    return base.to(dtype)
+
+
+def _layer(cls, base, r=R, alpha=8.0):
+    """Probe side: the student's LoRALinear around `base`."""
+    layer = cls(base, r, alpha)
     assert isinstance(layer, nn.Module), (
         f"LoRALinear should be an nn.Module, got {type(layer)}"
     )
@@ -49,103 +59,143 @@ def _randomise(layer, seed=1):
             p.copy_(torch.randn(p.shape, generator=g))
 
 
-@check(
+def _judge_layout(inputs, out):
+    same_shape(out["A"], (R, IN), "lora_A")
+    same_shape(out["B"], (OUT, R), "lora_B")
+    assert sorted(out["trainable"]) == ["lora_A", "lora_B"], (
+        "the trainable parameters should be lora_A and lora_B, nothing else"
+    )
+
+
+@probe_check(
     "lora_linear",
     "A is (r, in), B is (out, r); only A and B are trainable",
     1,
     "nn.Parameter(torch.empty(r, in_features)) and (out_features, r); "
     "base.requires_grad_(False) freezes W (and its bias)",
+    inputs=lambda: _base_state(bias=True),
+    judge=_judge_layout,
 )
-def _(cls):
-    layer = _layer(cls, _base(bias=True))
-    same_shape(layer.lora_A, (R, IN), "lora_A")
-    same_shape(layer.lora_B, (OUT, R), "lora_B")
-    trainable = {id(p) for p in layer.parameters() if p.requires_grad}
-    assert trainable == {id(layer.lora_A), id(layer.lora_B)}, (
-        "the trainable parameters should be lora_A and lora_B, nothing else"
-    )
+def _(cls, state):
+    layer = _layer(cls, _base(state))
+    adapters = {id(layer.lora_A): "lora_A", id(layer.lora_B): "lora_B"}
+    trainable = [
+        adapters.get(id(p), "another") for p in layer.parameters() if p.requires_grad
+    ]
+    return {"A": layer.lora_A, "B": layer.lora_B, "trainable": trainable}
 
 
-@check(
+# alpha / r = 8 / 3 is not an integer: alpha // r would be 2
+SCALINGS = ((R, 8.0), (2, 2.0), (8, 32.0), (3, 8.0))
+
+
+def _judge_forward(inputs, outs):
+    base, x = _base(inputs["base"]), inputs["x"]
+    for (r, alpha), out in zip(SCALINGS, outs, strict=True):
+        A, B = out["A"], out["B"]
+        with torch.no_grad():
+            want = base(x) + (x @ A.T @ B.T) * (alpha / r)
+        close(out["out"], want, f"the output with r={r}, alpha={alpha}", atol=1e-5)
+
+
+@probe_check(
     "lora_linear",
     "forward is base(x) + (alpha / r) * B A x, scaled by alpha / r",
     2,
     "self.base_layer(x) + (x @ self.lora_A.T @ self.lora_B.T) * (alpha / r)",
+    inputs=lambda: {"base": _base_state(bias=True), "x": torch.randn(3, 5, IN)},
+    judge=_judge_forward,
 )
-def _(cls):
-    # alpha / r = 8 / 3 is not an integer: alpha // r would be 2
-    for r, alpha in ((R, 8.0), (2, 2.0), (8, 32.0), (3, 8.0)):
-        layer = _layer(cls, _base(bias=True), r, alpha)
+def _(cls, inputs):
+    outs = []
+    for r, alpha in SCALINGS:
+        layer = _layer(cls, _base(inputs["base"]), r, alpha)
         _randomise(layer)
-        x = torch.randn(3, 5, IN)
-        A, B, base = layer.lora_A.detach(), layer.lora_B.detach(), layer.base_layer
-        want = base(x) + (x @ A.T @ B.T) * (alpha / r)
-        close(layer(x), want, f"the output with r={r}, alpha={alpha}", atol=1e-5)
+        outs.append({"A": layer.lora_A, "B": layer.lora_B, "out": layer(inputs["x"])})
+    return outs
 
 
-@check(
+def _judge_lora_grads(inputs, out):
+    for name in ("A", "B"):
+        grad = out[f"grad {name}"]
+        assert grad is not None and grad.abs().sum() > 0, (
+            f"no gradient reached lora_{name}"
+        )
+    assert out["grad W"] is None, "the base weight got a gradient: it should be frozen"
+    assert out["grad x"] is not None, "no gradient reached x"
+    A = out["A"].detach().clone().requires_grad_(True)
+    B = out["B"].detach().clone().requires_grad_(True)
+    x = inputs["x"].clone().requires_grad_(True)
+    want = _base(inputs["base"])(x) + x @ A.T @ B.T
+    want.square().sum().backward()
+    close(out["grad x"], x.grad, "the gradient of x", atol=1e-4)
+    close(out["grad A"], A.grad, "the gradient of lora_A", atol=1e-4)
+    close(out["grad B"], B.grad, "the gradient of lora_B", atol=1e-4)
+
+
+@probe_check(
     "lora_linear",
     "gradients for x, A and B equal the formula's; none for the frozen weight",
     1,
     "do not detach x or the adapter path (an earlier layer's adapter learns through "
     "x's gradient), and keep the base layer frozen",
+    inputs=lambda: {"base": _base_state(), "x": torch.randn(4, IN)},
+    judge=_judge_lora_grads,
 )
-def _(cls):
-    layer = _layer(cls, r=R, alpha=float(R))  # scaling 1: only the paths matter here
+def _(cls, inputs):
+    # scaling 1: only the paths matter here
+    layer = _layer(cls, _base(inputs["base"]), r=R, alpha=float(R))
     _randomise(layer)
-    x = torch.randn(4, IN, requires_grad=True)
+    x = inputs["x"].clone().requires_grad_(True)
     layer(x).square().sum().backward()
+    return {
+        "A": layer.lora_A,
+        "B": layer.lora_B,
+        "grad A": layer.lora_A.grad,
+        "grad B": layer.lora_B.grad,
+        "grad W": layer.base_layer.weight.grad,
+        "grad x": x.grad,
+    }
+
+
+def _judge_lora_bfloat16(inputs, out):
     for name in ("lora_A", "lora_B"):
-        grad = getattr(layer, name).grad
-        assert grad is not None and grad.abs().sum() > 0, f"no gradient reached {name}"
-    assert layer.base_layer.weight.grad is None, (
-        "the base weight got a gradient: it should be frozen"
-    )
-    assert x.grad is not None, "no gradient reached x"
-    A = layer.lora_A.detach().clone().requires_grad_(True)
-    B = layer.lora_B.detach().clone().requires_grad_(True)
-    x2 = x.detach().clone().requires_grad_(True)
-    want = layer.base_layer(x2) + x2 @ A.T @ B.T
-    want.square().sum().backward()
-    close(x.grad, x2.grad, "the gradient of x", atol=1e-4)
-    close(layer.lora_A.grad, A.grad, "the gradient of lora_A", atol=1e-4)
-    close(layer.lora_B.grad, B.grad, "the gradient of lora_B", atol=1e-4)
+        dtype = out[name].dtype
+        assert dtype == torch.bfloat16, f"{name} is {dtype} on a bfloat16 base layer"
+    dtype = out["out"].dtype
+    assert dtype == torch.bfloat16, f"bfloat16 in, {dtype} out"
 
 
-@check(
+@probe_check(
     "lora_linear",
     "a bfloat16 base layer gives bfloat16 adapters and a bfloat16 output",
     1,
     "create A and B with the base weight's dtype and device (torch.empty(..., "
     "dtype=w.dtype, device=w.device))",
+    inputs=lambda: {
+        "base": _base_state(bias=True),
+        "x": torch.randn(3, IN, dtype=torch.bfloat16),
+    },
+    judge=_judge_lora_bfloat16,
 )
-def _(cls):
-    layer = _layer(cls, _base(bias=True).to(torch.bfloat16))
-    for name in ("lora_A", "lora_B"):
-        dtype = getattr(layer, name).dtype
-        assert dtype == torch.bfloat16, f"{name} is {dtype} on a bfloat16 base layer"
-    out = layer(torch.randn(3, IN, dtype=torch.bfloat16))
-    assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
+def _(cls, inputs):
+    layer = _layer(cls, _base(inputs["base"], torch.bfloat16))
+    return {"lora_A": layer.lora_A, "lora_B": layer.lora_B, "out": layer(inputs["x"])}
 
 
 def _init(fn, r=R, fan_in=256, out=OUT):
+    """Probe side: A (r, fan_in) and B (out, r) after the student's init_lora_."""
     A, B = (
         nn.Parameter(torch.full((r, fan_in), 7.0)),
         nn.Parameter(torch.full((out, r), 7.0)),
     )
     result = fn(A, B)
     assert result is None or isinstance(result, tuple), "init_lora_ works in place"
-    return A.detach(), B.detach()
+    return [A.detach(), B.detach()]
 
 
-@check(
-    "lora_init",
-    "A is Kaiming-uniform as nn.Linear's weights: U(-1/sqrt(in), 1/sqrt(in))",
-    1,
-    "nn.init.kaiming_uniform_(A, a=math.sqrt(5)) (the bound is 1/sqrt(fan_in))",
-)
-def _(fn):
-    A, _ = _init(fn, r=8, fan_in=200)  # sqrt(fan_in) is not r: the bound shows which
+def _judge_kaiming(inputs, out):
+    A, _ = out
     bound = 1 / math.sqrt(200)
     assert A.abs().max() <= bound * 1.0001, (
         f"|A| reaches {A.abs().max():.4f} > {bound:.4f}"
@@ -158,127 +208,211 @@ def _(fn):
     )
 
 
-@check(
+@probe_check(
+    "lora_init",
+    "A is Kaiming-uniform as nn.Linear's weights: U(-1/sqrt(in), 1/sqrt(in))",
+    1,
+    "nn.init.kaiming_uniform_(A, a=math.sqrt(5)) (the bound is 1/sqrt(fan_in))",
+    inputs=lambda: None,
+    judge=_judge_kaiming,
+)
+def _(fn, _):
+    return _init(fn, r=8, fan_in=200)  # sqrt(fan_in) is not r: the bound shows which
+
+
+def _judge_two_draws(inputs, out):
+    (first, _), (second, _) = out
+    assert not torch.equal(first, second), "two adapters got the very same A"
+
+
+@probe_check(
     "lora_init",
     "two adapters get different A (no seed reset inside)",
     1,
     "draw from the generator as it stands: torch.manual_seed inside init_lora_ gives "
     "every adapter of the model the same A",
+    inputs=lambda: None,
+    judge=_judge_two_draws,
 )
-def _(fn):
-    first, _ = _init(fn, r=8, fan_in=200)
-    second, _ = _init(fn, r=8, fan_in=200)
-    assert not torch.equal(first, second), "two adapters got the very same A"
+def _(fn, _):
+    return [_init(fn, r=8, fan_in=200), _init(fn, r=8, fan_in=200)]
 
 
-def _init_layer(fn, seed=0):
-    torch.manual_seed(seed)
-    base = nn.Linear(IN, OUT, bias=False).requires_grad_(False)
-    A, B = nn.Parameter(torch.empty(R, IN)), nn.Parameter(torch.empty(OUT, R))
-    fn(A, B)
-    return base, A, B, lambda x: base(x) + x @ A.T @ B.T * 2.0
+def _fresh_adapter(inputs, out):
+    """Judge side: the base layer, and the adapted layer with the student's freshly
+    initialised A and B (leaves)."""
+    base = _base(inputs["base"]).requires_grad_(False)
+    A, B = (t.detach().clone().requires_grad_(True) for t in pair(out, "(A, B)"))
+    return base, B, lambda x: base(x) + x @ A.T @ B.T * 2.0
 
 
-@check(
-    "lora_init",
-    "B is zero: a fresh adapter computes exactly its base layer",
-    2,
-    "nn.init.zeros_(B): B A x = 0, so fine-tuning starts from the pretrained model",
-)
-def _(fn):
-    base, _, _, layer = _init_layer(fn)
-    x = torch.randn(5, IN)
+def _judge_b_zero(inputs, out):
+    base, _, layer = _fresh_adapter(inputs, out)
+    x = inputs["x"]
     with torch.no_grad():
         assert torch.equal(layer(x), base(x)), (
             "at initialisation the output differs from base(x)"
         )
 
 
-@check(
-    "lora_init",
-    "the first step trains: B gets a gradient",
-    1,
-    "B's gradient is (upstream)^T (A x): zero when A is zero too; then nothing trains",
-)
-def _(fn):
-    _, _, B, layer = _init_layer(fn)
-    layer(torch.randn(5, IN)).square().sum().backward()
+def _judge_first_step(inputs, out):
+    _, B, layer = _fresh_adapter(inputs, out)
+    layer(inputs["x"]).square().sum().backward()
     assert B.grad is not None and B.grad.abs().sum() > 0, (
         "B gets no gradient: the adapter is stuck"
     )
 
 
-def _merged(fn, bias=False, r=R, alpha=8.0, dtype=torch.float32):
+def _fresh(fn, _):
+    """Probe side: A (R, IN) and B (OUT, R) as the student's init_lora_ leaves them."""
+    A, B = nn.Parameter(torch.empty(R, IN)), nn.Parameter(torch.empty(OUT, R))
+    fn(A, B)
+    return [A, B]
+
+
+for _name, _points, _hint, _judge in (
+    (
+        "B is zero: a fresh adapter computes exactly its base layer",
+        2,
+        "nn.init.zeros_(B): B A x = 0, so fine-tuning starts from the pretrained model",
+        _judge_b_zero,
+    ),
+    (
+        "the first step trains: B gets a gradient",
+        1,
+        "B's gradient is (upstream)^T (A x): zero when A is zero too; then nothing "
+        "trains",
+        _judge_first_step,
+    ),
+):
+    probe_check(
+        "lora_init",
+        _name,
+        _points,
+        _hint,
+        inputs=lambda: {"base": _base_state(), "x": torch.randn(5, IN)},
+        judge=_judge,
+    )(_fresh)
+
+
+MERGES = ((R, 8.0, False), (2, 6.0, True), (3, 8.0, False))  # 8 / 3: alpha // r shows
+
+
+def _adapted(state, r=R, alpha=8.0, dtype=torch.float32):
+    """smol's LoRALinear around the base layer `state`, its adapters random (both
+    sides)."""
     from smol.lora import LoRALinear
 
-    layer = LoRALinear(_base(bias=bias).to(dtype), r, alpha)
+    layer = LoRALinear(_base(state, dtype), r, alpha)
     _randomise(layer)
-    w = layer.base_layer.weight.detach().clone()
-    x = torch.randn(3, IN, dtype=dtype)
-    with torch.no_grad():
-        want = layer(x)
+    return layer
+
+
+def _merged(fn, layer):
+    """Probe side: the student's merge of `layer`, as weights."""
     out = fn(layer)
     assert isinstance(out, nn.Linear), (
         f"merge should return an nn.Linear, got {type(out).__name__}"
     )
-    return layer, out, w, x, want
+    shares = out.weight is layer.base_layer.weight
+    return {"weight": out.weight, "bias": out.bias, "shares": shares}
 
 
-@check(
+def _merged_output(out, x):
+    """Judge side: what the merged nn.Linear computes for x."""
+    with torch.no_grad():
+        return F.linear(x, out["weight"], out["bias"])
+
+
+def _merge_inputs():
+    return {
+        "bases": [_base_state(bias) for _, _, bias in MERGES],
+        "x": torch.randn(3, IN),
+    }
+
+
+def _judge_merge(inputs, outs):
+    x = inputs["x"]
+    for (r, alpha, _), state, out in zip(MERGES, inputs["bases"], outs, strict=True):
+        with torch.no_grad():
+            want = _adapted(state, r, alpha)(x)
+        close(
+            _merged_output(out, x),
+            want,
+            f"the merged layer's output (r={r}, alpha={alpha})",
+            atol=1e-5,
+        )
+
+
+@probe_check(
     "lora_merge",
     "the merged nn.Linear computes what the adapted layer computes",
     2,
     "weight = W + (alpha / r) * B @ A, (out, in)",
+    inputs=_merge_inputs,
+    judge=_judge_merge,
 )
-def _(fn):
-    # alpha / r = 8 / 3: no integer, so alpha // r shows
-    for r, alpha, bias in ((R, 8.0, False), (2, 6.0, True), (3, 8.0, False)):
-        _, out, _, x, want = _merged(fn, bias, r, alpha)
-        with torch.no_grad():
-            close(
-                out(x),
-                want,
-                f"the merged layer's output (r={r}, alpha={alpha})",
-                atol=1e-5,
-            )
+def _(fn, inputs):
+    return [
+        _merged(fn, _adapted(state, r, alpha))
+        for (r, alpha, _), state in zip(MERGES, inputs["bases"])
+    ]
 
 
-@check(
+def _bfloat16_merge_inputs():
+    state = _base_state()
+    _adapted(state, dtype=torch.bfloat16)  # x is drawn after the adapter's init
+    return {"base": state, "x": torch.randn(3, IN, dtype=torch.bfloat16)}
+
+
+def _judge_merge_bfloat16(inputs, out):
+    dtype = out["weight"].dtype
+    assert dtype == torch.bfloat16, (
+        f"the merged weight is {dtype}, the layer's is torch.bfloat16"
+    )
+    x = inputs["x"]
+    with torch.no_grad():
+        want = _adapted(inputs["base"], dtype=torch.bfloat16)(x)
+    close(
+        _merged_output(out, x),
+        want,
+        "the merged layer's bfloat16 output",
+        atol=0.1,
+        rtol=0.05,
+    )
+
+
+@probe_check(
     "lora_merge",
     "a bfloat16 layer merges into a bfloat16 nn.Linear",
     1,
     "create the merged nn.Linear with the base weight's dtype and device",
+    inputs=_bfloat16_merge_inputs,
+    judge=_judge_merge_bfloat16,
 )
-def _(fn):
-    _, out, _, x, want = _merged(fn, dtype=torch.bfloat16)
-    assert out.weight.dtype == torch.bfloat16, (
-        f"the merged weight is {out.weight.dtype}, the layer's is torch.bfloat16"
+def _(fn, inputs):
+    return _merged(fn, _adapted(inputs["base"], dtype=torch.bfloat16))
+
+
+def _judge_left(state, out):
+    assert torch.equal(out["base"], state["weight"]), (
+        "merging changed the base layer's weight"
     )
-    with torch.no_grad():
-        close(out(x), want, "the merged layer's bfloat16 output", atol=0.1, rtol=0.05)
+    assert not out["merged"]["shares"], "the merged layer shares the base weight"
 
 
-@check(
+@probe_check(
     "lora_merge",
     "the adapted layer is left as it was",
     1,
     "build a new nn.Linear (or clone W) instead of adding B @ A into W in place",
+    inputs=_base_state,
+    judge=_judge_left,
 )
-def _(fn):
-    layer, out, w, _, _ = _merged(fn)
-    assert torch.equal(layer.base_layer.weight, w), (
-        "merging changed the base layer's weight"
-    )
-    assert out.weight is not layer.base_layer.weight, (
-        "the merged layer shares the base weight"
-    )
-
-
-def _targets(fn, ids, prompt_lens):
-    before = ids.clone()
-    out = pair(fn(ids, prompt_lens), "return (input_ids, targets)")
-    assert torch.equal(ids, before), "the function modified ids in place"
-    return out
+def _(fn, state):
+    layer = _adapted(state)
+    merged = _merged(fn, layer)
+    return {"merged": merged, "base": layer.base_layer.weight}
 
 
 IDS = torch.tensor([[1, 10, 11, 12, 1, 20, 21, 2], [1, 30, 1, 40, 41, 42, 43, 2]])
@@ -288,14 +422,14 @@ PROMPTS = [
 ]  # tokens 0..4 and 0..2 are the prompt (up to "<|im_start|>assistant\n")
 
 
-@check(
-    "sft_targets_bug",
-    "inputs and targets are shifted by one, of shape (B, T)",
-    1,
-    "input_ids = ids[:, :-1]; targets start as ids[:, 1:]",
-)
-def _(fn):
-    inputs, targets = _targets(fn, IDS, PROMPTS)
+def _targets(out):
+    """Judge side: (input_ids, targets), after checking that ids were left alone."""
+    assert torch.equal(out["ids"], IDS), "the function modified ids in place"
+    return pair(out["out"], "return (input_ids, targets)")
+
+
+def _judge_shifted(inputs, out):
+    inputs, targets = _targets(out)
     same_shape(inputs, (2, 7), "input_ids")
     same_shape(targets, (2, 7), "targets")
     assert torch.equal(inputs, IDS[:, :-1]), "input_ids are not ids[:, :-1]"
@@ -305,17 +439,41 @@ def _(fn):
     )
 
 
-@check(
+def _sft(fn, inputs):
+    """Probe side: the student's (input_ids, targets), and ids after the call."""
+    ids = inputs["ids"]
+    return {"out": fn(ids, inputs["prompts"]), "ids": ids}
+
+
+@probe_check(
     "sft_targets_bug",
-    "the prompt's tokens are -100: no loss on what the user wrote",
-    2,
-    "targets[b, t] predicts token t + 1: -100 where t + 1 < prompt_lens[b]",
+    "inputs and targets are shifted by one, of shape (B, T)",
+    1,
+    "input_ids = ids[:, :-1]; targets start as ids[:, 1:]",
+    inputs=lambda: {"ids": IDS, "prompts": PROMPTS},
+    judge=_judge_shifted,
 )
-def _(fn):
-    _, targets = _targets(fn, IDS, PROMPTS)
+def _(fn, inputs):
+    return _sft(fn, inputs)
+
+
+def _judge_prompt_ignored(inputs, out):
+    _, targets = _targets(out)
     want = IDS[:, 1:].clone()
     for b, n in enumerate(PROMPTS):
         want[b, : n - 1] = -100
     assert torch.equal(targets, want), (
         f"targets {targets.tolist()}, expected {want.tolist()}"
     )
+
+
+@probe_check(
+    "sft_targets_bug",
+    "the prompt's tokens are -100: no loss on what the user wrote",
+    2,
+    "targets[b, t] predicts token t + 1: -100 where t + 1 < prompt_lens[b]",
+    inputs=lambda: {"ids": IDS, "prompts": PROMPTS},
+    judge=_judge_prompt_ignored,
+)
+def _(fn, inputs):
+    return _sft(fn, inputs)

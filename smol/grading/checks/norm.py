@@ -5,12 +5,13 @@ import torch
 
 from smol.grading.checks._util import (
     close,
-    grad_of,
+    grads,
     is_tensor,
+    same_grads,
     same_shape,
-    unchanged,
+    untouched,
 )
-from smol.grading.core import check, task
+from smol.grading.core import probe_check, task
 from smol.norm import RMSNorm as Reference
 
 task("rms", "rmsnorm", "rms(x, eps): the root mean square over the last dimension")
@@ -22,48 +23,68 @@ def _rms_reference(x, eps):
     return torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps)
 
 
-@check(
+SHAPES = [(2, 3, 8), (5,), (1, 7)]
+
+
+def _judge_shapes(inputs, outs):
+    assert isinstance(outs, list) and len(outs) == len(SHAPES), "one result per input"
+    for shape, out in zip(SHAPES, outs):
+        same_shape(out, shape[:-1] + (1,), f"rms of a {shape} input")
+
+
+@probe_check(
     "rms",
     "keeps the last dimension: (..., dim) -> (..., 1)",
     1,
     "reduce with mean(dim=-1, keepdim=True) so the result broadcasts against x",
+    inputs=lambda: [torch.randn(shape) for shape in SHAPES],
+    judge=_judge_shapes,
 )
-def _(rms):
-    for shape in [(2, 3, 8), (5,), (1, 7)]:
-        same_shape(
-            rms(torch.randn(shape), 1e-5), shape[:-1] + (1,), f"rms of a {shape} input"
-        )
+def _(rms, xs):
+    return [rms(x, 1e-5) for x in xs]
 
 
-@check(
+def _judge_rms_values(inputs, out):
+    x, up = inputs["x"], inputs["up"]
+    close(out["out"], _rms_reference(x, 1e-5), "rms(x)")
+    _, want = grads(lambda t: _rms_reference(t, 1e-5), x, upstream=up)
+    same_grads(out["grads"], want, ["rms(x)"], atol=1e-5)
+
+
+@probe_check(
     "rms",
     "values and gradients: sqrt(mean(x^2) + eps)",
     2,
     "square, average over the last dimension, add eps, take the square root, with "
     "differentiable torch operations on x itself (no .detach(), no .item())",
+    inputs=lambda: {"x": torch.randn(3, 5, 7), "up": torch.randn(3, 5, 1)},
+    judge=_judge_rms_values,
 )
-def _(rms):
-    x = torch.randn(3, 5, 7)
-    close(rms(x, 1e-5), _rms_reference(x, 1e-5), "rms(x)")
-    _, (g,), up = grad_of(lambda t: rms(t, 1e-5), x)
-    _, (want,), _ = grad_of(lambda t: _rms_reference(t, 1e-5), x, upstream=up)
-    close(g, want, "the gradient of rms(x)", atol=1e-5)
+def _(rms, inputs):
+    x, up = inputs["x"], inputs["up"]
+    out = rms(x, 1e-5)
+    _, g = grads(lambda t: rms(t, 1e-5), x, upstream=up)
+    return {"out": out, "grads": g}
 
 
-@check(
+def _judge_eps(inputs, outs):
+    zeros, halves = outs
+    close(zeros, torch.full((2, 1), 0.5), "rms of zeros with eps=0.25")
+    close(halves, torch.full((2, 1), 0.5**0.5), "rms of 0.5s with eps=0.25")
+
+
+@probe_check(
     "rms",
     "eps is added inside the square root (not after it, not as a floor)",
     1,
     "sqrt(mean(x^2) + eps): add eps to the mean of squares; clamping the mean at eps "
     "agrees only where the mean is below eps, adding eps after the root nowhere",
+    inputs=lambda: None,
+    judge=_judge_eps,
 )
-def _(rms):
-    x = torch.zeros(2, 4)
-    close(rms(x, 0.25), torch.full((2, 1), 0.5), "rms of zeros with eps=0.25")
-    x = torch.full(
-        (2, 4), 0.5
-    )  # mean(x^2) = 0.25 = eps: added gives sqrt(0.5), clamped 0.5
-    close(rms(x, 0.25), torch.full((2, 1), 0.5**0.5), "rms of 0.5s with eps=0.25")
+def _(rms, _):
+    # mean(0.5^2) = 0.25 = eps: added gives sqrt(0.5), clamped 0.5
+    return [rms(torch.zeros(2, 4), 0.25), rms(torch.full((2, 4), 0.5), 0.25)]
 
 
 def _make(cls, dim, eps=1e-5):
@@ -74,95 +95,147 @@ def _make(cls, dim, eps=1e-5):
     return module
 
 
-def _randomised(cls, dim, eps=1e-5):
-    """The student's module and smol's, with the same random weight."""
-    student, ref = _make(cls, dim, eps), Reference(dim, eps)
-    with torch.no_grad():
-        ref.weight.copy_(torch.randn(dim))
-    missing = student.load_state_dict(ref.state_dict(), strict=False).missing_keys
+def _student(cls, weight, eps=1e-5):
+    """Probe side: the student's module, holding `weight`."""
+    module = _make(cls, len(weight), eps)
+    missing = module.load_state_dict({"weight": weight}, strict=False).missing_keys
     assert not missing, "the module has no parameter `weight`"
-    return student, ref
+    return module
+
+
+def _reference(weight, eps=1e-5):
+    """Judge side: smol's module, holding `weight`."""
+    module = Reference(len(weight), eps)
+    with torch.no_grad():
+        module.weight.copy_(weight)
+    return module
 
 
 BOTH = ("rmsnorm", "rmsnorm_bug")
 
 
-@check(
-    BOTH,
-    "a learnable weight of ones, shape (dim,)",
-    1,
-    "self.weight = nn.Parameter(torch.ones(dim))",
-)
-def _(cls):
-    module = _make(cls, 6)
-    weight = getattr(module, "weight", None)
-    assert isinstance(weight, torch.nn.Parameter), (
-        "the module has no nn.Parameter named `weight`"
-    )
-    close(weight, torch.ones(6), "the initial weight")
-    names = [n for n, _ in module.named_parameters()]
+def _judge_weight(inputs, out):
+    assert out["parameter"], "the module has no nn.Parameter named `weight`"
+    close(out["weight"], torch.ones(6), "the initial weight")
+    names = out["names"]
     assert names == ["weight"], (
         f"expected exactly one parameter `weight`, found {names}"
     )
 
 
-@check(
+@probe_check(
+    BOTH,
+    "a learnable weight of ones, shape (dim,)",
+    1,
+    "self.weight = nn.Parameter(torch.ones(dim))",
+    inputs=lambda: None,
+    judge=_judge_weight,
+)
+def _(cls, _):
+    module = _make(cls, 6)
+    weight = getattr(module, "weight", None)
+    parameter = isinstance(weight, torch.nn.Parameter)
+    return {
+        "parameter": parameter,
+        "weight": weight if parameter else None,
+        "names": [n for n, _ in module.named_parameters()],
+    }
+
+
+CASES = [(7, 1e-5, (2, 3, 4, 7)), (16, 0.1, (5, 16))]
+
+
+def _values_inputs():
+    return [
+        {"weight": torch.randn(dim), "x": torch.randn(shape) * 0.3}
+        for dim, _, shape in CASES
+    ]
+
+
+def _judge_values(inputs, outs):
+    for (_, eps, shape), case, out in zip(CASES, inputs, outs, strict=True):
+        untouched(out["x"], case["x"], what="x")
+        want = _reference(case["weight"], eps)(case["x"])
+        close(out["out"], want, f"the output for a {shape} input with eps={eps}")
+
+
+@probe_check(
     BOTH,
     "float32 values equal smol's RMSNorm (odd width, 4-D input, eps used); x unchanged",
     2,
     "x * rsqrt(mean(x^2, -1, keepdim) + eps), then multiply by the weight, into a new "
     "tensor: x is the residual stream, which the layer adds back",
+    inputs=_values_inputs,
+    judge=_judge_values,
 )
-def _(cls):
-    for dim, eps, shape in [(7, 1e-5, (2, 3, 4, 7)), (16, 0.1, (5, 16))]:
-        student, ref = _randomised(cls, dim, eps)
-        x = torch.randn(shape) * 0.3
-        want = ref(x)
-        out = unchanged(lambda: student(x), x, what="x")
-        close(out, want, f"the output for a {shape} input with eps={eps}")
+def _(cls, inputs):
+    outs = []
+    for (_, eps, _), case in zip(CASES, inputs):
+        out = _student(cls, case["weight"], eps)(case["x"])
+        outs.append({"out": out, "x": case["x"]})
+    return outs
 
 
-@check(
+def _judge_grads(inputs, out):
+    ref = _reference(inputs["weight"])
+    _, (gx,) = grads(ref, inputs["x"], upstream=inputs["up"])
+    same_grads([out["x"]], [gx], ["the input"], atol=1e-4)
+    same_grads([out["weight"]], [ref.weight.grad], ["the weight"], atol=1e-4)
+
+
+@probe_check(
     BOTH,
     "gradients for the input and the weight equal smol's",
     1,
     "use differentiable torch operations only (no .item(), no .detach(), no in-place "
     "writes to x)",
+    inputs=lambda: {
+        "weight": torch.randn(9),
+        "x": torch.randn(4, 9),
+        "up": torch.randn(4, 9),
+    },
+    judge=_judge_grads,
 )
-def _(cls):
-    student, ref = _randomised(cls, 9)
-    x = torch.randn(4, 9)
-    out, (gx,), up = grad_of(student, x)
-    ref_out, (ref_gx,), _ = grad_of(ref, x, upstream=up)
-    close(gx, ref_gx, "the input's gradient", atol=1e-4)
-    assert student.weight.grad is not None, "no gradient reached the weight"
-    close(student.weight.grad, ref.weight.grad, "the weight's gradient", atol=1e-4)
+def _(cls, inputs):
+    student = _student(cls, inputs["weight"])
+    _, (gx,) = grads(student, inputs["x"], upstream=inputs["up"])
+    return {"x": gx, "weight": student.weight.grad}
 
 
-@check(
-    BOTH,
-    "keeps the input dtype (a bfloat16 module and input give bfloat16)",
-    1,
-    "cast the normalised activations back with .to(x's original dtype) before scaling",
-)
-def _(cls):
-    student, _ = _randomised(cls, 8)
-    out = student.to(torch.bfloat16)(torch.randn(3, 8, dtype=torch.bfloat16))
+def _judge_dtype(inputs, out):
     is_tensor(out)
     assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
 
 
-@check(
+@probe_check(
+    BOTH,
+    "keeps the input dtype (a bfloat16 module and input give bfloat16)",
+    1,
+    "cast the normalised activations back with .to(x's original dtype) before scaling",
+    inputs=lambda: {"weight": torch.randn(8), "x": torch.randn(3, 8).bfloat16()},
+    judge=_judge_dtype,
+)
+def _(cls, inputs):
+    return _student(cls, inputs["weight"]).to(torch.bfloat16)(inputs["x"])
+
+
+def _judge_half(inputs, out):
+    is_tensor(out)
+    want = _reference(inputs["weight"]).to(torch.float16)(inputs["x"])
+    close(out.float(), want.float(), "the float16 output", atol=1e-2, rtol=1e-2)
+
+
+@probe_check(
     BOTH,
     "float16 activations of size ~1000 give the right output",
     2,
     "x.pow(2) of a float16 of 300 is already inf: upcast with x.float() before "
     "squaring",
+    inputs=lambda: {
+        "weight": torch.randn(16),
+        "x": (torch.randn(4, 16) * 1000).to(torch.float16),
+    },
+    judge=_judge_half,
 )
-def _(cls):
-    student, ref = _randomised(cls, 16)
-    student, ref = student.to(torch.float16), ref.to(torch.float16)
-    x = (torch.randn(4, 16) * 1000).to(torch.float16)
-    out = student(x)
-    is_tensor(out)
-    close(out.float(), ref(x).float(), "the float16 output", atol=1e-2, rtol=1e-2)
+def _(cls, inputs):
+    return _student(cls, inputs["weight"]).to(torch.float16)(inputs["x"])

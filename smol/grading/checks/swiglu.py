@@ -9,12 +9,14 @@ import torch.nn.functional as F
 from smol import SmolLM
 from smol.grading.checks._util import (
     close,
-    grad_of,
+    grads,
     is_tensor,
+    pair,
     small_config,
+    same_grads,
     without,
 )
-from smol.grading.core import check, task
+from smol.grading.core import probe_check, task
 from smol.mlp import MLP as Reference
 
 task("silu", "swiglu", "silu(x): the sigmoid linear unit")
@@ -35,141 +37,198 @@ CONFIG = small_config(  # F = 2.5 C: neither 4 C (GPT-2) nor 8/3 C (Llama)
 BOTH = ("swiglu", "swiglu_bug")  # the checks that the buggy MLP must pass as well
 
 
-@check(
+def _judge_silu_values(x, out):
+    out32, out16 = pair(out, "two results")
+    close(out32, F.silu(x), "silu(x)")
+    is_tensor(out16)
+    assert out16.dtype == torch.bfloat16, f"bfloat16 in, {out16.dtype} out"
+
+
+@probe_check(
     "silu",
     "values: x * sigmoid(x); bfloat16 in, bfloat16 out",
     1,
     "silu(x) = x * torch.sigmoid(x), in x's dtype",
+    inputs=lambda: torch.randn(4, 9) * 3,
+    judge=_judge_silu_values,
 )
-def _(fn):
-    x = torch.randn(4, 9) * 3
-    close(fn(x), F.silu(x), "silu(x)")
-    out = is_tensor(fn(x.bfloat16()))
-    assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
+def _(fn, x):
+    return [fn(x), fn(x.bfloat16())]
 
 
-@check("silu", "gradients equal F.silu's", 1, "use differentiable torch operations")
-def _(fn):
-    x = torch.randn(3, 5) * 3
-    _, (g,), up = grad_of(fn, x)
-    _, (ref,), _ = grad_of(F.silu, x, upstream=up)
-    close(g, ref, "the gradient", atol=1e-5)
+def _judge_silu(inputs, out, where=""):
+    x, up = inputs["x"], inputs["up"]
+    close(out["out"], F.silu(x), f"silu{where}")
+    _, want = grads(F.silu, x, upstream=up)
+    same_grads(out["grads"], want, [f"silu{where}"], atol=1e-5)
 
 
-@check(
+def _silu_and_grads(fn, inputs):
+    """Probe side: silu(x) and its gradient for the inputs' upstream."""
+    x = inputs["x"]
+    return {"out": fn(x), "grads": grads(fn, x, upstream=inputs["up"])[1]}
+
+
+@probe_check(
+    "silu",
+    "gradients equal F.silu's",
+    1,
+    "use differentiable torch operations",
+    inputs=lambda: {"x": torch.randn(3, 5) * 3, "up": torch.randn(3, 5)},
+    judge=_judge_silu,
+)
+def _(fn, inputs):
+    return _silu_and_grads(fn, inputs)
+
+
+@probe_check(
     "silu",
     "finite values and gradients for large |x| (+-100)",
     1,
     "x * torch.sigmoid(x) is stable; in x / (1 + exp(-x)), exp(100) overflows to inf "
     "and the gradient becomes inf / inf = NaN even where the value looks right",
+    inputs=lambda: {
+        "x": torch.tensor([-100.0, -30.0, 0.0, 30.0, 100.0]),
+        "up": torch.ones(5),
+    },
+    judge=lambda inputs, out: _judge_silu(inputs, out, " at large |x|"),
 )
-def _(fn):
-    x = torch.tensor([-100.0, -30.0, 0.0, 30.0, 100.0])
-    close(fn(x), F.silu(x), "silu at large |x|")
-    _, (g,), up = grad_of(fn, x, upstream=torch.ones(5))
-    _, (ref,), _ = grad_of(F.silu, x, upstream=up)
-    close(g, ref, "the gradient at large |x|", atol=1e-5)
+def _(fn, inputs):
+    return _silu_and_grads(fn, inputs)
 
 
-@check(
+@probe_check(
     "silu",
     "written by hand: no F.silu (nor nn.SiLU, which calls it)",
     1,
     "the task is the formula itself: x * torch.sigmoid(x)",
+    inputs=lambda: torch.randn(3, 7),
+    judge=lambda x, out: close(out, F.silu(x), "silu(x)"),
 )
-def _(fn):
-    x = torch.randn(3, 7)
-    out = without(lambda: fn(x), {F.silu: "F.silu", torch._C._nn.silu: "torch's silu"})
-    close(out, F.silu(x), "silu(x)")
+def _(fn, x):
+    return without(lambda: fn(x), {F.silu: "F.silu", torch._C._nn.silu: "torch's silu"})
 
 
-def _pair(cls, config=CONFIG):
-    """The student's module and smol's with the same weights, matched by name (any
-    order)."""
+def _student(cls, state, config=CONFIG):
+    """Probe side: the student's module holding the weights `state`, matched by name
+    (any order)."""
     student = cls(config)
     assert isinstance(student, torch.nn.Module), (
         f"SwiGLU(config) should be an nn.Module, got {type(student).__name__}"
     )
-    ref = Reference(config)
-    missing = student.load_state_dict(ref.state_dict(), strict=False).missing_keys
+    missing = student.load_state_dict(state, strict=False).missing_keys
     assert not missing, f"the module has no {', '.join(missing)}"
-    return student, ref
+    return student
 
 
-@check(
+def _reference(state, config=CONFIG):
+    """Judge side: smol's module holding the weights `state`."""
+    ref = Reference(config)
+    ref.load_state_dict(state)
+    return ref
+
+
+def _judge_sizes(inputs, got):
+    got = {k: tuple(v) for k, v in got.items()}
+    want = {k: tuple(v.shape) for k, v in Reference(CONFIG).state_dict().items()}
+    assert got == want, f"parameters {got}, expected {want}"
+
+
+@probe_check(
     BOTH,
     "gate_proj, up_proj (C -> F) and down_proj (F -> C), without biases",
     1,
     "three nn.Linear(..., bias=False) named as Hugging Face's LlamaMLP, of the "
     "config's sizes (hidden_size, intermediate_size): no ratio of your own",
+    inputs=lambda: None,
+    judge=_judge_sizes,
 )
-def _(cls):
-    student = cls(CONFIG)
-    got = {k: tuple(v.shape) for k, v in student.state_dict().items()}
-    want = {k: tuple(v.shape) for k, v in Reference(CONFIG).state_dict().items()}
-    assert got == want, f"parameters {got}, expected {want}"
+def _(cls, _):
+    return {k: list(v.shape) for k, v in cls(CONFIG).state_dict().items()}
 
 
-@check(
+def _judge_mlp_values(inputs, out):
+    want = _reference(inputs["state"])(inputs["x"])
+    close(out, want, "the MLP's output", atol=1e-5)
+
+
+@probe_check(
     BOTH,
     "values: down(silu(gate(x)) * up(x)) with smol's weights",
     2,
     "the gate goes through silu, the up projection does not; multiply them, then "
     "project down",
+    inputs=lambda: {
+        "state": Reference(CONFIG).state_dict(),
+        "x": torch.randn(2, 5, CONFIG.hidden_size),
+    },
+    judge=_judge_mlp_values,
 )
-def _(cls):
-    student, ref = _pair(cls)
-    x = torch.randn(2, 5, CONFIG.hidden_size)
-    close(student(x), ref(x), "the MLP's output", atol=1e-5)
+def _(cls, inputs):
+    return _student(cls, inputs["state"])(inputs["x"])
 
 
-@check(
+def _judge_mlp_grads(inputs, out):
+    ref = _reference(inputs["state"])
+    _, want = grads(ref, inputs["x"], upstream=inputs["up"])
+    same_grads(out["x"], want, ["the input"], atol=1e-5)
+    params = out["params"]
+    for name, r in ref.named_parameters():  # by name: the layers may come in any order
+        assert name in params, f"the module has no parameter {name}"
+        same_grads([params[name]], [r.grad], [name], atol=1e-5)
+
+
+@probe_check(
     BOTH,
     "gradients for the input and every weight equal smol's",
     1,
     "use differentiable operations only",
+    inputs=lambda: {
+        "state": Reference(CONFIG).state_dict(),
+        "x": torch.randn(2, 3, CONFIG.hidden_size),
+        "up": torch.randn(2, 3, CONFIG.hidden_size),
+    },
+    judge=_judge_mlp_grads,
 )
-def _(cls):
-    student, ref = _pair(cls)
-    x = torch.randn(2, 3, CONFIG.hidden_size)
-    _, (g,), up = grad_of(student, x)
-    _, (ref_g,), _ = grad_of(ref, x, upstream=up)
-    close(g, ref_g, "the input's gradient", atol=1e-5)
-    student_params = dict(student.named_parameters())
-    for (
-        name,
-        r,
-    ) in ref.named_parameters():  # by name: the layers may be defined in any order
-        p = student_params.get(name)
-        assert p is not None, f"the module has no parameter {name}"
-        assert p.grad is not None, f"no gradient reached {name}"
-        close(p.grad, r.grad, f"the gradient of {name}", atol=1e-5)
+def _(cls, inputs):
+    student = _student(cls, inputs["state"])
+    _, gx = grads(student, inputs["x"], upstream=inputs["up"])
+    return {"x": gx, "params": {n: p.grad for n, p in student.named_parameters()}}
 
 
-@check(
+def _judge_scaled_init(inputs, weights):
+    std = CONFIG.initializer_range
+    want = std / math.sqrt(2 * CONFIG.num_hidden_layers)
+    seen = set()
+    for name, p in weights.items():
+        expected = want if "down_proj" in name else std
+        got = p.std().item()
+        assert abs(got / expected - 1) < 0.1, (
+            f"{name} has std {got:.4f}, expected {expected:.4f}"
+        )
+        seen.add(name.rsplit(".", 2)[-2])
+    assert seen == {"down_proj", "up_proj"}, (
+        "the MLP has no down_proj and up_proj to initialise"
+    )
+
+
+@probe_check(
     BOTH,
     "down_proj is flagged `scaled_init`, so SmolLM initialises it with std / sqrt(2 * "
     "n_layers)",
     2,
     "SmolLM.reset_parameters reads getattr(module, 'scaled_init', False): the flag "
     "must be spelt exactly `scaled_init` and set on down_proj",
+    inputs=lambda: None,
+    judge=_judge_scaled_init,
 )
-def _(cls):
+def _(cls, _):
     model = SmolLM(CONFIG)
     for layer in model.model.layers:
         layer.mlp = cls(CONFIG)
     model.reset_parameters()
-    std = CONFIG.initializer_range
-    want = std / math.sqrt(2 * CONFIG.num_hidden_layers)
-    seen = set()
-    for name, p in model.named_parameters():
-        if name.endswith(("down_proj.weight", "up_proj.weight")):
-            expected = want if "down_proj" in name else std
-            got = p.std().item()
-            assert abs(got / expected - 1) < 0.1, (
-                f"{name} has std {got:.4f}, expected {expected:.4f}"
-            )
-            seen.add(name.rsplit(".", 2)[-2])
-    assert seen == {"down_proj", "up_proj"}, (
-        "the MLP has no down_proj and up_proj to initialise"
-    )
+    return {
+        name: p
+        for name, p in model.named_parameters()
+        if name.endswith(("down_proj.weight", "up_proj.weight"))
+    }

@@ -9,8 +9,15 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from smol.grading.checks._util import close, grad_of, pair, same_shape, without
-from smol.grading.core import check, task
+from smol.grading.checks._util import (
+    close,
+    grads,
+    pair,
+    same_grads,
+    same_shape,
+    without,
+)
+from smol.grading.core import probe_check, task
 
 task(
     "merge_stats",
@@ -35,62 +42,92 @@ def _stats(x):
     return m, (x - m[..., None]).exp().sum(-1)
 
 
-def _merged(fn, a, b):
-    out = pair(fn(*_stats(a), *_stats(b)), "return (m, l)")
-    m, l = out
+def _blocks(a, b):
+    """Two blocks of scores and the statistics merge_stats takes of them."""
+    return {"a": a, "b": b, "args": [*_stats(a), *_stats(b)]}
+
+
+def _merged(out, a):
+    """Judge side: merge_stats' (m, l), each of the blocks' leading shape."""
+    m, l = pair(out, "return (m, l)")
     return same_shape(m, a.shape[:-1], "m"), same_shape(l, a.shape[:-1], "l")
 
 
-@check(
-    "merge_stats",
-    "m is the larger maximum, l the sum of exp(x - m) over both blocks",
-    2,
-    "m = max(m_a, m_b); each sum was taken against its own maximum: l_a * exp(m_a - "
-    "m) + l_b * exp(m_b - m)",
-)
-def _(fn):
-    a, b = torch.randn(2, 3, 5, 4) * 3, torch.randn(2, 3, 5, 7) * 3
-    m, l = _merged(fn, a, b)
+def _judge_merged(inputs, out):
+    a, b = inputs["a"], inputs["b"]
+    m, l = _merged(out, a)
     want_m, want_l = _stats(torch.cat((a, b), -1))
     close(m, want_m, "m")
     close(l, want_l, "l")
 
 
-@check(
+@probe_check(
     "merge_stats",
-    "large scores (around 1000) stay finite",
-    1,
-    "never exp a score itself (exp(1000) is inf in float32): only differences to the "
-    "maximum, which are <= 0",
+    "m is the larger maximum, l the sum of exp(x - m) over both blocks",
+    2,
+    "m = max(m_a, m_b); each sum was taken against its own maximum: l_a * exp(m_a - "
+    "m) + l_b * exp(m_b - m)",
+    inputs=lambda: _blocks(torch.randn(2, 3, 5, 4) * 3, torch.randn(2, 3, 5, 7) * 3),
+    judge=_judge_merged,
 )
-def _(fn):
-    a, b = torch.randn(4, 6) + 1000, torch.randn(4, 3) + 1003
-    m, l = _merged(fn, a, b)
+def _(fn, inputs):
+    return fn(*inputs["args"])
+
+
+def _judge_large_stats(inputs, out):
+    a, b = inputs["a"], inputs["b"]
+    m, l = _merged(out, a)
     want_m, want_l = _stats(torch.cat((a, b), -1))
     close(m, want_m, "m for scores near 1000")
     # float32 holds 1000 to within 6e-5: a sum kept as a log beside m is that close
     close(l, want_l, "l for scores near 1000", atol=0, rtol=5e-4)
 
 
-@check(
+@probe_check(
+    "merge_stats",
+    "large scores (around 1000) stay finite",
+    1,
+    "never exp a score itself (exp(1000) is inf in float32): only differences to the "
+    "maximum, which are <= 0",
+    inputs=lambda: _blocks(torch.randn(4, 6) + 1000, torch.randn(4, 3) + 1003),
+    judge=_judge_large_stats,
+)
+def _(fn, inputs):
+    return fn(*inputs["args"])
+
+
+def _hidden_inputs():
+    ninf, zero = torch.full((3,), -math.inf), torch.zeros(3)
+    m_a, l_a = _stats(torch.randn(3, 4))
+    return [[m_a, l_a, ninf, zero], [ninf, zero, m_a, l_a], [ninf, zero, ninf, zero]]
+
+
+def _judge_hidden(cases, outs):
+    whats = (
+        "a block merged with a hidden one",
+        "a hidden block merged with a block",
+        "two hidden blocks",
+    )
+    for (m_a, l_a, m_b, l_b), what, out in zip(cases, whats, outs, strict=True):
+        # the visible block's statistics, or (-inf, 0) when neither is visible
+        want = (m_a, l_a) if torch.isfinite(m_a).all() else (m_b, l_b)
+        m, l = pair(out, "return (m, l)")
+        close(m, want[0], f"m of {what}")
+        close(l, want[1], f"l of {what}")
+
+
+@probe_check(
     "merge_stats",
     "a block with nothing visible (m = -inf, l = 0) changes nothing; two give "
     "(-inf, 0)",
     1,
     "exp(-inf - (-inf)) is NaN: where m is -inf, use 0 (or m_a where m_b is -inf) for "
     "the difference",
+    inputs=_hidden_inputs,
+    judge=_judge_hidden,
 )
-def _(fn):
-    ninf, zero = torch.full((3,), -math.inf), torch.zeros(3)
-    m_a, l_a = _stats(torch.randn(3, 4))
-    for args, want, what in (
-        ((m_a, l_a, ninf, zero), (m_a, l_a), "a block merged with a hidden one"),
-        ((ninf, zero, m_a, l_a), (m_a, l_a), "a hidden block merged with a block"),
-        ((ninf, zero, ninf, zero), (ninf, zero), "two hidden blocks"),
-    ):
-        m, l = pair(fn(*args), "return (m, l)")
-        close(m, want[0], f"m of {what}")
-        close(l, want[1], f"l of {what}")
+def _(fn, cases):
+    return [fn(*args) for args in cases]
 
 
 def _reference(q, k, v, is_causal=False):
@@ -99,58 +136,87 @@ def _reference(q, k, v, is_causal=False):
 
 def _qkv(Tq=24, Tk=24, B=1, H=2, D=8, scale=1.0, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return (
+    return [
         torch.randn(B, H, Tq, D, generator=g) * scale,
         torch.randn(B, H, Tk, D, generator=g) * scale,
         torch.randn(B, H, Tk, D, generator=g),
-    )
+    ]
 
 
 BOTH = ("tiled_attention", "tiled_attention_bug")
 
 
-@check(
+def _judge_shape(qkv, out):
+    out32, out16 = pair(out, "two results")
+    same_shape(out32, qkv[0].shape, "tiled_attention(q, k, v, 4)")
+    same_shape(out16, qkv[0].shape, "the bfloat16 output")
+    assert out16.dtype == torch.bfloat16, f"bfloat16 in, {out16.dtype} out"
+
+
+@probe_check(
     BOTH,
     "shape (B, H, Tq, D); bfloat16 in, bfloat16 out",
     1,
     "accumulate in float32 if you like, then return acc.to(q.dtype)",
+    inputs=lambda: _qkv(Tq=10, Tk=13),
+    judge=_judge_shape,
 )
-def _(fn):
-    q, k, v = _qkv(Tq=10, Tk=13)
-    same_shape(fn(q, k, v, 4), q.shape, "tiled_attention(q, k, v, 4)")
-    out = fn(q.bfloat16(), k.bfloat16(), v.bfloat16(), 4)
-    same_shape(out, q.shape, "the bfloat16 output")
-    assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
+def _(fn, qkv):
+    return [fn(*qkv, 4), fn(*(t.bfloat16() for t in qkv), 4)]
 
 
-@check(
+@probe_check(
     BOTH,
     "one block (block_size >= Tk) equals SDPA",
     1,
     "scores = q @ k_block^T / sqrt(D); with one block the online softmax is the plain "
     "softmax",
+    inputs=lambda: _qkv(Tq=9, Tk=11),
+    judge=lambda qkv, out: close(
+        out, _reference(*qkv), "one block of 16 keys", atol=1e-5
+    ),
 )
-def _(fn):
-    q, k, v = _qkv(Tq=9, Tk=11)
-    close(fn(q, k, v, 16), _reference(q, k, v), "one block of 16 keys", atol=1e-5)
+def _(fn, qkv):
+    return fn(*qkv, 16)
 
 
-@check(
+def _blocked_check(task_names, name, points, hint, runs, is_causal, what):
+    """A check that tiled attention equals SDPA for each (Tq, Tk, block_size) of
+    `runs`, on inputs seeded by Tk; `what` names a run in a message."""
+
+    def judge(inputs, outs):
+        for (Tq, Tk, block), qkv, out in zip(runs, inputs, outs, strict=True):
+            close(
+                out,
+                _reference(*qkv, is_causal),
+                what.format(Tq=Tq, Tk=Tk, block=block),
+                atol=1e-5,
+            )
+
+    probe_check(
+        task_names,
+        name,
+        points,
+        hint,
+        inputs=lambda: [_qkv(Tq=Tq, Tk=Tk, seed=Tk) for Tq, Tk, _ in runs],
+        judge=judge,
+    )(
+        lambda fn, inputs: [
+            fn(*qkv, block, is_causal) for (_, _, block), qkv in zip(runs, inputs)
+        ]
+    )
+
+
+_blocked_check(
     BOTH,
     "many blocks equal SDPA (Tk not a multiple of block_size, Tq != Tk)",
     2,
     "when a block raises the running max from m to m_new, everything summed so far, l "
     "and the output, is multiplied by exp(m - m_new)",
+    ((7, 23, 5), (24, 24, 8), (5, 9, 1)),
+    False,
+    "the output for Tq={Tq}, Tk={Tk} in blocks of {block}",
 )
-def _(fn):
-    for Tq, Tk, block in ((7, 23, 5), (24, 24, 8), (5, 9, 1)):
-        q, k, v = _qkv(Tq=Tq, Tk=Tk, seed=Tk)
-        close(
-            fn(q, k, v, block),
-            _reference(q, k, v),
-            f"the output for Tq={Tq}, Tk={Tk} in blocks of {block}",
-            atol=1e-5,
-        )
 
 
 class _Largest(TorchFunctionMode):
@@ -169,68 +235,76 @@ class _Largest(TorchFunctionMode):
         return out
 
 
-@check(
+def _judge_small(qkv, out):
+    for result in out["outs"]:
+        same_shape(result, qkv[0].shape, "the output")
+    largest, shape = out["largest"], tuple(out["shape"])
+    assert largest < 64 * 64, (
+        f"a tensor of shape {shape} holds {largest} numbers, as many as all "
+        f"64 x 64 scores"
+    )
+
+
+@probe_check(
     BOTH,
     "never holds a Tq x Tk matrix (scores, probabilities or mask), nor calls SDPA",
     1,
     "work on one block of keys at a time: scores (B, H, Tq, block_size); build each "
     "block's causal mask from positions, not from a (Tq, Tk) matrix",
+    inputs=lambda: _qkv(Tq=64, Tk=64, B=1, H=1),
+    judge=_judge_small,
 )
-def _(fn):
-    q, k, v = _qkv(Tq=64, Tk=64, B=1, H=1)
+def _(fn, qkv):
     spy = _Largest()
     sdpa = {F.scaled_dot_product_attention: "F.scaled_dot_product_attention"}
+    outs = []
     for is_causal in (False, True):
         with spy:
-            out = without(lambda: fn(q, k, v, 16, is_causal), sdpa)
-        same_shape(out, q.shape, "the output")
-    assert spy.largest < 64 * 64, (
-        f"a tensor of shape {spy.shape} holds {spy.largest} numbers, as many as all "
-        f"64 x 64 scores"
-    )
+            outs.append(without(lambda c=is_causal: fn(*qkv, 16, c), sdpa))
+    return {"outs": outs, "largest": spy.largest, "shape": list(spy.shape)}
 
 
-@check(
+_blocked_check(
     "tiled_attention",
     "causal (is_causal=True) equals SDPA, blocks wholly in the future included",
     1,
     "hide key j from query i when j > i (scores.masked_fill with -inf); a query that "
     "sees nothing in a block must not turn into NaN",
+    ((23, 23, 5), (16, 16, 16), (9, 9, 2)),
+    True,
+    "the causal output for T={Tk} in blocks of {block}",
 )
-def _(fn):
-    for T, block in ((23, 5), (16, 16), (9, 2)):
-        q, k, v = _qkv(Tq=T, Tk=T, seed=T)
-        close(
-            fn(q, k, v, block, True),
-            _reference(q, k, v, True),
-            f"the causal output for T={T} in blocks of {block}",
-            atol=1e-5,
-        )
 
 
-@check(
+@probe_check(
     "tiled_attention",
     "large scores (q . k / sqrt(D) up to about 1000) stay finite and right",
     1,
     "subtract the running maximum before exp, as merge_stats does",
+    inputs=lambda: _qkv(Tq=12, Tk=20, scale=20.0),
+    judge=lambda qkv, out: close(
+        out, _reference(*qkv), "the output for large scores", atol=1e-4
+    ),
 )
-def _(fn):
-    q, k, v = _qkv(Tq=12, Tk=20, scale=20.0)
-    close(fn(q, k, v, 6), _reference(q, k, v), "the output for large scores", atol=1e-4)
+def _(fn, qkv):
+    return fn(*qkv, 6)
 
 
-@check(
+def _judge_grads(inputs, out):
+    causal = lambda a, b, c: _reference(a, b, c, True)  # noqa: E731
+    _, want = grads(causal, *inputs["qkv"], upstream=inputs["up"])
+    same_grads(out, want, "qkv", atol=1e-4)
+
+
+@probe_check(
     "tiled_attention",
     "gradients for q, k and v equal SDPA's",
     1,
     "differentiable operations only: acc = acc * c + p @ v_block builds new tensors, "
     "acc *= c writes in place and breaks the backward pass",
+    inputs=lambda: {"qkv": _qkv(Tq=14, Tk=14), "up": torch.randn(1, 2, 14, 8)},
+    judge=_judge_grads,
 )
-def _(fn):
-    q, k, v = _qkv(Tq=14, Tk=14)
-    _, grads, up = grad_of(lambda a, b, c: fn(a, b, c, 4, True), q, k, v)
-    _, ref_grads, _ = grad_of(
-        lambda a, b, c: _reference(a, b, c, True), q, k, v, upstream=up
-    )
-    for name, g, r in zip("qkv", grads, ref_grads):
-        close(g, r, f"the gradient of {name}", atol=1e-4)
+def _(fn, inputs):
+    tiled = lambda a, b, c: fn(a, b, c, 4, True)  # noqa: E731
+    return grads(tiled, *inputs["qkv"], upstream=inputs["up"])[1]
