@@ -78,9 +78,9 @@ def rounded(summary: dict) -> dict:
 def run(args) -> None:
     from smol.pretrained import load_pretrained
 
-    questions = evaluate.load_mmlu()
+    questions = pool = evaluate.load_mmlu()
     if args.limit is not None:
-        questions = evaluate.subset(questions, args.limit, args.seed)
+        questions = evaluate.subset(pool, args.limit, args.seed)
     model, tokenizer = load_pretrained(
         args.model, device=args.device, dtype=DTYPES[args.dtype]
     )
@@ -93,6 +93,7 @@ def run(args) -> None:
         args.shots,
         args.token_budget,
         progress=True,
+        pool=pool,
     )
     seconds = time.perf_counter() - start
     cpu_seconds = time.process_time() - cpu_start

@@ -90,11 +90,14 @@ def subset(questions: list[Question], n: int, seed: int = 0) -> list[Question]:
     return out[:n]
 
 
-def shots_for(questions: list[Question], k: int) -> list[list[Question]]:
+def shots_for(
+    questions: list[Question], k: int, pool: list[Question] | None = None
+) -> list[list[Question]]:
     """k worked examples for each question: the first k other questions of its subject
-    in file order (MMLU's 5-shot examples come from a dev split this file lacks)."""
+    in pool (default: questions), in order. MMLU's own 5-shot examples come from a dev
+    split that this file lacks."""
     by_subject = defaultdict(list)
-    for q in questions:
+    for q in questions if pool is None else pool:
         by_subject[q.subject].append(q)
     return [[s for s in by_subject[q.subject] if s is not q][:k] for q in questions]
 
@@ -260,8 +263,10 @@ def evaluate(
     shots: int = 0,
     token_budget: int = 4096,
     progress: bool = False,
+    pool: list[Question] | None = None,
 ) -> list[Result]:
-    """Score every question (in its own order in the returned list). Questions are
+    """Score every question (in its own order in the returned list), with `shots`
+    worked examples from pool (default: questions; see shots_for). Questions are
     sorted by length and batched so that each batch's padded tokens stay near
     token_budget."""
     from tqdm.auto import tqdm
@@ -272,7 +277,7 @@ def evaluate(
         )
     if not isinstance(shots, int) or shots < 0:
         raise ValueError(f"shots must be an int >= 0, got {shots!r}")
-    examples = shots_for(questions, shots) if shots else [[] for _ in questions]
+    examples = shots_for(questions, shots, pool) if shots else [[] for _ in questions]
     items = []
     for i, (q, ex) in enumerate(zip(questions, examples)):
         context, continuations = prompt(q, formulation, ex)

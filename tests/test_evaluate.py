@@ -127,6 +127,7 @@ def test_a_subset_is_stratified_seeded_and_shots_never_show_the_question(mmlu):
     law = [q for q in mmlu if q.subject == "professional law"][:3]
     shots = evaluate.shots_for(law, 2)
     assert shots == [[law[1], law[2]], [law[0], law[2]], [law[0], law[1]]]
+    assert evaluate.shots_for(law[1:2], 2, pool=law) == [[law[0], law[2]]]
 
 
 def plain_scores(model, contexts, continuations):
