@@ -274,3 +274,64 @@ def test_a_bad_formulation_is_refused_by_argparse(capsys):
         eval_cli.main(["mmlu", "--formulation", "Cloze"])
     assert e.value.code == 2
     assert "invalid choice: 'Cloze'" in capsys.readouterr().err
+
+
+LM_EVAL_TASK = """\
+task: smol_mmlu_cloze
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "The following are questions about {{{{subject}}}}.\\nQuestion: \\
+  {{{{question}}}}\\nAnswer:"
+doc_to_choice: choices
+doc_to_target: answer
+metric_list:
+  - metric: acc
+"""
+
+
+def test_lm_eval_gives_the_same_log_likelihoods_and_accuracy(real_model, tmp_path):
+    """lm-evaluation-harness (`make lm-eval` installs it), on the same questions as a
+    local JSON task and the same weights saved as a Hugging Face folder: every
+    choice's log-likelihood equals smol's, and so does the accuracy."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from smol.pretrained import save_pretrained
+
+    model, tokenizer = real_model
+    questions = evaluate.subset(evaluate.load_mmlu(), 24, seed=1)
+    data = tmp_path / "mmlu.jsonl"
+    rows = [
+        {"subject": q.subject, "question": q.question, "choices": list(q.choices)}
+        | {"answer": q.answer}
+        for q in questions
+    ]
+    write_jsonl(data, rows)
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "smol_mmlu.yaml").write_text(LM_EVAL_TASK.format(data=data))
+    folder = save_pretrained(model, tokenizer, tmp_path / "model")
+    harness = HFLM(pretrained=str(folder), device="cpu", dtype="float32", batch_size=8)
+    out = lm_eval.simple_evaluate(
+        model=harness,
+        tasks=["smol_mmlu_cloze"],
+        task_manager=TaskManager(include_path=str(tasks)),
+        log_samples=True,
+    )
+    theirs = {
+        s["doc_id"]: [ll for ll, _ in s["filtered_resps"]]
+        for s in out["samples"]["smol_mmlu_cloze"]
+    }
+    ours = evaluate.evaluate(model, tokenizer, questions)
+    assert sorted(theirs) == list(range(len(questions)))
+    for i, r in enumerate(ours):
+        torch.testing.assert_close(
+            torch.tensor(r.logprobs), torch.tensor(theirs[i]), atol=1e-3, rtol=0
+        )
+    accuracy = out["results"]["smol_mmlu_cloze"]["acc,none"]
+    assert accuracy == evaluate.summarize(ours)["accuracy"]
