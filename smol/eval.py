@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import re
 import sys
 import time
 from pathlib import Path
@@ -60,8 +61,9 @@ def check_args(args) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.shots < 0:
         raise UsageError(f"--shots must be >= 0, got {args.shots}")
-    if args.model is not None and not Path(args.model).exists():
-        raise UsageError(f"--model: no such file or folder: {args.model}")
+    hub_id = args.model is not None and re.fullmatch(r"[\w.-]+/[\w.-]+", args.model)
+    if args.model is not None and not (Path(args.model).exists() or hub_id):
+        raise UsageError(f"--model: no such file or folder, nor a hub id: {args.model}")
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
