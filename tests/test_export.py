@@ -85,8 +85,10 @@ def test_q8_0_bytes_equal_the_gguf_quantizer():
     torch.manual_seed(0)
     w = torch.randn(64, 256) * torch.logspace(-6, 3, 64)[:, None]
     w[0, :32] = 0  # a block of zeros: scale 0, every value 0
-    w[1, :32] = torch.arange(32) - 15.5  # max 16.5... and halves after scaling
-    w[2, :32] = (torch.arange(32) - 16) * (127 / 16) / 2  # x / d lands on k + 0.5
+    w[2, :32] = torch.arange(32) - 15.5  # the scale is 127 / 127: halves everywhere
+    w[2, 31] = 127
+    w[3, :32] = 0  # 0.1254576 * (1 / d) rounds to 2.4999998, 0.1254576 / d to 2.5
+    w[3, :2] = torch.tensor([6.373247146606445, 0.12545761466026306])
     ours = quantize_q8_0(w).numpy()
     theirs = gguf.quants.quantize(w.numpy(), Q.Q8_0)
     assert ours.dtype == np.uint8 and ours.shape == theirs.shape == (64, 8 * 34)
