@@ -197,19 +197,19 @@ def quantize_q8_0(weight: torch.Tensor) -> torch.Tensor:
 def encode_tensor(name: str, weight: torch.Tensor, qtype: Q) -> torch.Tensor:
     """A tensor's bytes in GGUF type qtype, as uint8 (rows, bytes per row)."""
     weight = weight.detach().cpu().float()
-    if not torch.isfinite(weight).all():
+    top = weight.abs().amax()  # NaN when any value is NaN
+    if not torch.isfinite(top):
         raise ValueError(f"{name} holds NaN or infinite values: nothing to export")
     weight = weight.reshape(-1, weight.shape[-1])
     if qtype == Q.F32:
         return weight.contiguous().view(torch.uint8)
     if qtype == Q.F16:
-        half = weight.to(torch.float16)
-        if not torch.isfinite(half).all():
+        if not torch.isfinite(top.half()):
             raise ValueError(
                 f"{name} has values beyond float16's range (max |value| "
-                f"{weight.abs().max().item():.4g} > 65504): export it as f32"
+                f"{top.item():.4g} > 65504): export it as f32"
             )
-        return half.view(torch.uint8)
+        return weight.to(torch.float16).view(torch.uint8)
     return quantize_q8_0(weight)
 
 
@@ -345,5 +345,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+# `python -m smol.export` (its __spec__ names the module); not a notebook that shows this
+# file in a cell, where __name__ is "__main__" too but __spec__ is None
+if __name__ == "__main__" and __spec__ is not None:
     sys.exit(main())
