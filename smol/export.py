@@ -78,6 +78,20 @@ def pack_metadata(key: str, kind: int | tuple[int, int], value) -> bytes:
     return pack_string(key) + struct.pack("<I", tag) + pack_value(kind, value)
 
 
+def pack_tensor_info(
+    name: str, shape: tuple[int, ...], qtype: int, offset: int
+) -> bytes:
+    """A tensor table entry: the name, the number of dimensions (uint32), the dimensions
+    innermost first (uint64 each: a PyTorch (out, in) weight is written in, out), the
+    type (uint32) and the offset of its bytes in the data (uint64)."""
+    dims = tuple(shape)[::-1]
+    return (
+        pack_string(name)
+        + struct.pack("<I", len(dims))
+        + struct.pack(f"<{len(dims)}QIQ", *dims, qtype, offset)
+    )
+
+
 # --- metadata -----------------------------------------------------------------------
 def gguf_metadata(
     config: SmolConfig, tokenizer: Tokenizer, qtype: Q, name: str = "smol"
@@ -271,9 +285,7 @@ def write_gguf(path: str | Path, metadata: dict[str, tuple], tensors: dict) -> P
             )
             offset = 0
             for name, (qtype, shape, data) in tensors.items():
-                dims = shape[::-1]  # GGUF lists the innermost dimension first
-                f.write(pack_string(name) + struct.pack("<I", len(dims)))
-                f.write(struct.pack(f"<{len(dims)}QIQ", *dims, qtype, offset))
+                f.write(pack_tensor_info(name, shape, qtype, offset))
                 offset += data.numel() + (-data.numel() % ALIGNMENT)
             pad(f)
             for qtype, shape, data in tensors.values():

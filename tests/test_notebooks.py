@@ -54,6 +54,7 @@ SHOWN = {
         "# smol/optim.py: amp_dtype",
     ],
     "12_fine_tuning_with_lora": ["# smol/lora.py", "# smol/sft.py"],
+    "13_shipping_your_model": ["# smol/export.py"],
 }
 
 # Modules of smol that no chapter shows, on purpose; every other module is shown.
