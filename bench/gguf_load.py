@@ -66,10 +66,11 @@ def main() -> None:
         measure(path)  # warm the page cache
         runs = [measure(path) for _ in range(args.repeat)]
         kinds = sorted({q.name for q, _, _ in GGUFFile(path).tensors.values()})
+        seconds = statistics.median(r["seconds"] for r in runs)
         row = {
             "file": Path(path).name,
             "tensor types": "+".join(kinds),
-            "load seconds (median)": f"{statistics.median(r['seconds'] for r in runs):.2f}",
+            "load seconds (median)": f"{seconds:.2f}",
         }
         for key, name in [
             ("anon_loaded", "private MiB after load"),

@@ -357,7 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-# `python -m smol.export` (its __spec__ names the module); not a notebook that shows this
-# file in a cell, where __name__ is "__main__" too but __spec__ is None
+# `python -m smol.export` (its __spec__ names the module); not a notebook that shows
+# this file in a cell, where __name__ is "__main__" too but __spec__ is None
 if __name__ == "__main__" and __spec__ is not None:
     sys.exit(main())

@@ -244,7 +244,7 @@ def test_llama_cpp_generates_what_smol_generates(tmp_path, shakespeare, name, ty
     assert llama_greedy(llm, ids) == greedy(ours, ids)
 
 
-# --- the released weights, round trip --------------------------------------------------
+# --- the released weights, round trip
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
 

@@ -182,7 +182,7 @@ for _name, _kind, _part, _points, _hint in [
     )(_q8_probe)
 
 
-# --- task 3: the q/k permutation -------------------------------------------------------
+# --- task 3: the q/k permutation
 def _perm_inputs(heads, head_dim, fan_in):
     return lambda: {
         "w": torch.randn(
@@ -232,7 +232,7 @@ for _name, _shape, _points, _hint in [
     )(_perm_probe)
 
 
-# --- task 4: a tensor table entry ------------------------------------------------------
+# --- task 4: a tensor table entry
 def _info_inputs(*entries):
     return lambda: {"entries": list(entries)}
 
