@@ -238,10 +238,9 @@ def gguf_tensors(
     names = {}  # smol name -> GGUF name
     for i in range(config.num_hidden_layers):
         names.update({s.format(i=i): g.format(i=i) for g, s in GGUF_NAMES.items()})
-    if config.tie_word_embeddings:
-        del names["lm_head.weight"]
     state_dict = dict(state_dict)
-    if config.tie_word_embeddings:
+    if config.tie_word_embeddings:  # the reader reuses token_embd.weight
+        del names["lm_head.weight"]
         state_dict.pop("lm_head.weight", None)
     unknown = sorted(set(state_dict) - set(names))
     missing = sorted(set(names) - set(state_dict))
