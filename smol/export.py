@@ -120,11 +120,11 @@ def gguf_metadata(
 
 def pre_tokenizer_name(pre: dict | None) -> str:
     """llama.cpp's name for a byte-level BPE's pre-tokenizer (tokenizer.json's
-    "pre_tokenizer"): "smollm" isolates each digit before GPT-2's split, "gpt2" is the
+    "pre_tokenizer"): "smollm" isolates each digit before GPT-2's split, "gpt-2" is the
     split alone."""
     gpt2 = {"type": "ByteLevel", "use_regex": True}
     if pre is not None and gpt2.items() <= pre.items():
-        return "gpt2"
+        return "gpt-2"
     steps = (pre or {}).get("pretokenizers", [])
     if (
         len(steps) == 2
