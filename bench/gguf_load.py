@@ -2,10 +2,10 @@
 
 Each file is loaded in a fresh process after one untimed load (so the file is in the
 page cache: a warm start), then the model runs one forward pass. The load's wall-clock
-and CPU seconds are both shown: on a busy machine the first waits for the CPU. Memory is the process's
-resident set from /proc/self/status beyond what importing smol took: anonymous pages
-(private memory: the model's own copies) and file pages (the mapped file, shared with
-the page cache), after the load and after the forward pass.
+and CPU seconds are both shown: on a busy machine the first waits for the CPU. Memory
+is the process's resident set from /proc/self/status beyond what importing smol took:
+anonymous pages (private memory: the model's own copies) and file pages (the mapped
+file, shared with the page cache), after the load and after the forward pass.
 
     python -m smol.export smollm2 /tmp/smollm2.f16.gguf --type f16
     python -m smol.export smollm2 /tmp/smollm2.f32.gguf --type f32
