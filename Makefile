@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 NPROC ?= 2
 
-.PHONY: setup book test bench clean chromium exercises gpu-check colab-check lm-eval
+.PHONY: setup book test bench clean chromium exercises gpu-check colab-check lm-eval llama-cpp
 
 setup: $(STAMP)
 
@@ -55,6 +55,11 @@ chromium:
 
 clean:
 	rm -rf _build $(VENV)
+
+# llama.cpp's Python bindings, for the tests and chapter 13 cells that run exported GGUF
+# files in llama.cpp (skipped without them). It compiles llama.cpp: minutes.
+llama-cpp: setup
+	$(PY) -m pip install -q llama-cpp-python==0.3.36
 
 # On a CUDA machine: every chapter notebook on the GPU, bench/train_gpu.py and bench/generate.py,
 # results in bench/results/*_cuda.csv (and copied to OUT= if given). Without CUDA: a quick check

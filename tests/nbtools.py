@@ -34,6 +34,7 @@ CHAPTER_EXERCISES = {
     "10_training": "10_training_loop",
     "11_sdpa_on_a_gpu": "11_tiled_attention",
     "12_fine_tuning_with_lora": "12_lora",
+    "13_shipping_your_model": "13_gguf",
     "14_measuring_the_model": "14_multiple_choice",
 }
 

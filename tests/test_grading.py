@@ -10,6 +10,7 @@ import json
 import math
 import os
 import re
+import struct
 import subprocess
 import sys
 import threading
@@ -92,12 +93,13 @@ def test_seven_notebooks_each_with_tasks_and_one_bug_hunt():
 
 
 def test_one_exercise_per_chapter_and_the_exercises_page_lists_each():
-    """Exercise NN follows chapter NN, for every chapter that has one;
+    """Exercise NN follows chapter NN, for every chapter that has one (1 to 14);
     book/exercises.md has a row per exercise, with its chapter, the names of its tasks
     and its points."""
     from tests.nbtools import CHAPTER_EXERCISES
 
     stems = list(NOTEBOOKS.values())
+    assert [int(s[:2]) for s in stems] == list(range(1, 15)), stems
     chapters = {e: c for c, e in CHAPTER_EXERCISES.items() if e}
     assert [int(s[:2]) for s in stems] == sorted(int(c[:2]) for c in chapters.values())
     assert sorted(chapters) == sorted(stems)
@@ -203,7 +205,9 @@ def test_each_bug_hunt_shows_a_bug_that_fails_one_check(path):
 
 def test_smols_reference_implementations_score_full_marks():
     from smol.attention import repeat_kv
+    from smol.export import pack_tensor_info, pack_value, quantize_q8_0
     from smol.generate import filter_top_k, filter_top_p, generate
+    from smol.gguf import permute_qk
     from smol.lora import LoRALinear
     from smol.model import DecoderLayer
     from smol.quantize import QuantLinear, quantize_per_channel
@@ -234,6 +238,10 @@ def test_smols_reference_implementations_score_full_marks():
         ("quantize_bug", quantize_per_channel),
         ("int8_linear", lambda x, q, scale: QuantLinear(q, scale)(x)),
         ("lookup_draft", lookup_draft),
+        ("gguf_value", pack_value),
+        ("q8_0", quantize_q8_0),
+        ("permute_qk", permute_qk),
+        ("tensor_info_bug", pack_tensor_info),
         (
             "speculative_greedy",
             lambda model, ids, n: generate(model, ids, n, temperature=0, speculative=4),
@@ -471,6 +479,90 @@ def unrescaled_tiled_attention(q, k, v, block_size, is_causal=False):
     return tiled_attention_by(q, k, v, block_size, is_causal, rescale=False)
 
 
+def q8_0_by(w, rounding=torch.round, divide=False, half_scale=False):
+    """Q8_0 blocks computed another way: a rounding function, x / d for x * (1 / d),
+    or the float16-rounded scale used to quantize."""
+    rows = w.shape[0]
+    blocks = w.float().reshape(-1, 32)
+    d = blocks.abs().amax(dim=1, keepdim=True) / 127
+    used = d.half().float() if half_scale else d
+    x = blocks / used if divide else blocks * (1 / used)
+    q = rounding(torch.nan_to_num(x)).to(torch.int8)
+    scale = d.half().view(torch.uint8)
+    return torch.cat([scale, q.view(torch.uint8)], 1).view(rows, -1)
+
+
+def round_half_away(x):
+    whole = x.abs().floor()
+    return x.sign() * (whole + torch.floor(2 * (x.abs() - whole)))
+
+
+def q8_0_halves_to_even(w):
+    return q8_0_by(w, torch.round)
+
+
+def q8_0_dividing(w):
+    return q8_0_by(w, round_half_away, divide=True)
+
+
+def q8_0_float16_scale(w):
+    return q8_0_by(w, round_half_away, half_scale=True)
+
+
+def pack_value_by(kind, value, chars=False, float64=False, tagged=False):
+    """A GGUF value packed another way: a string's length in characters, float32 as
+    float64, or each array item with a type tag of its own."""
+    from smol.gguf import FLOAT32, STRING, VALUE_FORMATS
+
+    def one(kind, value):
+        if kind == STRING:
+            data = value.encode()
+            return struct.pack("<Q", len(value) if chars else len(data)) + data
+        fmt = "<d" if float64 and kind == FLOAT32 else VALUE_FORMATS[kind]
+        return struct.pack(fmt, value)
+
+    if isinstance(kind, tuple):
+        item = kind[1]
+        tag = struct.pack("<I", item) if tagged else b""
+        items = b"".join(tag + one(item, v) for v in value)
+        return struct.pack("<IQ", item, len(value)) + items
+    return one(kind, value)
+
+
+def pack_value_string_chars(kind, value):
+    return pack_value_by(kind, value, chars=True)
+
+
+def pack_value_float64(kind, value):
+    return pack_value_by(kind, value, float64=True)
+
+
+def pack_value_tagged_items(kind, value):
+    return pack_value_by(kind, value, tagged=True)
+
+
+def permute_qk_one_head(w, n_heads):  # the whole matrix as one head
+    from smol.gguf import permute_qk
+
+    return permute_qk(w, 1)
+
+
+def permute_qk_inverse(w, n_heads):  # undoes llama.cpp's order instead
+    from smol.gguf import unpermute_qk
+
+    return unpermute_qk(w, n_heads)
+
+
+def tensor_info_torch_order(name, shape, qtype, offset):  # the exercise's bug
+    data = name.encode()
+    dims = list(shape)
+    return (
+        struct.pack("<Q", len(data))
+        + data
+        + struct.pack(f"<I{len(dims)}QIQ", len(dims), *dims, qtype, offset)
+    )
+
+
 def unshifted_answer_logprobs(logits, ids, n_context):  # position t scores token t
     logp = logits[n_context:].float().log_softmax(-1)
     return logp.gather(-1, ids[n_context:, None]).squeeze(-1)
@@ -630,6 +722,19 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it), in course or
         sft_targets_on_the_prompt,
         "the prompt's tokens",
     ),
+    "GGUF float32 packed as float64": ("gguf_value", pack_value_float64, "scalars"),
+    "GGUF array items with a type each": (
+        "gguf_value",
+        pack_value_tagged_items,
+        "arrays",
+    ),
+    "Q8_0 halves rounded to even": ("q8_0", q8_0_halves_to_even, "halves round"),
+    "Q8_0 divides by the scale": ("q8_0", q8_0_dividing, "multiply by 1 / d"),
+    "GGUF dimensions in PyTorch's order": (
+        "tensor_info_bug",
+        tensor_info_torch_order,
+        "an (out, in) matrix",
+    ),
     "answer scored without the shift": (
         "answer_logprobs",
         unshifted_answer_logprobs,
@@ -651,6 +756,43 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it), in course or
         "normalise=True",
     ),
 }
+
+# Mutants that lose more than one check: (task, mutant, the checks they lose)
+WIDE_MUTANTS = {
+    "GGUF string length in characters": (
+        "gguf_value",
+        pack_value_string_chars,
+        {"strings", "arrays"},
+    ),
+    "Q8_0 quantized with the float16 scale": (
+        "q8_0",
+        q8_0_float16_scale,
+        {"every byte of random rows", "multiply by 1 / d"},
+    ),
+    "q/k permuted as one head": (
+        "permute_qk",
+        permute_qk_one_head,
+        {"each head on its own", "keys: fewer heads, wide rows"},
+    ),
+    "q/k rows put back in smol's order": (
+        "permute_qk",
+        permute_qk_inverse,
+        {
+            "one head: row perm[i] at i",
+            "each head on its own",
+            "keys: fewer heads, wide rows",
+        },
+    ),
+}
+
+
+@pytest.mark.parametrize("bug", sorted(WIDE_MUTANTS))
+def test_a_wide_mutant_loses_the_checks_it_breaks(bug):
+    task, mutant, checks = WIDE_MUTANTS[bug]
+    result = run_checks(task, mutant)
+    assert {row.check for row in result.rows if not row.passed} == checks, (
+        result.table()
+    )
 
 
 @pytest.mark.parametrize("bug", sorted(MUTANTS))
@@ -1463,6 +1605,41 @@ def tiled_attention_in_query_blocks(q, k, v, block_size, is_causal=False):
     return torch.cat(outputs, 2).to(q.dtype)
 
 
+def pack_value_by_numpy(kind, value):
+    import numpy as np
+
+    from smol.gguf import STRING, VALUE_FORMATS
+
+    if kind == STRING:
+        data = value.encode("utf-8")
+        return np.uint64(len(data)).tobytes() + data
+    if isinstance(kind, tuple):
+        head = np.uint32(kind[1]).tobytes() + np.uint64(len(value)).tobytes()
+        return head + b"".join(pack_value_by_numpy(kind[1], v) for v in value)
+    return np.array(value, np.dtype(VALUE_FORMATS[kind])).tobytes()
+
+
+def q8_0_by_the_gguf_package(w):
+    import gguf
+
+    blocks = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q8_0)
+    return torch.from_numpy(blocks)
+
+
+def permute_qk_by_index(w, n_heads):
+    d = w.shape[0] // n_heads
+    perm = torch.stack([torch.arange(d // 2), torch.arange(d // 2) + d // 2], -1)
+    rows = torch.arange(n_heads)[:, None] * d + perm.flatten()  # (n_heads, d)
+    return w[rows.flatten()]
+
+
+def tensor_info_in_one_pack(name, shape, qtype, offset):
+    data, n = name.encode(), len(shape)
+    return struct.pack(
+        f"<Q{len(data)}sI{n}QIQ", len(data), data, n, *reversed(shape), qtype, offset
+    )
+
+
 def _variants():
     from einops import repeat
 
@@ -1517,6 +1694,10 @@ def _variants():
         "merge_stats": merge_stats_in_logs,
         "tiled_attention": tiled_attention_in_query_blocks,
         "tiled_attention_bug": tiled_attention_by,
+        "gguf_value": pack_value_by_numpy,
+        "q8_0": q8_0_by_the_gguf_package,
+        "permute_qk": permute_qk_by_index,
+        "tensor_info_bug": tensor_info_in_one_pack,
         "answer_logprobs": answer_logprobs_by_cross_entropy,
         "answer_logprobs_bug": answer_logprobs_by_cross_entropy,
         "choice_score": choice_score_by_loop,

@@ -54,6 +54,7 @@ SHOWN = {
         "# smol/optim.py: amp_dtype",
     ],
     "12_fine_tuning_with_lora": ["# smol/lora.py", "# smol/sft.py"],
+    "13_shipping_your_model": ["# smol/export.py"],
     "14_measuring_the_model": ["# smol/evaluate.py"],
 }
 

@@ -68,6 +68,7 @@ NOTEBOOKS = {  # topic -> file stem, in course order: exercise NN follows chapte
     "training_loop": "10_training_loop",
     "tiled_attention": "11_tiled_attention",
     "lora": "12_lora",
+    "gguf": "13_gguf",
     "multiple_choice": "14_multiple_choice",
 }
 
