@@ -7,7 +7,9 @@ Paths at batch 1: smol float32 (KV cache; and without the cache), bfloat16, int8
 (with float32 and bfloat16 activations), the compiled step with a static cache
 (--compile), speculative decoding with prompt-lookup drafts and with drafts of the
 bfloat16 copy verified in float32 (on the story prompt and on a summarising prompt,
-which repeats its input); transformers' generate in float32 and bfloat16. Then batches
+which repeats its input); transformers' generate in float32 and bfloat16; llama.cpp
+(llama-cpp-python, where installed: `make llama-cpp`) on the same GGUF file with the
+same prompt tokens and thread count, greedy. Then batches
 of 1, 4 and 16 left-padded prompts. Each path's tokens are compared with smol's float32
 greedy tokens.
 
@@ -103,6 +105,11 @@ def parse_args():
         help="add the compiled paths (torch.compile; CUDA graphs on a GPU)",
     )
     add("--no-cache-path", action="store_true", help="add smol without its KV cache")
+    add(
+        "--no-llama-cpp",
+        action="store_true",
+        help="leave out llama.cpp (it runs where llama-cpp-python is installed)",
+    )
     add("--batches", default="1,4,16", help="batch sizes of the batched part")
     add(
         "--batch-tokens",
@@ -118,6 +125,32 @@ def parse_args():
     )
     add("--csv", help="write the medians here (the Benchmarks page reads it)")
     return parser.parse_args()
+
+
+def llama_cpp(path, x, threads: int):
+    """llama.cpp decoding the GGUF file at `path` greedily from the token ids x (1, T):
+    a function generating k tokens, as smol's paths return them (1, T + k); None where
+    llama-cpp-python is not installed."""
+    try:
+        from llama_cpp import Llama
+    except ImportError:
+        return None
+    llm = Llama(
+        str(path), n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False
+    )
+    prompt = x[0].tolist()
+
+    def run(k):
+        llm.reset()  # read the prompt again each run, as every other path does
+        tokens = []
+        greedy = {"top_k": 1, "top_p": 1.0, "min_p": 0.0, "temp": 0.0}
+        for token in llm.generate(prompt, repeat_penalty=1.0, **greedy):
+            tokens.append(token)
+            if len(tokens) == k:
+                break
+        return torch.tensor([prompt + tokens])
+
+    return run
 
 
 def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
@@ -173,6 +206,14 @@ def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
             "draft",
         ),
     ]
+    if args.preset == "smollm2-135m" and not args.no_llama_cpp:
+        from smol.gguf import bundled_gguf_path
+
+        run = llama_cpp(bundled_gguf_path(), ids, torch.get_num_threads())
+        if run is None:
+            print("llama-cpp-python is not installed: no llama.cpp path", flush=True)
+        else:
+            table.append(("llama.cpp", "Q4_1 / Q8_1", "story", run))
     if args.no_cache_path:
         table.append(
             ("smol, no cache", "float32", "story", smol(model, ids, use_cache=False))
@@ -227,7 +268,8 @@ def measure(paths: dict, n: int, runs: int, sync, after_warm_up):
 
 def report(paths, rates, outputs, spec_stats) -> list[list]:
     """Print every path's median tokens/s, its ratio to transformers' float32 generate
-    on the same prompt, and whether its tokens equal smol's float32 tokens."""
+    on the same prompt (and to llama.cpp's, where it ran), and whether its tokens equal
+    smol's float32 tokens."""
     base = {
         "story": rates["transformers generate"],
         "summary": rates.get("transformers generate (summary)"),
@@ -245,6 +287,9 @@ def report(paths, rates, outputs, spec_stats) -> list[list]:
         same = torch.equal(outputs[name].cpu(), reference[prompt].cpu())
         stats = spec_stats.get(name)
         note = f"acceptance {stats.acceptance_rate:.0%}" if stats else ""
+        if "llama.cpp" in rates and prompt == "story":
+            vs = f"{rates[name] / rates['llama.cpp']:.2f}x llama.cpp"
+            note = f"{vs}; {note}" if note else vs
         print(
             f"{name:40s} {dtype:16s} {rates[name]:9.1f} {ratio:15.2f}x  {same}  {note}"
         )
