@@ -57,7 +57,8 @@ clean:
 	rm -rf _build $(VENV)
 
 # llama.cpp's Python bindings, for the tests and chapter 13 cells that run exported GGUF
-# files in llama.cpp (skipped without them). It compiles llama.cpp: minutes.
+# files in llama.cpp (skipped without them) and bench/generate.py's llama.cpp path. It
+# compiles llama.cpp: minutes on a quiet machine, over an hour on a busy 2-core one.
 llama-cpp: setup
 	$(PY) -m pip install -q llama-cpp-python==0.3.36
 
