@@ -43,6 +43,12 @@ def test_config_round_trips_through_hf_dict():
     for name in ("smollm2-135m", "tiny"):
         c = SmolConfig.preset(name)
         assert SmolConfig.from_hf_dict(c.to_hf_dict()) == c
+    # a Llama config without model_type is read; another architecture is refused
+    d = SmolConfig.preset("tiny").to_hf_dict()
+    del d["model_type"]
+    assert SmolConfig.from_hf_dict(d) == SmolConfig.preset("tiny")
+    with pytest.raises(ValueError, match="mistral"):
+        SmolConfig.from_hf_dict({**d, "model_type": "mistral"})
 
 
 def test_init_statistics_follow_the_config():
@@ -205,8 +211,16 @@ def test_token_ids_are_range_checked_on_cpu_without_reading_back_other_devices()
         (dict(targets=torch.tensor([[1, 5000, 2]])), ValueError, "from 1 to 5000"),
         (dict(targets=torch.tensor([[1, -3, 2]])), ValueError, "from -3 to 2"),
         # a negative position would read the RoPE tables from their end
-        (dict(position_ids=torch.tensor([[-1, 0, 1]])), ValueError, "from -1 to 1"),
-        (dict(position_ids=torch.tensor([[30, 31, 32]])), ValueError, r"\[0, 32\)"),
+        (
+            dict(position_ids=torch.tensor([[-1, 0, 1]])),
+            ValueError,
+            "position_ids must lie in .* from -1 to 1",
+        ),
+        (
+            dict(position_ids=torch.tensor([[30, 31, 32]])),
+            ValueError,
+            r"position_ids must lie in \[0, 32\)",
+        ),
     ],
 )
 def test_wrong_kinds_and_ranges_of_inputs_are_named(inputs, error, says):
@@ -225,6 +239,8 @@ def test_positions_past_the_built_rope_tables_are_read_from_grown_ones():
         plain, _ = model(ids)
         shifted, _ = model(ids, position_ids=torch.tensor([[40, 41, 42]]))
     torch.testing.assert_close(shifted, plain, atol=1e-4, rtol=0)
+    # built for one past the largest position: not the whole context, not one more
+    assert model.model.rotary_emb.cos.shape[0] == 43
 
 
 @pytest.mark.parametrize(
@@ -390,6 +406,19 @@ def test_eager_attention_matches_sdpa():
         torch.testing.assert_close(
             eager_attention(q, k, v, **kwargs), sdpa, atol=1e-6, rtol=1e-5
         )
+
+
+def test_eager_attention_keeps_the_inputs_dtype_and_device():
+    """bfloat16 in, bfloat16 out (the softmax runs in float32 and is cast back, or the
+    product with v mixes dtypes); the causal mask is made where q is: on the meta device
+    a mask made on the CPU cannot be combined with the scores."""
+    q, k, v = torch.randn(3, 2, 4, 7, 8).unbind(0)
+    want = eager_attention(q, k, v, is_causal=True)
+    got = eager_attention(*(t.bfloat16() for t in (q, k, v)), is_causal=True)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.05)
+    out = eager_attention(*(t.to("meta") for t in (q, k, v)), is_causal=True)
+    assert out.device.type == "meta" and out.shape == (2, 4, 7, 8)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
