@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 NPROC ?= 2
 
-.PHONY: setup book test bench clean chromium exercises gpu-check colab-check
+.PHONY: setup book test bench clean chromium exercises gpu-check colab-check mutate
 
 setup: $(STAMP)
 
@@ -65,3 +65,14 @@ gpu-check: setup
 # cell (smol from this repository's HEAD). NOTEBOOKS= names others than the chapters.
 colab-check: setup
 	nice -n 10 $(PY) -m tests.colab_sim $(NOTEBOOKS)
+
+# Mutation testing (not part of `make test`: it runs for hours on 2 cores): mutmut breaks the
+# modules named in pyproject.toml's [tool.mutmut] one small change at a time and runs their fast
+# tests against each change; tests/mutation.py writes the score per module to
+# bench/results/mutation.csv and the surviving mutants to _build/mutation/survivors.md.
+# A second run re-tests only what changed. MUTANTS="smol.norm.* smol.rope.*" runs only those.
+MUTANTS ?=
+mutate: setup
+	$(PY) -m pip install -q mutmut==3.8.1
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/mutmut run --max-children $(NPROC) $(MUTANTS)
+	$(PY) -m tests.mutation
