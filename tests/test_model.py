@@ -51,6 +51,40 @@ def test_config_round_trips_through_hf_dict():
         SmolConfig.from_hf_dict({**d, "model_type": "mistral"})
 
 
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (dict(hidden_act="gelu"), "SiLU-gated MLPs without biases"),
+        (dict(attention_bias=True), "SiLU-gated MLPs without biases"),
+        (dict(mlp_bias=True), "SiLU-gated MLPs without biases"),
+        (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "plain RoPE"),
+        (dict(rope_scaling={"type": "linear", "factor": 2.0}), "plain RoPE"),
+        (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e5}), "plain RoPE"),
+    ],
+)
+def test_from_hf_dict_refuses_what_smol_does_not_model(change, says):
+    """Each feature alone is refused (a check that needs two of them lets one pass)."""
+    d = SmolConfig.preset("tiny").to_hf_dict()
+    with pytest.raises(ValueError, match=says):
+        SmolConfig.from_hf_dict({**d, **change})
+
+
+def test_from_hf_dict_reads_rope_theta_where_each_version_writes_it():
+    """transformers 4 writes rope_theta at the top level; 5 inside rope_parameters; an
+    old config without either means Llama's 10000. Keys left out take their defaults:
+    no biases, SiLU, plain RoPE."""
+    d = SmolConfig.preset("tiny").to_hf_dict()
+    for key in ("rope_theta", "hidden_act", "attention_bias", "mlp_bias"):
+        d.pop(key, None)
+    d.pop("rope_parameters", None)
+    assert SmolConfig.from_hf_dict(d).rope_theta == 10000.0
+    v5 = {**d, "rope_parameters": {"rope_type": "default", "rope_theta": 1e5}}
+    assert SmolConfig.from_hf_dict(v5).rope_theta == 1e5
+    v4 = {**d, "rope_theta": 3e4, "rope_scaling": {"type": "default"}}
+    assert SmolConfig.from_hf_dict(v4).rope_theta == 3e4
+    assert SmolConfig.from_hf_dict({**v5, "rope_theta": 5e4}).rope_theta == 5e4
+
+
 def test_init_statistics_follow_the_config():
     config = SmolConfig.preset("tiny", num_hidden_layers=6, vocab_size=8000)
     torch.manual_seed(0)
