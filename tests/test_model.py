@@ -43,6 +43,15 @@ def test_config_round_trips_through_hf_dict():
     for name in ("smollm2-135m", "tiny"):
         c = SmolConfig.preset(name)
         assert SmolConfig.from_hf_dict(c.to_hf_dict()) == c
+    # what readers of a config.json other than smol look for, spelled as transformers
+    # spells it
+    from transformers import LlamaConfig
+
+    d = SmolConfig.preset("tiny").to_hf_dict()
+    assert d["architectures"] == ["LlamaForCausalLM"] and d["torch_dtype"] == "float32"
+    llama = LlamaConfig(**d)
+    for key in ("head_dim", "hidden_act", "attention_bias", "mlp_bias"):
+        assert d[key] == getattr(llama, key), key
     # a Llama config without model_type is read; another architecture is refused
     d = SmolConfig.preset("tiny").to_hf_dict()
     del d["model_type"]
@@ -136,6 +145,10 @@ def test_untied_head_is_its_own_matrix():
     assert model.lm_head.weight is not model.model.embed_tokens.weight
     tied = SmolLM(SmolConfig.preset("tiny"))
     assert model.count_params() - tied.count_params() == 4096 * 128
+    # an untied model never borrows the embedding for a head its checkpoint lacks
+    sd = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        model.load_state_dict(sd)
 
 
 def test_initial_loss_is_near_uniform():
@@ -242,7 +255,11 @@ def test_token_ids_are_range_checked_on_cpu_without_reading_back_other_devices()
         (dict(targets=torch.ones(1, 3)), TypeError, "targets must hold integers"),
         (dict(position_ids=[[0, 1, 2]]), TypeError, "position_ids must be a torch"),
         (dict(kv_cache={}), TypeError, "kv_cache must be a KVCache, got dict"),
-        (dict(targets=torch.tensor([[1, 5000, 2]])), ValueError, "from 1 to 5000"),
+        (
+            dict(targets=torch.tensor([[1, 5000, 2]])),
+            ValueError,
+            r"targets \(other than -100\) must lie in \[0, 4096\), .* from 1 to 5000",
+        ),
         (dict(targets=torch.tensor([[1, -3, 2]])), ValueError, "from -3 to 2"),
         # a negative position would read the RoPE tables from their end
         (
@@ -261,6 +278,14 @@ def test_wrong_kinds_and_ranges_of_inputs_are_named(inputs, error, says):
     model = SmolLM(SmolConfig.preset("tiny", max_position_embeddings=32))
     with pytest.raises(error, match=says):
         model(torch.tensor([[1, 2, 3]]), **inputs)
+
+
+def test_ignored_targets_pass_the_range_check_of_any_vocabulary():
+    """-100 stands in as a valid id when targets are range-checked: even a one-token
+    vocabulary, where 0 is the only id, accepts them."""
+    model = SmolLM(SmolConfig.preset("tiny", vocab_size=1))
+    _, loss = model(torch.tensor([[0, 0, 0]]), targets=torch.tensor([[0, -100, 0]]))
+    assert loss.item() == 0.0  # one class: probability 1
 
 
 def test_positions_past_the_built_rope_tables_are_read_from_grown_ones():
