@@ -92,6 +92,14 @@ def test_from_hf_dict_reads_rope_theta_where_each_version_writes_it():
     v4 = {**d, "rope_theta": 3e4, "rope_scaling": {"type": "default"}}
     assert SmolConfig.from_hf_dict(v4).rope_theta == 3e4
     assert SmolConfig.from_hf_dict({**v5, "rope_theta": 5e4}).rope_theta == 5e4
+    # no num_key_value_heads: one per query head; a runtime choice stored by another
+    # library is not smol's to take
+    mha = {k: v for k, v in d.items() if k != "num_key_value_heads"}
+    assert SmolConfig.from_hf_dict(mha).num_key_value_heads == 4
+    odd = {**d, "attn_implementation": "flash_attention_2"}
+    assert SmolConfig.from_hf_dict(odd).attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match="head_dim 16 \\* heads 4 != hidden_size 128"):
+        SmolConfig.from_hf_dict({**d, "head_dim": 16})
 
 
 def test_init_statistics_follow_the_config():
@@ -195,6 +203,7 @@ def test_ignore_index_and_loss_shape_errors():
             "head_dim \\(3\\) must be even",
         ),
         (dict(num_hidden_layers=0), "num_hidden_layers must be a positive int"),
+        (dict(vocab_size=0), "vocab_size must be a positive int, got 0"),
         (dict(attn_implementation="flash"), "attn_implementation"),
     ],
 )
@@ -358,6 +367,29 @@ def test_state_dict_from_another_config_names_keys_and_shapes():
         other.load_state_dict(model.state_dict())
 
 
+def test_each_kind_of_state_dict_mismatch_alone_is_named_with_at_most_eight_keys():
+    """Unexpected keys alone, shapes alone, and a long list cut after eight names with
+    the count of the rest; strict=False loads what fits and reports the rest."""
+    model = SmolLM(SmolConfig.preset("tiny"))
+    sd = model.state_dict()
+    with pytest.raises(ValueError, match="1 unexpected keys:\n    extra"):
+        model.load_state_dict({**sd, "extra": torch.zeros(1)})
+    with pytest.raises(ValueError, match="1 shape mismatches:\n    model.norm.weight"):
+        model.load_state_dict({**sd, "model.norm.weight": torch.ones(3)})
+    layers = [k for k in sd if k.startswith("model.layers.")]
+    with pytest.raises(ValueError) as err:
+        model.load_state_dict({k: v for k, v in sd.items() if k not in layers[:10]})
+    text = str(err.value)
+    assert "10 missing keys:" in text and text.count("\n    model.layers.") == 8
+    assert "... and 2 more" in text
+    with pytest.raises(ValueError) as err:
+        model.load_state_dict({k: v for k, v in sd.items() if k not in layers[:8]})
+    assert "more" not in str(err.value)
+    partial = {k: v for k, v in sd.items() if k != "model.norm.weight"}
+    result = SmolLM(SmolConfig.preset("tiny")).load_state_dict(partial, strict=False)
+    assert result.missing_keys == ["model.norm.weight"]
+
+
 def test_tied_checkpoint_without_head_loads_and_assign_keeps_the_tie():
     source = SmolLM(SmolConfig.preset("tiny"))
     sd = {k: v.clone() for k, v in source.state_dict().items() if k != "lm_head.weight"}
@@ -465,6 +497,27 @@ def test_eager_attention_matches_sdpa():
         torch.testing.assert_close(
             eager_attention(q, k, v, **kwargs), sdpa, atol=1e-6, rtol=1e-5
         )
+
+
+def test_the_configured_attention_implementation_is_the_one_that_runs(monkeypatch):
+    import smol.attention
+
+    calls = []
+    eager = smol.attention.eager_attention
+    monkeypatch.setattr(
+        smol.attention,
+        "eager_attention",
+        lambda *a, **k: calls.append(1) or eager(*a, **k),
+    )
+    ids = torch.tensor([[1, 2, 3]])
+    SmolLM(SmolConfig.preset("tiny", attn_implementation="sdpa"))(ids)
+    assert not calls
+    SmolLM(SmolConfig.preset("tiny", attn_implementation="eager"))(ids)
+    assert len(calls) == 4  # one per layer
+
+
+def test_rmsnorm_defaults_to_smollm2s_epsilon():
+    assert RMSNorm(8).eps == SmolConfig().rms_norm_eps
 
 
 def test_eager_attention_keeps_the_inputs_dtype_and_device():
