@@ -7,7 +7,8 @@ STAMP := $(VENV)/.installed
 TORCH := torch==2.13.0
 NPROC ?= 2
 
-.PHONY: setup book test bench clean chromium exercises gpu-check colab-check lm-eval llama-cpp
+.PHONY: setup book test bench clean chromium exercises gpu-check colab-check lm-eval llama-cpp \
+	mutate
 
 setup: $(STAMP)
 
@@ -85,3 +86,14 @@ lm-eval: setup
 	$(LMEVAL)/bin/python -m pip install -q lm-eval==0.4.13
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
 		$(LMEVAL)/bin/python -m pytest tests/test_evaluate.py -k lm_eval -p no:randomly
+
+# Mutation testing (not part of `make test`: it runs for hours on 2 cores): mutmut breaks the
+# modules named in pyproject.toml's [tool.mutmut] one small change at a time and runs their fast
+# tests against each change; tests/mutation.py writes the score per module to
+# bench/results/mutation.csv and the surviving mutants to _build/mutation/survivors.md.
+# A second run re-tests only what changed. MUTANTS="smol.norm.* smol.rope.*" runs only those.
+MUTANTS ?=
+mutate: setup
+	$(PY) -m pip install -q mutmut==3.8.1
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/mutmut run --max-children $(NPROC) $(MUTANTS)
+	$(PY) -m tests.mutation

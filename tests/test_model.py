@@ -43,6 +43,63 @@ def test_config_round_trips_through_hf_dict():
     for name in ("smollm2-135m", "tiny"):
         c = SmolConfig.preset(name)
         assert SmolConfig.from_hf_dict(c.to_hf_dict()) == c
+    # what readers of a config.json other than smol look for, spelled as transformers
+    # spells it
+    from transformers import LlamaConfig
+
+    d = SmolConfig.preset("tiny").to_hf_dict()
+    assert d["architectures"] == ["LlamaForCausalLM"] and d["torch_dtype"] == "float32"
+    llama = LlamaConfig(**d)
+    for key in ("head_dim", "hidden_act", "attention_bias", "mlp_bias"):
+        assert d[key] == getattr(llama, key), key
+    # a Llama config without model_type is read; another architecture is refused
+    d = SmolConfig.preset("tiny").to_hf_dict()
+    del d["model_type"]
+    assert SmolConfig.from_hf_dict(d) == SmolConfig.preset("tiny")
+    with pytest.raises(ValueError, match="mistral"):
+        SmolConfig.from_hf_dict({**d, "model_type": "mistral"})
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        (dict(hidden_act="gelu"), "SiLU-gated MLPs without biases"),
+        (dict(attention_bias=True), "SiLU-gated MLPs without biases"),
+        (dict(mlp_bias=True), "SiLU-gated MLPs without biases"),
+        (dict(rope_scaling={"rope_type": "llama3", "factor": 8.0}), "plain RoPE"),
+        (dict(rope_scaling={"type": "linear", "factor": 2.0}), "plain RoPE"),
+        (dict(rope_parameters={"rope_type": "yarn", "rope_theta": 1e5}), "plain RoPE"),
+    ],
+)
+def test_from_hf_dict_refuses_what_smol_does_not_model(change, says):
+    """Each feature alone is refused (a check that needs two of them lets one pass)."""
+    d = SmolConfig.preset("tiny").to_hf_dict()
+    with pytest.raises(ValueError, match=says):
+        SmolConfig.from_hf_dict({**d, **change})
+
+
+def test_from_hf_dict_reads_rope_theta_where_each_version_writes_it():
+    """transformers 4 writes rope_theta at the top level; 5 inside rope_parameters; an
+    old config without either means Llama's 10000. Keys left out take their defaults:
+    no biases, SiLU, plain RoPE."""
+    d = SmolConfig.preset("tiny").to_hf_dict()
+    for key in ("rope_theta", "hidden_act", "attention_bias", "mlp_bias"):
+        d.pop(key, None)
+    d.pop("rope_parameters", None)
+    assert SmolConfig.from_hf_dict(d).rope_theta == 10000.0
+    v5 = {**d, "rope_parameters": {"rope_type": "default", "rope_theta": 1e5}}
+    assert SmolConfig.from_hf_dict(v5).rope_theta == 1e5
+    v4 = {**d, "rope_theta": 3e4, "rope_scaling": {"type": "default"}}
+    assert SmolConfig.from_hf_dict(v4).rope_theta == 3e4
+    assert SmolConfig.from_hf_dict({**v5, "rope_theta": 5e4}).rope_theta == 5e4
+    # no num_key_value_heads: one per query head; a runtime choice stored by another
+    # library is not smol's to take
+    mha = {k: v for k, v in d.items() if k != "num_key_value_heads"}
+    assert SmolConfig.from_hf_dict(mha).num_key_value_heads == 4
+    odd = {**d, "attn_implementation": "flash_attention_2"}
+    assert SmolConfig.from_hf_dict(odd).attn_implementation == "sdpa"
+    with pytest.raises(ValueError, match="head_dim 16 \\* heads 4 != hidden_size 128"):
+        SmolConfig.from_hf_dict({**d, "head_dim": 16})
 
 
 def test_init_statistics_follow_the_config():
@@ -96,6 +153,10 @@ def test_untied_head_is_its_own_matrix():
     assert model.lm_head.weight is not model.model.embed_tokens.weight
     tied = SmolLM(SmolConfig.preset("tiny"))
     assert model.count_params() - tied.count_params() == 4096 * 128
+    # an untied model never borrows the embedding for a head its checkpoint lacks
+    sd = {k: v for k, v in model.state_dict().items() if k != "lm_head.weight"}
+    with pytest.raises(ValueError, match="lm_head.weight"):
+        model.load_state_dict(sd)
 
 
 def test_initial_loss_is_near_uniform():
@@ -142,6 +203,7 @@ def test_ignore_index_and_loss_shape_errors():
             "head_dim \\(3\\) must be even",
         ),
         (dict(num_hidden_layers=0), "num_hidden_layers must be a positive int"),
+        (dict(vocab_size=0), "vocab_size must be a positive int, got 0"),
         (dict(attn_implementation="flash"), "attn_implementation"),
     ],
 )
@@ -202,17 +264,37 @@ def test_token_ids_are_range_checked_on_cpu_without_reading_back_other_devices()
         (dict(targets=torch.ones(1, 3)), TypeError, "targets must hold integers"),
         (dict(position_ids=[[0, 1, 2]]), TypeError, "position_ids must be a torch"),
         (dict(kv_cache={}), TypeError, "kv_cache must be a KVCache, got dict"),
-        (dict(targets=torch.tensor([[1, 5000, 2]])), ValueError, "from 1 to 5000"),
+        (
+            dict(targets=torch.tensor([[1, 5000, 2]])),
+            ValueError,
+            r"targets \(other than -100\) must lie in \[0, 4096\), .* from 1 to 5000",
+        ),
         (dict(targets=torch.tensor([[1, -3, 2]])), ValueError, "from -3 to 2"),
         # a negative position would read the RoPE tables from their end
-        (dict(position_ids=torch.tensor([[-1, 0, 1]])), ValueError, "from -1 to 1"),
-        (dict(position_ids=torch.tensor([[30, 31, 32]])), ValueError, r"\[0, 32\)"),
+        (
+            dict(position_ids=torch.tensor([[-1, 0, 1]])),
+            ValueError,
+            "position_ids must lie in .* from -1 to 1",
+        ),
+        (
+            dict(position_ids=torch.tensor([[30, 31, 32]])),
+            ValueError,
+            r"position_ids must lie in \[0, 32\)",
+        ),
     ],
 )
 def test_wrong_kinds_and_ranges_of_inputs_are_named(inputs, error, says):
     model = SmolLM(SmolConfig.preset("tiny", max_position_embeddings=32))
     with pytest.raises(error, match=says):
         model(torch.tensor([[1, 2, 3]]), **inputs)
+
+
+def test_ignored_targets_pass_the_range_check_of_any_vocabulary():
+    """-100 stands in as a valid id when targets are range-checked: even a one-token
+    vocabulary, where 0 is the only id, accepts them."""
+    model = SmolLM(SmolConfig.preset("tiny", vocab_size=1))
+    _, loss = model(torch.tensor([[0, 0, 0]]), targets=torch.tensor([[0, -100, 0]]))
+    assert loss.item() == 0.0  # one class: probability 1
 
 
 def test_positions_past_the_built_rope_tables_are_read_from_grown_ones():
@@ -225,6 +307,8 @@ def test_positions_past_the_built_rope_tables_are_read_from_grown_ones():
         plain, _ = model(ids)
         shifted, _ = model(ids, position_ids=torch.tensor([[40, 41, 42]]))
     torch.testing.assert_close(shifted, plain, atol=1e-4, rtol=0)
+    # built for one past the largest position: not the whole context, not one more
+    assert model.model.rotary_emb.cos.shape[0] == 43
 
 
 @pytest.mark.parametrize(
@@ -281,6 +365,29 @@ def test_state_dict_from_another_config_names_keys_and_shapes():
     )
     with pytest.raises(ValueError, match="missing keys:\n    model.layers.4"):
         other.load_state_dict(model.state_dict())
+
+
+def test_each_kind_of_state_dict_mismatch_alone_is_named_with_at_most_eight_keys():
+    """Unexpected keys alone, shapes alone, and a long list cut after eight names with
+    the count of the rest; strict=False loads what fits and reports the rest."""
+    model = SmolLM(SmolConfig.preset("tiny"))
+    sd = model.state_dict()
+    with pytest.raises(ValueError, match="1 unexpected keys:\n    extra"):
+        model.load_state_dict({**sd, "extra": torch.zeros(1)})
+    with pytest.raises(ValueError, match="1 shape mismatches:\n    model.norm.weight"):
+        model.load_state_dict({**sd, "model.norm.weight": torch.ones(3)})
+    layers = [k for k in sd if k.startswith("model.layers.")]
+    with pytest.raises(ValueError) as err:
+        model.load_state_dict({k: v for k, v in sd.items() if k not in layers[:10]})
+    text = str(err.value)
+    assert "10 missing keys:" in text and text.count("\n    model.layers.") == 8
+    assert "... and 2 more" in text
+    with pytest.raises(ValueError) as err:
+        model.load_state_dict({k: v for k, v in sd.items() if k not in layers[:8]})
+    assert "more" not in str(err.value)
+    partial = {k: v for k, v in sd.items() if k != "model.norm.weight"}
+    result = SmolLM(SmolConfig.preset("tiny")).load_state_dict(partial, strict=False)
+    assert result.missing_keys == ["model.norm.weight"]
 
 
 def test_tied_checkpoint_without_head_loads_and_assign_keeps_the_tie():
@@ -390,6 +497,40 @@ def test_eager_attention_matches_sdpa():
         torch.testing.assert_close(
             eager_attention(q, k, v, **kwargs), sdpa, atol=1e-6, rtol=1e-5
         )
+
+
+def test_the_configured_attention_implementation_is_the_one_that_runs(monkeypatch):
+    import smol.attention
+
+    calls = []
+    eager = smol.attention.eager_attention
+    monkeypatch.setattr(
+        smol.attention,
+        "eager_attention",
+        lambda *a, **k: calls.append(1) or eager(*a, **k),
+    )
+    ids = torch.tensor([[1, 2, 3]])
+    SmolLM(SmolConfig.preset("tiny", attn_implementation="sdpa"))(ids)
+    assert not calls
+    SmolLM(SmolConfig.preset("tiny", attn_implementation="eager"))(ids)
+    assert len(calls) == 4  # one per layer
+
+
+def test_rmsnorm_defaults_to_smollm2s_epsilon():
+    assert RMSNorm(8).eps == SmolConfig().rms_norm_eps
+
+
+def test_eager_attention_keeps_the_inputs_dtype_and_device():
+    """bfloat16 in, bfloat16 out (the softmax runs in float32 and is cast back, or the
+    product with v mixes dtypes); the causal mask is made where q is: on the meta device
+    a mask made on the CPU cannot be combined with the scores."""
+    q, k, v = torch.randn(3, 2, 4, 7, 8).unbind(0)
+    want = eager_attention(q, k, v, is_causal=True)
+    got = eager_attention(*(t.bfloat16() for t in (q, k, v)), is_causal=True)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.float(), want, atol=0.05, rtol=0.05)
+    out = eager_attention(*(t.to("meta") for t in (q, k, v)), is_causal=True)
+    assert out.device.type == "meta" and out.shape == (2, 4, 7, 8)
 
 
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
