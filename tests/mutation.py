@@ -1,8 +1,8 @@
 """The report of `make mutate`: what mutmut's last run killed and what survived, per
 module.
 
-`mutmut run` (configured in pyproject.toml) writes a copy of smol with every mutant in it
-to `mutants/`, and each mutant's exit status beside its module
+`mutmut run` (configured in pyproject.toml) writes a copy of smol with every mutant in
+it to `mutants/`, and each mutant's exit status beside its module
 (`mutants/smol/*.py.meta`). This reads them and writes
 
 - `bench/results/mutation.csv`: per module, mutants, not checked (not run yet: `make
@@ -12,8 +12,8 @@ to `mutants/`, and each mutant's exit status beside its module
 - `_build/mutation/survivors.md`: every surviving mutant that is not known to be
   equivalent, with its diff, to review.
 
-A survivor is equivalent (no test can tell it from the original: a falsy default that
-reads as False, a default argument spelled out) when `tests/mutants_equivalent.csv` names
+A survivor is equivalent (no test can tell it from the original: a falsy default read
+as False, a default argument spelled out) when `tests/mutants_equivalent.csv` names
 it with the line it changes and a one-line reason. An entry whose mutant no longer
 exists, or changes another line, is reported as stale, so the list never silently
 excuses a new mutant.
