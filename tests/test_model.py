@@ -516,6 +516,22 @@ def test_the_configured_attention_implementation_is_the_one_that_runs(monkeypatc
     assert len(calls) == 4  # one per layer
 
 
+def test_rope_tables_are_float32_on_the_device_asked_for():
+    """Even where the default dtype is float64, and on the meta device (a table built
+    on the CPU there cannot be combined with the other)."""
+    rope = RotaryEmbedding(8, 10000.0, 64)
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    try:
+        cos, sin = rope(5, torch.device("cpu"))
+        assert cos.dtype == sin.dtype == torch.float32
+        assert rope.inv_freq().dtype == torch.float32
+    finally:
+        torch.set_default_dtype(before)
+    cos, sin = RotaryEmbedding(8, 10000.0, 64)(5, torch.device("meta"))
+    assert cos.device.type == sin.device.type == "meta" and cos.shape == (5, 8)
+
+
 def test_rmsnorm_defaults_to_smollm2s_epsilon():
     assert RMSNorm(8).eps == SmolConfig().rms_norm_eps
 
