@@ -62,17 +62,18 @@ def load_pretrained(
         device = None if device is None else torch.device(device)
     except (RuntimeError, TypeError):
         raise ValueError(f"device must be a torch device, got {device!r}") from None
-    config, state_dict, tokenizer = read_model(source)
+    config, state_dict, tokenizer = read_model(source, dtype)
     model = build_model(config, state_dict, device, dtype)
     return model, tokenizer
 
 
 def read_model(
-    source: str | Path | None = None,
+    source: str | Path | None = None, dtype: torch.dtype = torch.float32
 ) -> tuple[SmolConfig, dict[str, torch.Tensor], Tokenizer]:
     """(config, state dict, tokenizer) from what load_pretrained takes: None (the
     bundled GGUF, else the hub's SmolLM2-135M-Instruct), a .gguf file, a Hugging Face
-    folder or a hub id."""
+    folder or a hub id. A GGUF file's tensors come in dtype (an F16 file read as
+    float16 is not copied); a folder's come as its safetensors hold them."""
     if source is None:
         source = bundled_gguf_path()
         if source is None:
@@ -89,7 +90,7 @@ def read_model(
             raise ValueError(
                 f"expected a .gguf file or a model folder, got the file {path}"
             )
-        return read_gguf(path)
+        return read_gguf(path, dtype=dtype)
     if path.is_dir():
         return read_hf_folder(path)
     if (

@@ -21,8 +21,8 @@ from smol.export import (
     quantize_q8_0,
 )
 from smol.generate import generate
-from smol.gguf import GGUFFile, bundled_gguf_path, read_gguf
-from smol.pretrained import build_model, read_model, save_pretrained
+from smol.gguf import BLOCK_SIZES, GGUFFile, bundled_gguf_path, read_gguf
+from smol.pretrained import build_model, load_pretrained, read_model, save_pretrained
 from tests.tiny_models import config, peaked
 
 LLAMA_CPP = importlib.util.find_spec("llama_cpp") is not None
@@ -354,3 +354,33 @@ def test_f32_tensors_are_read_in_place(tmp_path, shakespeare):
     before = emb[0, 0].item()
     emb.data[0, 0] += 1  # a private mapping: the file is never written
     assert GGUFFile(path).tensor("token_embd.weight")[0, 0].item() == before
+
+
+def test_f16_tensors_read_as_float16_are_read_in_place(tmp_path, shakespeare):
+    """Asked for float16, an F16 file's tensors are views of the mapping (q and k, whose
+    rows are reordered, excepted) holding the values a float32 read holds."""
+    _, path = exported(CONFIGS["gqa-tied"], shakespeare, tmp_path, "f16")
+    half = read_gguf(path, dtype=torch.float16)[1]
+    full = read_gguf(path)[1]
+    for name, tensor in half.items():
+        assert tensor.dtype == torch.float16, name
+        assert torch.equal(tensor.float(), full[name]), name
+    file = GGUFFile(path)
+    mapped = np.frombuffer(file.buffer, np.uint8)
+    assert np.shares_memory(
+        file.tensor("token_embd.weight", torch.float16).numpy(), mapped
+    )
+    assert not np.shares_memory(file.tensor("token_embd.weight").numpy(), mapped)
+    model, _ = load_pretrained(path, device="cpu", dtype=torch.float16)
+    assert model.model.embed_tokens.weight.dtype == torch.float16
+    assert full["model.embed_tokens.weight"].dtype == torch.float32
+
+
+def test_the_tensor_types_smol_knows_match_the_gguf_package():
+    """smol's own table of types (numbers and block sizes: it spares a load importing
+    `gguf`) equals the package's."""
+    from gguf.constants import GGML_QUANT_SIZES
+
+    for qtype, sizes in BLOCK_SIZES.items():
+        assert Q(int(qtype)).name == qtype.name
+        assert GGML_QUANT_SIZES[Q(int(qtype))] == sizes
