@@ -5,7 +5,9 @@ page cache: a warm start), then the model runs one forward pass. The load's wall
 and CPU seconds are both shown: on a busy machine the first waits for the CPU. Memory
 is the process's resident set from /proc/self/status beyond what importing smol took:
 anonymous pages (private memory: the model's own copies) and file pages (the mapped
-file, shared with the page cache), after the load and after the forward pass.
+file, shared with the page cache), after the load and after the forward pass. Every
+file is loaded as float32; a file holding F16 tensors also as float16, which keeps them
+in the mapped pages.
 
     python -m smol.export smollm2 /tmp/smollm2.f16.gguf --type f16
     python -m smol.export smollm2 /tmp/smollm2.f32.gguf --type f32
@@ -33,7 +35,7 @@ def memory():  # MiB: (anonymous, file-backed) resident pages
 
 before = memory()
 begin, cpu = time.perf_counter(), time.process_time()
-model, _ = load_pretrained(sys.argv[1], device="cpu")
+model, _ = load_pretrained(sys.argv[1], device="cpu", dtype=getattr(torch, sys.argv[2]))
 seconds, cpu = time.perf_counter() - begin, time.process_time() - cpu
 loaded = memory()
 with torch.no_grad():
@@ -47,9 +49,12 @@ print(json.dumps({
 """
 
 
-def measure(path: str) -> dict:
+def measure(path: str, dtype: str) -> dict:
     out = subprocess.run(
-        [sys.executable, "-c", CHILD, path], capture_output=True, text=True, check=True
+        [sys.executable, "-c", CHILD, path, dtype],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -64,25 +69,27 @@ def main() -> None:
 
     rows = []
     for path in [str(bundled_gguf_path()), *args.files]:
-        measure(path)  # warm the page cache
-        runs = [measure(path) for _ in range(args.repeat)]
         kinds = sorted({q.name for q, _, _ in GGUFFile(path).tensors.values()})
-        seconds = statistics.median(r["seconds"] for r in runs)
-        row = {
-            "file": Path(path).name,
-            "tensor types": "+".join(kinds),
-            "load seconds (median)": f"{seconds:.2f}",
-            "load CPU seconds": f"{statistics.median(r['cpu'] for r in runs):.2f}",
-        }
-        for key, name in [
-            ("anon_loaded", "private MiB after load"),
-            ("file_loaded", "mapped MiB after load"),
-            ("anon_ran", "private MiB after a forward"),
-            ("file_ran", "mapped MiB after a forward"),
-        ]:
-            row[name] = f"{statistics.median(r[key] for r in runs):.0f}"
-        rows.append(row)
-        print(row, flush=True)
+        for dtype in ["float32"] + ["float16"] * ("F16" in kinds):
+            measure(path, dtype)  # warm the page cache
+            runs = [measure(path, dtype) for _ in range(args.repeat)]
+            seconds = statistics.median(r["seconds"] for r in runs)
+            row = {
+                "file": Path(path).name,
+                "tensor types": "+".join(kinds),
+                "dtype": dtype,
+                "load seconds (median)": f"{seconds:.2f}",
+                "load CPU seconds": f"{statistics.median(r['cpu'] for r in runs):.2f}",
+            }
+            for key, name in [
+                ("anon_loaded", "private MiB after load"),
+                ("file_loaded", "mapped MiB after load"),
+                ("anon_ran", "private MiB after a forward"),
+                ("file_ran", "mapped MiB after a forward"),
+            ]:
+                row[name] = f"{statistics.median(r[key] for r in runs):.0f}"
+            rows.append(row)
+            print(row, flush=True)
     if args.csv:
         with open(args.csv, "w", newline="") as f:
             writer = csv.DictWriter(f, fieldnames=list(rows[0]))
