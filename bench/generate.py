@@ -5,13 +5,14 @@ reported.
 
 Paths at batch 1: smol float32 (KV cache; and without the cache), bfloat16, int8 weights
 (with float32 and bfloat16 activations), the compiled step with a static cache
-(--compile), speculative decoding with prompt-lookup drafts and with drafts of the
-bfloat16 copy verified in float32 (on the story prompt and on a summarising prompt,
-which repeats its input); transformers' generate in float32 and bfloat16; llama.cpp
-(llama-cpp-python, where installed: `make llama-cpp`) on the same GGUF file with the
-same prompt tokens and thread count, greedy. Then batches
-of 1, 4 and 16 left-padded prompts. Each path's tokens are compared with smol's float32
-greedy tokens.
+(--compile, which also adds transformers' generate with its static cache and compiled
+forward, its fastest configuration), speculative decoding with prompt-lookup drafts and
+with drafts of the bfloat16 copy verified in float32 (on the story prompt and on a
+summarising prompt, which repeats its input); transformers' generate in float32 and
+bfloat16; llama.cpp (llama-cpp-python, where installed: `make llama-cpp`) on the same
+GGUF file with the same prompt tokens and thread count, greedy. Then batches of 1, 4 and
+16 left-padded prompts. Each path's tokens are compared with smol's float32 greedy
+tokens.
 
     python bench/generate.py [--new-tokens 200] [--runs 3] [--threads N] [--device cpu]
         [--compile] [--preset tiny] [--csv bench/results/generate.csv]
@@ -159,12 +160,26 @@ def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
     int8 = quantize_int8_(copy.deepcopy(model))
     int8_bf16 = quantize_int8_(copy.deepcopy(model).to(torch.bfloat16))
     ref_bf16 = copy.deepcopy(ref).to(torch.bfloat16)
+    cuda = args.device.startswith("cuda")
     for m in (ref, ref_bf16):
         m.generation_config.eos_token_id = None  # always exactly n tokens
 
     def hf(m, x):
         mask, kw = torch.ones_like(x), {"do_sample": False, "pad_token_id": 0}
         return lambda k: m.generate(x, attention_mask=mask, max_new_tokens=k, **kw)
+
+    def hf_compiled(m, x):
+        """generate with a static cache and its forward compiled: transformers' fastest
+        configuration (on a CPU it compiles only when the config says so)."""
+        from transformers import CompileConfig
+
+        config = CompileConfig(mode="reduce-overhead" if cuda else "default")
+        config._compile_all_devices = True
+        mask = torch.ones_like(x)
+        kw = {"do_sample": False, "pad_token_id": 0, "cache_implementation": "static"}
+        return lambda k: m.generate(
+            x, attention_mask=mask, max_new_tokens=k, compile_config=config, **kw
+        )
 
     def smol(m, x, **kw):
         return lambda k: generate(m, x, k, temperature=0, **kw)
@@ -219,7 +234,16 @@ def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
             ("smol, no cache", "float32", "story", smol(model, ids, use_cache=False))
         )
     if args.compile:
-        mode = "reduce-overhead" if args.device.startswith("cuda") else None
+        mode = "reduce-overhead" if cuda else None
+        for name, m, dtype in [
+            ("transformers generate, static cache, compiled", ref, "float32"),
+            (
+                "transformers generate, static cache, compiled, bf16",
+                ref_bf16,
+                "bfloat16",
+            ),
+        ]:
+            table.append((name, dtype, "story", hf_compiled(m, ids)))
         for name, m, dtype in [
             ("smol, compiled", model, "float32"),
             ("smol, compiled, bf16", bf16, "bfloat16"),
@@ -279,7 +303,7 @@ def report(paths, rates, outputs, spec_stats) -> list[list]:
         "summary": outputs.get("smol, KV cache (summary)"),
     }
     print(
-        f"\n{'path':40s} {'dtype':16s} {'tokens/s':>9s} {'vs transformers':>16s}  same"
+        f"\n{'path':52s} {'dtype':16s} {'tokens/s':>9s} {'vs transformers':>16s}  same"
     )
     rows = []
     for name, (dtype, prompt, _) in paths.items():
@@ -291,7 +315,7 @@ def report(paths, rates, outputs, spec_stats) -> list[list]:
             vs = f"{rates[name] / rates['llama.cpp']:.2f}x llama.cpp"
             note = f"{vs}; {note}" if note else vs
         print(
-            f"{name:40s} {dtype:16s} {rates[name]:9.1f} {ratio:15.2f}x  {same}  {note}"
+            f"{name:52s} {dtype:16s} {rates[name]:9.1f} {ratio:15.2f}x  {same}  {note}"
         )
         row = [name, dtype, 1, prompt, f"{rates[name]:.1f}", f"{ratio:.2f}"]
         rows.append([*row, "yes" if same else "no", note])
@@ -326,39 +350,61 @@ def main() -> None:
     rates, outputs = measure(paths, args.new_tokens, args.runs, sync, spec_stats.clear)
     rows = report(paths, rates, outputs, spec_stats)
     if args.batches:
-        batch_rates = batched(args, model, encode, args.batch_tokens or args.new_tokens)
-        for size, rate in batch_rates.items():
-            ratio = rate / batch_rates[1]
-            print(
-                f"smol, batch {size:<3d} float32: {rate:9.1f} tok/s, "
-                f"{ratio:.2f}x batch 1"
-            )
-            row = [f"smol, batch {size}", "float32", size, "mixed, left-padded"]
-            row += [f"{rate:.1f}", f"{rate / rates['transformers generate']:.2f}"]
-            rows.append([*row, "", f"{ratio:.2f}x batch 1"])
+        batch = batched(args, model, ref, encode, args.batch_tokens or args.new_tokens)
+        first = dict(batch[min(batch)][0])
+        for size, (rates_b, same) in batch.items():
+            for name, rate in rates_b.items():
+                vs = rate / rates_b["transformers generate"]
+                ratio = rate / first[name]
+                print(
+                    f"{name}, batch {size:<3d} float32: {rate:9.1f} tok/s, "
+                    f"{vs:.2f}x transformers at this batch, {ratio:.2f}x batch "
+                    f"{min(batch)}" + ("" if name != "smol" else f", same: {same}")
+                )
+                row = [f"{name}, batch {size}", "float32", size, "mixed, left-padded"]
+                row += [f"{rate:.1f}", f"{vs:.2f}"]
+                agree = "" if name != "smol" else "yes" if same else "no"
+                rows.append([*row, agree, f"{ratio:.2f}x batch {min(batch)}"])
     if args.csv:
         header = ["path", "weights / activations", "batch", "prompt", "tokens/s"]
         header += ["vs transformers float32", "same tokens as float32", "note"]
         write_csv(args.csv, header, rows)
 
 
-def batched(args, model, encode, n) -> dict[int, float]:
-    """Tokens/s (all rows together) of float32 greedy decoding, left-padded batches."""
-    rates = {}
-    sizes = [int(b) for b in args.batches.split(",")]
-    for size in sizes:
+def batched(args, model, ref, encode, n) -> dict[int, tuple[dict, bool]]:
+    """Tokens/s (all rows together) of float32 greedy decoding of left-padded batches
+    by smol and by transformers' generate, alternating, and whether their tokens are
+    the same: {batch size: ({"smol": rate, "transformers generate": rate}, same)}."""
+    results = {}
+    sync = torch.cuda.synchronize if args.device.startswith("cuda") else lambda: None
+    for size in [int(b) for b in args.batches.split(",")]:
         seqs = [encode(BATCH_PROMPTS[i % len(BATCH_PROMPTS)]) for i in range(size)]
         ids, mask = left_pad(seqs, device=args.device)
-        generate(model, ids, 4, temperature=0, attention_mask=mask)  # warm-up
-        times = []
+        kw = {"do_sample": False, "pad_token_id": 0, "attention_mask": mask}
+        runs = {  # (defaults bind this batch's tensors)
+            "smol": lambda k, x=ids, m=mask: generate(
+                model, x, k, temperature=0, attention_mask=m
+            ),
+            "transformers generate": lambda k, x=ids, kw=kw: ref.generate(
+                x, max_new_tokens=k, **kw
+            ),
+        }
+        for run in runs.values():
+            run(4)  # warm-up
+        times, outputs = {name: [] for name in runs}, {}
         for _ in range(args.runs):
-            start = time.perf_counter()
-            generate(model, ids, n, temperature=0, attention_mask=mask)
-            if args.device.startswith("cuda"):
-                torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
-        rates[size] = size * n / statistics.median(times)
-    return rates
+            for name, run in runs.items():
+                sync()
+                start = time.perf_counter()
+                outputs[name] = run(n)
+                sync()
+                times[name].append(time.perf_counter() - start)
+        rates = {name: size * n / statistics.median(t) for name, t in times.items()}
+        same = torch.equal(
+            outputs["smol"].cpu(), outputs["transformers generate"].cpu()
+        )
+        results[size] = (rates, same)
+    return results
 
 
 if __name__ == "__main__":
