@@ -22,9 +22,7 @@ import time
 
 import torch
 
-
-class UsageError(Exception):
-    """A command line that cannot work: exit status 2."""
+from smol.cli import UsageError, exit_status
 
 
 class TextStream:
@@ -410,22 +408,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
+
+    def work():
         check_args(args)
         if args.threads is not None:
             torch.set_num_threads(args.threads)
         args.fn(args)
-    except UsageError as e:
-        print(f"{parser.prog} {args.command}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
-    except (OSError, ValueError, RuntimeError, TypeError) as e:
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"{parser.prog} {args.command}: error: {message}", file=sys.stderr)
-        return 1
-    return 0
+
+    return exit_status(f"{parser.prog} {args.command}", work)
 
 
 if __name__ == "__main__":

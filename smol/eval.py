@@ -20,12 +20,9 @@ from pathlib import Path
 import torch
 
 from smol import evaluate
+from smol.cli import UsageError, exit_status
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-class UsageError(Exception):
-    """A command line that cannot work: exit status 2."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -143,22 +140,14 @@ def run(args) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    try:
+
+    def work():
         check_args(args)
         if args.threads is not None:
             torch.set_num_threads(args.threads)
         run(args)
-    except UsageError as e:
-        print(f"{parser.prog}: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(file=sys.stderr)
-        return 130
-    except (OSError, ValueError, RuntimeError, TypeError) as e:
-        message = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"{parser.prog}: error: {message}", file=sys.stderr)
-        return 1
-    return 0
+
+    return exit_status(parser.prog, work)
 
 
 if __name__ == "__main__":
