@@ -62,6 +62,7 @@ SHOWN = {
 NOT_SHOWN = {
     "smol/__init__.py": "the package's exports",
     "smol/__main__.py": "the command line around load_pretrained and generate",
+    "smol/cli.py": "the usage error and exit status the command lines share",
     "smol/config.py": "a dataclass of the numbers chapter 0 tabulates",
     "smol/data.py": (
         "corpus plumbing; chapter 10 shows what it produces (packed windows, targets)"
