@@ -12,6 +12,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from smol.gguf import (
+    GGUFFile,
+    QType,
+    bundled_gguf_path,
+    config_from_gguf,
+    smol_names,
+    tokenizer_from_gguf,
+    unpermute_qk,
+)
+from smol.model import SmolLM
+from smol.pretrained import _skip_init
+
 
 def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """weight (out, in) float -> (q int8 (out, in), scale float32 (out,)) with weight ~
@@ -272,18 +284,6 @@ def load_int4(path=None, dtype: torch.dtype = torch.float32):
     blocks (its codes unchanged, q and k rows reordered as read_gguf reorders them),
     everything else (embedding, tied head, norms) read as read_gguf reads it, in dtype.
     On the CPU, in eval mode."""
-    from smol.gguf import (
-        GGUFFile,
-        QType,
-        bundled_gguf_path,
-        config_from_gguf,
-        smol_names,
-        tokenizer_from_gguf,
-        unpermute_qk,
-    )
-    from smol.pretrained import _skip_init
-    from smol.model import SmolLM
-
     if path is None:
         path = bundled_gguf_path()
         if path is None:
