@@ -48,7 +48,7 @@ def scale_error(model) -> list[list]:
     heads["attn_k"] = model.config.num_key_value_heads
     modules = dict(model.named_modules())
     changed_d = changed_zero = groups = 0
-    worst_rel = worst_step = num = den = 0.0
+    worst_rel = worst_group = worst_step = num = den = 0.0
     for name, (qtype, shape, raw) in file.tensors.items():
         if qtype.name != "Q4_1":
             continue
@@ -66,6 +66,9 @@ def scale_error(model) -> list[list]:
         err = (layer.dequantize() - w).abs()
         nonzero = w != 0
         worst_rel = max(worst_rel, (err[nonzero] / w[nonzero].abs()).max().item())
+        group_err, group_max = err.reshape(-1, 32), w.abs().reshape(-1, 32)
+        ratio = group_err.amax(1) / group_max.amax(1)
+        worst_group = max(worst_group, ratio.max().item())
         step = d.reshape(shape[0], -1)  # (out, groups): d in the file's row order
         if kind in heads:
             step = unpermute_qk(step, heads[kind])
@@ -76,6 +79,7 @@ def scale_error(model) -> list[list]:
         ["scales d not exact in bfloat16", changed_d, groups],
         ["zeros m + 8d not exact in bfloat16", changed_zero, groups],
         ["largest relative error of a nonzero weight", f"{worst_rel:.3g}", ""],
+        ["largest error / its group's largest |weight|", f"{worst_group:.3g}", ""],
         ["largest error in steps d", f"{worst_step:.3g}", ""],
         ["relative Frobenius error, all weights", f"{(num / den) ** 0.5:.3g}", ""],
     ]

@@ -48,7 +48,10 @@ def file_codes(raw: np.ndarray) -> np.ndarray:
 def test_codes_are_the_files_bits(int4, tensor, module, heads):
     """The kernel's codes (unpacked by the kernel itself) are the file's nibbles, q and
     k rows in smol's order. Kills: low and high nibbles swapped in q4_1_codes; q/k rows
-    left in llama.cpp's order (q_proj, k_proj differ)."""
+    left in llama.cpp's order (q_proj, k_proj differ); codes re-made from the float
+    weights by a symmetric quantizer (scale max |w| / 7). Not a mutant: a min/max
+    quantizer of the float weights (d = (max - min) / 15, m = min) gives back every
+    one of the file's 106,168,320 codes and every d (every block spans codes 0..15)."""
     _, _, raw = GGUFFile(BUNDLED).tensors[tensor]
     expected = torch.from_numpy(file_codes(raw))
     if heads:
@@ -64,7 +67,7 @@ def test_dequantized_weight_is_the_files_within_bfloat16_rounding(int4):
     Kills: zero = m (off by 8 d, 8 / U = 2048 times the bound's d term); scales and
     zeros swapped."""
     file = GGUFFile(BUNDLED)
-    qtype, shape, raw = file.tensors["blk.7.ffn_up.weight"]
+    qtype, _, raw = file.tensors["blk.7.ffn_up.weight"]
     layer = int4[0].model.layers[7].mlp.up_proj
     blocks = torch.from_numpy(raw).reshape(-1, 20)
     d, m = blocks[:, :4].contiguous().view(torch.float16).double().unbind(-1)
