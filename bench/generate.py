@@ -4,8 +4,8 @@ path, then the next round), so that a busy machine slows all alike; medians are
 reported.
 
 Paths at batch 1: smol float32 (KV cache; and without the cache), bfloat16, int8 weights
-(with float32 and bfloat16 activations), the GGUF file's own Q4_1 codes through PyTorch's
-int4 kernel (CPU, bfloat16), the compiled step with a static cache
+(with float32 and bfloat16 activations), the GGUF file's own Q4_1 codes through
+PyTorch's int4 kernel (CPU, bfloat16), the compiled step with a static cache
 (--compile), speculative decoding with prompt-lookup drafts and with drafts of the
 bfloat16 copy verified in float32 (on the story prompt and on a summarising prompt,
 which repeats its input); transformers' generate in float32 and bfloat16; llama.cpp

@@ -346,7 +346,8 @@ def tokenizer_from_gguf(file: GGUFFile, config: SmolConfig | None = None) -> Tok
 
 
 def smol_names(config: SmolConfig) -> dict[str, str]:
-    """GGUF tensor name -> smol's name, for every tensor of a model of config's layers."""
+    """GGUF tensor name -> smol's name, for every tensor of a model of config's
+    layers."""
     names = {}
     for i in range(config.num_hidden_layers):
         names.update({g.format(i=i): s.format(i=i) for g, s in GGUF_NAMES.items()})

@@ -111,8 +111,9 @@ def test_forward_is_x_times_the_q4_1_weight():
 def test_forward_is_x_times_dequantize():
     """The layer multiplies by dequantize(): y = x dequantize()^T, x rounded to
     bfloat16 (as the kernel takes it), within the output's rounding to bfloat16 and
-    float32 sums, for 1-d, 2-d and 3-d x in float32 and bfloat16. Kills: dequantize repeating scales group after group (repeat instead of
-    repeat_interleave); forward dropping the leading dimensions."""
+    float32 sums, for 1-d, 2-d and 3-d x in float32 and bfloat16. Kills: dequantize
+    repeating scales group after group (repeat instead of repeat_interleave); forward
+    dropping the leading dimensions."""
     layer, *_ = tiny_layer(seed=1, out=48, fan_in=64)
     w = layer.dequantize().double()
     for shape in [(64,), (3, 64), (2, 4, 64)]:
