@@ -93,22 +93,22 @@ def logits_and_tokens(models: dict, tokenizer, new_tokens: int) -> list[list]:
     """Each model's largest logit difference from float32 on LOGIT_PROMPTS, and its
     greedy tokens on PROMPT and SUMMARY against float32's."""
     reference, rows = models["float32"], []
+    prompts = {"story": PROMPT, "summary": SUMMARY}
+    ids = {k: torch.tensor([tokenizer.encode(text)]) for k, text in prompts.items()}
+    ref = {k: generate(reference, x, new_tokens, temperature=0) for k, x in ids.items()}
     for name, model in models.items():
         if name == "float32":
             continue
         diff = 0.0
         for text in LOGIT_PROMPTS:
-            ids = torch.tensor([tokenizer.encode(text)])
-            a, b = model(ids)[0].float(), reference(ids)[0]
+            x = torch.tensor([tokenizer.encode(text)])
+            a, b = model(x)[0].float(), reference(x)[0]
             diff = max(diff, (a - b).abs().max().item())
         print(f"  {name:28s} logits max |diff| {diff:.3f}")
         rows.append(["logits max abs diff vs float32", name, f"{diff:.3f}", ""])
-        for label, text in [("story", PROMPT), ("summary", SUMMARY)]:
-            ids = torch.tensor([tokenizer.encode(text)])
-            ours = generate(model, ids, new_tokens, temperature=0)[0, ids.shape[1] :]
-            ref = generate(reference, ids, new_tokens, temperature=0)
-            ref = ref[0, ids.shape[1] :]
-            parted = (ours != ref).nonzero()
+        for label, x in ids.items():
+            ours = generate(model, x, new_tokens, temperature=0)
+            parted = (ours[0, x.shape[1] :] != ref[label][0, x.shape[1] :]).nonzero()
             where = "equal" if parted.numel() == 0 else f"part at {parted[0, 0]}"
             print(f"  {name:28s} {label:8s} {new_tokens} greedy tokens: {where}")
             rows.append([f"greedy tokens vs float32 ({label})", name, where, ""])
