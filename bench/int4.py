@@ -192,9 +192,11 @@ def main() -> None:
         "int4, float32 elsewhere": load_int4()[0],
         "int4, bfloat16": load_int4(dtype=torch.bfloat16)[0],
     }
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads")
+    threads = torch.get_num_threads()
+    print(f"torch {torch.__version__}, {threads} threads")
+    rows = [["setup", f"torch {torch.__version__}, CPU", threads, "threads"]]
     print("scale error (int4 weights vs the file's float32 dequantization):")
-    rows = scale_error(models["int4, bfloat16"])
+    rows += scale_error(models["int4, bfloat16"])
     print("accuracy vs the float32 model:")
     rows += logits_and_tokens(models, tokenizer, args.new_tokens)
     print(f"matrix products, median of {args.repeats}:")
