@@ -4,7 +4,8 @@ path, then the next round), so that a busy machine slows all alike; medians are
 reported.
 
 Paths at batch 1: smol float32 (KV cache; and without the cache), bfloat16, int8 weights
-(with float32 and bfloat16 activations), the compiled step with a static cache
+(with float32 and bfloat16 activations), the GGUF file's own Q4_1 codes through
+PyTorch's int4 kernel (CPU, bfloat16), the compiled step with a static cache
 (--compile, which also adds transformers' generate with its static cache and compiled
 forward, its fastest configuration), speculative decoding with prompt-lookup drafts and
 with drafts of the bfloat16 copy verified in float32 (on the story prompt and on a
@@ -221,6 +222,14 @@ def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
             "draft",
         ),
     ]
+    if args.preset == "smollm2-135m" and args.device == "cpu":
+        from smol.int4 import load_int4  # the file's Q4_1 codes; CPU only
+
+        int4 = load_int4(dtype=torch.bfloat16)[0]
+        run = smol(int4, ids)
+        table.insert(
+            6, ("smol, int4 (Q4_1 codes), bf16", "int4 / bfloat16", "story", run)
+        )
     if args.preset == "smollm2-135m" and not args.no_llama_cpp:
         from smol.gguf import bundled_gguf_path
 

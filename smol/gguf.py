@@ -345,6 +345,15 @@ def tokenizer_from_gguf(file: GGUFFile, config: SmolConfig | None = None) -> Tok
     )
 
 
+def smol_names(config: SmolConfig) -> dict[str, str]:
+    """GGUF tensor name -> smol's name, for every tensor of a model of config's
+    layers."""
+    names = {}
+    for i in range(config.num_hidden_layers):
+        names.update({g.format(i=i): s.format(i=i) for g, s in GGUF_NAMES.items()})
+    return names
+
+
 def read_gguf(
     path: str | Path, unpermute: bool = True, dtype: torch.dtype = torch.float32
 ) -> tuple[SmolConfig, dict[str, torch.Tensor], Tokenizer]:
@@ -355,9 +364,7 @@ def read_gguf(
     pitfall)."""
     file = GGUFFile(path)
     config = config_from_gguf(file)
-    names = {}
-    for i in range(config.num_hidden_layers):
-        names.update({g.format(i=i): s.format(i=i) for g, s in GGUF_NAMES.items()})
+    names = smol_names(config)
     heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
     state_dict = {}
     for name in file.tensors:

@@ -62,6 +62,10 @@ SHOWN = {
 NOT_SHOWN = {
     "smol/__init__.py": "the package's exports",
     "smol/__main__.py": "the command line around load_pretrained and generate",
+    "smol/int4.py": (
+        "the GGUF file's own Q4_1 codes through PyTorch's int4 kernel: chapter 9 reads "
+        "those blocks by hand, the Benchmarks page measures this path"
+    ),
     "smol/cli.py": "the usage error and exit status the command lines share",
     "smol/config.py": "a dataclass of the numbers chapter 0 tabulates",
     "smol/data.py": (
