@@ -328,7 +328,7 @@ def report(paths, rates, outputs, spec_stats) -> list[list]:
             + (f"{vs}x llama.cpp  " if vs else "")
             + note
         )
-        row = [name, dtype, 1, prompt, f"{rates[name]:.1f}", f"{ratio:.2f}"]
+        row = [name, dtype, prompt, f"{rates[name]:.1f}", f"{ratio:.2f}"]
         rows.append([*row, "yes" if same else "no", vs, note])
     return rows
 
@@ -372,12 +372,12 @@ def main() -> None:
                     f"{vs:.2f}x transformers at this batch, {ratio:.2f}x batch "
                     f"{min(batch)}" + ("" if name != "smol" else f", same: {same}")
                 )
-                row = [f"{name}, batch {size}", "float32", size, "mixed, left-padded"]
+                row = [f"{name}, batch {size}", "float32", "mixed"]
                 row += [f"{rate:.1f}", f"{vs:.2f}"]
                 agree = "" if name != "smol" else "yes" if same else "no"
                 rows.append([*row, agree, "", f"{ratio:.2f}x batch {min(batch)}"])
     if args.csv:
-        header = ["path", "weights / activations", "batch", "prompt", "tokens/s"]
+        header = ["path", "dtypes", "prompt", "tokens/s"]
         header += ["vs transformers float32", "same tokens as float32", "vs llama.cpp"]
         header += ["note"]
         write_csv(args.csv, header, rows)
