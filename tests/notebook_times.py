@@ -63,7 +63,7 @@ def publish() -> None:
     with open(source) as f:
         rows = [r for r in csv.DictReader(f) if r["notebook"].startswith("chapters/")]
     with open(RESULTS, "w", newline="") as f:
-        writer = csv.DictWriter(f, ["chapter", "seconds on a CPU"])
+        writer = csv.DictWriter(f, ["chapter", "seconds on a CPU"], lineterminator="\n")
         writer.writeheader()
         for r in rows:
             name = Path(r["notebook"]).stem
