@@ -149,8 +149,16 @@ class Int4Linear(nn.Module):
         )
 
 
-PROJECTIONS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up")
-PROJECTIONS += ("ffn_down",)  # the GGUF kinds of a Llama layer's seven Linears
+# the GGUF kinds of a Llama layer's seven Linears
+PROJECTIONS = (
+    "attn_q",
+    "attn_k",
+    "attn_v",
+    "attn_output",
+    "ffn_gate",
+    "ffn_up",
+    "ffn_down",
+)
 
 
 @torch.no_grad()
@@ -182,7 +190,7 @@ def load_int4(path=None, dtype: torch.dtype = torch.float32):
             raise ValueError(f"{file.path}: unexpected tensor {name!r}")
         kind = name.split(".")[-2]
         if kind not in PROJECTIONS:
-            state_dict[names[name]] = file.tensor(name).to(dtype)
+            state_dict[names[name]] = file.tensor(name, dtype)
             continue
         if qtype != QType.Q4_1:
             raise ValueError(
