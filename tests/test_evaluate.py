@@ -179,6 +179,34 @@ def test_a_question_scores_the_same_alone_and_in_a_batch(tiny_config):
         torch.testing.assert_close(together[i], alone[0], atol=1e-5, rtol=1e-5)
 
 
+def test_a_row_sees_its_context_and_its_own_choice_only():
+    ids, positions, part, mask = evaluate.question_rows([[5, 6]], [[[7], [8, 9]]])
+    assert ids.tolist() == [[5, 6, 7, 8, 9]]
+    assert positions.tolist() == [[0, 1, 2, 2, 3]]  # each choice starts at 2
+    assert part.tolist() == [[0, 0, 1, 2, 2]]
+    assert mask[0, 0].int().tolist() == [
+        [1, 0, 0, 0, 0],
+        [1, 1, 0, 0, 0],
+        [1, 1, 1, 0, 0],
+        [1, 1, 0, 1, 0],  # the second choice does not see the first
+        [1, 1, 0, 1, 1],
+    ]
+    rows, source, targets, choice = evaluate.predicting_positions(
+        [[5, 6]], [[[7], [8, 9]]], 5
+    )
+    assert rows == [1, 3]  # the context's last token, and 8 (which predicts 9)
+    assert [rows[s] for s in source] == [1, 1, 3]  # what predicts 7, 8 and 9
+    assert targets == [7, 8, 9] and choice == [0, 1, 1]
+
+
+def test_batches_pad_to_the_budget_and_a_long_row_goes_alone():
+    lengths = [2, 3, 3, 4, 5, 9, 20]
+    got = list(evaluate.row_batches(lengths, lambda n: n, 12))
+    # padded size: a batch's count times its longest (last) row
+    assert got == [[2, 3, 3], [4, 5], [9], [20]]  # summing lengths: [2, 3, 3, 4]
+    assert [n for b in got for n in b] == lengths
+
+
 @torch.no_grad()
 def test_logits_to_keep_gives_the_last_positions_logits():
     model = peaked(config(61, 32, 48, 2, 4, 2, 32))
@@ -200,7 +228,7 @@ def test_a_choice_that_merges_with_its_context_is_an_error():
 
     with pytest.raises(ValueError, match="merges with the end of its context"):
         evaluate.encode(Merging(100), "Answer:", [" yes"])
-    ctx, conts = evaluate.encode(CharTokenizer(100), "Answer:", [" yes", " no"])
+    _, conts = evaluate.encode(CharTokenizer(100), "Answer:", [" yes", " no"])
     assert conts == [[32, 21, 1, 15], [32, 10, 11]]
 
 
