@@ -3,7 +3,8 @@
     python -m smol.eval mmlu --limit 570          # 10 questions of each subject
     python -m smol.eval mmlu                      # all 14,042, the bundled weights
     python -m smol.eval mmlu --formulation letters --shots 5 --model path/to/folder
-    python -m smol.eval mmlu --out results/       # results/mmlu.csv, mmlu_subjects.csv
+    python -m smol.eval mmlu --out results/       # mmlu.csv, mmlu_subjects.csv and
+                                                  # mmlu_questions.csv in results/
 
 Prints the accuracy with its 95% interval. Exit status 2 for a bad command line, 1 for
 anything else."""
@@ -46,7 +47,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--seed", type=int, default=0, help="the subset's seed (0)")
     parser.add_argument(
-        "--out", type=Path, help="write mmlu.csv and mmlu_subjects.csv in this folder"
+        "--out",
+        type=Path,
+        help="write mmlu.csv (the summary), mmlu_subjects.csv (a row per subject) and "
+        "mmlu_questions.csv (a row per question: its choices' log-likelihoods) here",
     )
     return parser
 
@@ -75,6 +79,7 @@ PERCENT = {
     "ci_low": "95% low (%)",
     "ci_high": "95% high (%)",
     "acc_norm": "normalised (%)",
+    "acc_norm_subject_mean": "normalised, subject mean (%)",
 }
 
 
@@ -83,6 +88,21 @@ def rounded(summary: dict) -> dict:
     return {
         PERCENT.get(k, k): round(100 * v, 2) if k in PERCENT else v
         for k, v in summary.items()
+    }
+
+
+def question_row(number: int, r: evaluate.Result) -> dict:
+    """One question's outcome: its number in file order (of the 14,042), subject,
+    right letter, each choice's summed log-likelihood, and whether the sum and the sum
+    per character picked the right one."""
+    letters = evaluate.LETTERS
+    return {
+        "question": number,
+        "subject": r.question.subject,
+        "answer": letters[r.question.answer],
+        **{f"logprob {L}": round(lp, 4) for L, lp in zip(letters, r.logprobs)},
+        "correct": int(r.correct),
+        "correct normalised": int(r.correct_norm),
     }
 
 
@@ -109,11 +129,13 @@ def run(args) -> None:
     seconds = time.perf_counter() - start
     cpu_seconds = time.process_time() - cpu_start
     s = evaluate.summarize(results)
+    s["acc_norm_subject_mean"] = evaluate.subject_mean(results)
     print(
         f"MMLU {args.formulation}, {args.shots}-shot, {s['questions']} questions: "
         f"accuracy {100 * s['accuracy']:.1f}% (95% interval "
         f"{100 * s['ci_low']:.1f} to {100 * s['ci_high']:.1f}), normalised "
-        f"{100 * s['acc_norm']:.1f}%, in {seconds:.0f} s"
+        f"{100 * s['acc_norm']:.1f}% (mean over subjects "
+        f"{100 * s['acc_norm_subject_mean']:.1f}%), in {seconds:.0f} s"
     )
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
@@ -134,6 +156,11 @@ def run(args) -> None:
         write_csv(
             args.out / "mmlu_subjects.csv",
             [{"subject": k, **rounded(v)} for k, v in subjects.items()],
+        )
+        number = {id(q): i for i, q in enumerate(pool)}
+        write_csv(
+            args.out / "mmlu_questions.csv",
+            [question_row(number[id(r.question)], r) for r in results],
         )
 
 

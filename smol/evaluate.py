@@ -353,3 +353,10 @@ def by_subject(results: list[Result]) -> dict[str, dict]:
     for r in results:
         groups[r.question.subject].append(r)
     return {s: summarize(groups[s]) for s in sorted(groups)}
+
+
+def subject_mean(results: list[Result], key: str = "acc_norm") -> float:
+    """The mean over subjects of each subject's summarize()[key]: every subject weighs
+    the same, however many questions it has (lighteval's MMLU score)."""
+    subjects = by_subject(results)
+    return sum(v[key] for v in subjects.values()) / len(subjects)

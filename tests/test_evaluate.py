@@ -1,6 +1,7 @@
 """smol.evaluate and `python -m smol.eval`: MMLU's data, the prompts, the scoring
 (equal to a plain forward pass per choice) and the command line."""
 
+import csv
 import json
 
 import pytest
@@ -246,6 +247,18 @@ def test_accuracy_counts_the_best_choice_and_normalised_accuracy_per_character()
     )
 
 
+def test_the_subject_mean_weighs_every_subject_the_same():
+    def result(subject, right):  # choice 0 is the answer; right: it scores best
+        q = evaluate.Question(subject, "?", ("a", "b"), 0)
+        return evaluate.Result(q, [0.0, -1.0] if right else [-1.0, 0.0], [1, 1])
+
+    results = [result("x", True), result("x", True), result("x", True)]
+    results += [result("y", False)]
+    assert evaluate.summarize(results)["acc_norm"] == 0.75  # 3 of 4 questions
+    assert evaluate.subject_mean(results) == 0.5  # x: 1, y: 0
+    assert evaluate.subject_mean(results, "accuracy") == 0.5
+
+
 def test_the_wilson_interval():
     low, high = evaluate.wilson_interval(0, 10)
     assert low == pytest.approx(0.0, abs=1e-12) and high == pytest.approx(
@@ -280,6 +293,21 @@ def test_the_command_line_writes_accuracy_and_a_row_per_subject(
     assert summary[0].startswith("model,formulation,shots,dtype,questions,correct")
     subjects = (tmp_path / "mmlu_subjects.csv").read_text().splitlines()[1:]
     assert len(subjects) == 57 and all(",1," in row for row in subjects)
+    with open(tmp_path / "mmlu.csv") as f:
+        (summary,) = csv.DictReader(f)
+    with open(tmp_path / "mmlu_subjects.csv") as f:
+        per_subject = [float(r["normalised (%)"]) for r in csv.DictReader(f)]
+    mean = float(summary["normalised, subject mean (%)"])
+    assert mean == pytest.approx(sum(per_subject) / 57, abs=0.01)
+    with open(tmp_path / "mmlu_questions.csv") as f:
+        rows = list(csv.DictReader(f))
+    questions = evaluate.load_mmlu()
+    assert len(rows) == 57 and len({r["subject"] for r in rows}) == 57
+    for r in rows:  # each row names its question in file order, and what it scored
+        q = questions[int(r["question"])]
+        assert r["subject"] == q.subject and r["answer"] == "ABCD"[q.answer]
+        scores = [float(r[f"logprob {L}"]) for L in "ABCD"]
+        assert int(r["correct"]) == (evaluate.argmax(scores) == q.answer)
 
 
 @pytest.mark.parametrize(
