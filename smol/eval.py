@@ -5,6 +5,7 @@
     python -m smol.eval mmlu --formulation letters --shots 5 --model path/to/folder
     python -m smol.eval mmlu --out results/       # mmlu.csv, mmlu_subjects.csv and
                                                   # mmlu_questions.csv in results/
+    python -m smol.eval compare base/ tuned/      # two runs, question by question
 
 Prints the accuracy with its 95% interval. Exit status 2 for a bad command line, 1 for
 anything else."""
@@ -79,7 +80,7 @@ PERCENT = {
     "ci_low": "95% low (%)",
     "ci_high": "95% high (%)",
     "acc_norm": "normalised (%)",
-    "acc_norm_subject_mean": "normalised, subject mean (%)",
+    "acc_norm_subject_mean": "normalised subject mean (%)",
 }
 
 
@@ -164,7 +165,68 @@ def run(args) -> None:
         )
 
 
+def build_compare_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m smol.eval compare",
+        description="Compare two runs' verdicts on the questions both answered.",
+    )
+    parser.add_argument("before", type=Path, help="an --out folder or its CSV")
+    parser.add_argument("after", type=Path, help="an --out folder or its CSV")
+    parser.add_argument(
+        "--by",
+        choices=["normalised", "sum"],
+        default="normalised",
+        help="the verdict: best sum per character (normalised) or best sum",
+    )
+    parser.add_argument("--csv", type=Path, help="append the comparison as a row here")
+    return parser
+
+
+def verdicts(path: Path, by: str) -> dict[int, bool]:
+    """question number -> right or not, from a run's mmlu_questions.csv."""
+    if path.is_dir():
+        path = path / "mmlu_questions.csv"
+    if not path.is_file():
+        raise UsageError(f"no such file: {path} (written by mmlu --out)")
+    column = "correct normalised" if by == "normalised" else "correct"
+    with open(path, newline="") as f:
+        return {int(r["question"]): r[column] == "1" for r in csv.DictReader(f)}
+
+
+def compare(args) -> None:
+    c = evaluate.paired(verdicts(args.before, args.by), verdicts(args.after, args.by))
+    print(
+        f"{c['questions']} questions in both, by the {args.by} score: "
+        f"{100 * c['before']:.1f}% -> {100 * c['after']:.1f}%; "
+        f"{c['lost']} right to wrong, {c['gained']} wrong to right "
+        f"(sign test p = {c['p']:.3f})"
+    )
+    if args.csv is not None:
+        row = {
+            "before": args.before.name or str(args.before),
+            "after": args.after.name or str(args.after),
+            "by": args.by,
+            "questions": c["questions"],
+            "before (%)": round(100 * c["before"], 2),
+            "after (%)": round(100 * c["after"], 2),
+            "right to wrong": c["lost"],
+            "wrong to right": c["gained"],
+            "sign test p": round(c["p"], 3),
+        }
+        new = not args.csv.exists()
+        with open(args.csv, "a", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=list(row))
+            if new:
+                writer.writeheader()
+            writer.writerow(row)
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["compare"]:
+        parser = build_compare_parser()
+        args = parser.parse_args(argv[1:])
+        return exit_status(parser.prog, lambda: compare(args))
     parser = build_parser()
     args = parser.parse_args(argv)
 

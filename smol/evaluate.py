@@ -360,3 +360,33 @@ def subject_mean(results: list[Result], key: str = "acc_norm") -> float:
     the same, however many questions it has (lighteval's MMLU score)."""
     subjects = by_subject(results)
     return sum(v[key] for v in subjects.values()) / len(subjects)
+
+
+def sign_test(lost: int, gained: int) -> float:
+    """Two-sided exact sign test (McNemar's exact test) of a paired comparison: if the
+    change between two models were noise, each of the lost + gained questions whose
+    verdict changed would be as likely to have gone either way, like a fair coin. The
+    chance of a split at least as uneven as this one."""
+    n, k = lost + gained, min(lost, gained)
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2**n)
+
+
+def paired(before: dict, after: dict) -> dict:
+    """Compare two models' verdicts (question -> right or not) on the questions both
+    answered: how many each got right, how many turned right to wrong (lost) and wrong
+    to right (gained), and the sign test's p of that split."""
+    common = sorted(before.keys() & after.keys())
+    if not common:
+        raise ValueError("the two runs share no question")
+    lost = sum(before[q] and not after[q] for q in common)
+    gained = sum(after[q] and not before[q] for q in common)
+    return {
+        "questions": len(common),
+        "before": sum(before[q] for q in common) / len(common),
+        "after": sum(after[q] for q in common) / len(common),
+        "lost": lost,
+        "gained": gained,
+        "p": sign_test(lost, gained),
+    }

@@ -259,6 +259,61 @@ def test_the_subject_mean_weighs_every_subject_the_same():
     assert evaluate.subject_mean(results, "accuracy") == 0.5
 
 
+def test_the_sign_test_is_two_sided_and_exact():
+    assert evaluate.sign_test(0, 5) == 2 / 32  # all five changes one way
+    assert evaluate.sign_test(9, 1) == evaluate.sign_test(1, 9) == 2 * 11 / 1024
+    assert evaluate.sign_test(5, 5) == 1.0  # an even split: capped at 1
+    assert evaluate.sign_test(0, 0) == 1.0  # nothing changed
+
+
+def test_a_paired_comparison_counts_changes_on_shared_questions_only():
+    before = {1: True, 2: True, 3: False, 4: False, 9: True}
+    after = {1: True, 2: False, 3: True, 4: True, 7: False}
+    c = evaluate.paired(before, after)
+    assert (c["questions"], c["lost"], c["gained"]) == (4, 1, 2)
+    assert (c["before"], c["after"]) == (0.5, 0.75)
+    assert c["p"] == evaluate.sign_test(1, 2)
+    with pytest.raises(ValueError, match="share no question"):
+        evaluate.paired({1: True}, {2: True})
+
+
+def write_run(folder, verdicts):  # an mmlu --out folder's per-question CSV
+    folder.mkdir()
+    with open(folder / "mmlu_questions.csv", "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["question", "subject", "correct", "correct normalised"])
+        for q, (by_sum, normalised) in verdicts.items():
+            writer.writerow([q, "anatomy", int(by_sum), int(normalised)])
+
+
+def test_the_command_line_compares_two_runs(tmp_path, capsys):
+    write_run(tmp_path / "base", {0: (1, 1), 1: (1, 0), 2: (0, 0), 5: (0, 1)})
+    write_run(tmp_path / "tuned", {0: (0, 1), 1: (1, 1), 2: (0, 1), 3: (1, 1)})
+    out = tmp_path / "pairs.csv"
+    argv = ["compare", str(tmp_path / "base"), str(tmp_path / "tuned")]
+    assert eval_cli.main([*argv, "--csv", str(out)]) == 0
+    assert capsys.readouterr().out == (
+        "3 questions in both, by the normalised score: 33.3% -> 100.0%; "
+        "0 right to wrong, 2 wrong to right (sign test p = 0.500)\n"
+    )
+    assert eval_cli.main([*argv, "--by", "sum", "--csv", str(out)]) == 0
+    assert "1 right to wrong, 0 wrong to right" in capsys.readouterr().out
+    with open(out) as f:
+        rows = list(csv.DictReader(f))  # one header, a row per comparison
+    assert [(r["by"], r["right to wrong"], r["wrong to right"]) for r in rows] == [
+        ("normalised", "0", "2"),
+        ("sum", "1", "0"),
+    ]
+    assert rows[0]["before"] == "base" and rows[0]["after (%)"] == "100.0"
+    assert eval_cli.main(["compare", str(tmp_path / "base"), str(tmp_path)]) == 2
+    assert "no such file" in capsys.readouterr().err
+    write_run(tmp_path / "other", {7: (1, 1)})
+    assert (
+        eval_cli.main(["compare", str(tmp_path / "base"), str(tmp_path / "other")]) == 1
+    )
+    assert "share no question" in capsys.readouterr().err
+
+
 def test_the_wilson_interval():
     low, high = evaluate.wilson_interval(0, 10)
     assert low == pytest.approx(0.0, abs=1e-12) and high == pytest.approx(
@@ -297,7 +352,7 @@ def test_the_command_line_writes_accuracy_and_a_row_per_subject(
         (summary,) = csv.DictReader(f)
     with open(tmp_path / "mmlu_subjects.csv") as f:
         per_subject = [float(r["normalised (%)"]) for r in csv.DictReader(f)]
-    mean = float(summary["normalised, subject mean (%)"])
+    mean = float(summary["normalised subject mean (%)"])
     assert mean == pytest.approx(sum(per_subject) / 57, abs=0.01)
     with open(tmp_path / "mmlu_questions.csv") as f:
         rows = list(csv.DictReader(f))
