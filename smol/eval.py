@@ -70,7 +70,7 @@ def check_args(args) -> None:
 
 def write_csv(path: Path, rows: list[dict]) -> None:
     with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
         writer.writeheader()
         writer.writerows(rows)
 
@@ -215,7 +215,7 @@ def compare(args) -> None:
         }
         new = not args.csv.exists()
         with open(args.csv, "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(row))
+            writer = csv.DictWriter(f, fieldnames=list(row), lineterminator="\n")
             if new:
                 writer.writeheader()
             writer.writerow(row)
