@@ -160,6 +160,17 @@ def question_rows(contexts: list[list[int]], continuations: list[list[list[int]]
     context, j + 1 for choice j, -1 for padding; and mask (B, 1, T, T), True where a
     query sees a key: causally, a choice sees the context and its own tokens, never
     another choice. Padding comes last, so no real token sees it."""
+    if len(contexts) != len(continuations) or not contexts:
+        raise ValueError(
+            f"expected one list of continuations per context, got {len(contexts)} "
+            f"contexts and {len(continuations)} lists"
+        )
+    for i, (ctx, conts) in enumerate(zip(contexts, continuations)):
+        if not ctx or not conts or not all(conts):
+            raise ValueError(
+                f"question {i}: its context, and each of its (at least one) "
+                "continuations, must hold at least one token"
+            )
     lengths = [len(c) + sum(map(len, cs)) for c, cs in zip(contexts, continuations)]
     B, T = len(contexts), max(lengths)
     ids = torch.zeros(B, T, dtype=torch.long)
@@ -167,11 +178,9 @@ def question_rows(contexts: list[list[int]], continuations: list[list[list[int]]
     part = torch.full((B, T), -1, dtype=torch.long)
     for b, (ctx, conts) in enumerate(zip(contexts, continuations)):
         n = len(ctx)
-        ids[b, :n], positions[b, :n], part[b, :n] = (
-            torch.tensor(ctx),
-            torch.arange(n),
-            0,
-        )
+        ids[b, :n] = torch.tensor(ctx)
+        positions[b, :n] = torch.arange(n)
+        part[b, :n] = 0
         at = n
         for j, c in enumerate(conts):
             span = slice(at, at + len(c))
@@ -224,15 +233,17 @@ def choice_logprobs(
         torch.tensor(x, device=device)
         for x in predicting_positions(contexts, continuations, ids.shape[1])
     )
+    # the positions the RoPE tables must cover: the longest context and choice
+    span = max(len(c) + max(map(len, cs)) for c, cs in zip(contexts, continuations))
     # SmolLM.forward's layers, with this mask and these positions
     x = model.model.embed_tokens(ids)  # (B, T, C)
-    cos, sin = model.model.rotary_emb(ids.shape[1], device, positions)
+    cos, sin = model.model.rotary_emb(span, device, positions)
     for layer in model.model.layers:
         x = layer(x, cos, sin, mask, is_causal=False)
     h = model.model.norm(x.flatten(0, 1)[rows])  # (R, C): the positions that count
     logits = model.lm_head(h).float()  # (R, V)
     logprobs = logits[source, targets] - logits.logsumexp(-1)[source]  # (N,)
-    sums = torch.zeros(int(choice[-1]) + 1, device=device)
+    sums = torch.zeros(sum(map(len, continuations)), device=device)
     sums.index_add_(0, choice, logprobs)  # (choices,): summed per choice
     return list(sums.cpu().split([len(cs) for cs in continuations]))
 

@@ -200,6 +200,24 @@ def test_a_row_sees_its_context_and_its_own_choice_only():
     assert targets == [7, 8, 9] and choice == [0, 1, 1]
 
 
+@pytest.mark.parametrize(
+    "contexts, continuations",
+    [([[]], [[[1]]]), ([[1]], [[]]), ([[1]], [[[2], []]]), ([[1]], []), ([], [])],
+)
+def test_an_empty_context_or_continuation_is_an_error(contexts, continuations):
+    with pytest.raises(ValueError, match="at least one token|one list of"):
+        evaluate.question_rows(contexts, continuations)
+
+
+@torch.no_grad()
+def test_a_row_longer_than_the_context_window_scores_if_its_positions_fit():
+    model = peaked(config(61, 32, 48, 2, 4, 2, 8))  # 8 positions
+    contexts, continuations = [[1, 2, 3, 4]], [[[5, 6, 7, 8]] * 3]  # a row of 16
+    got = evaluate.choice_logprobs(model, contexts, continuations)[0]
+    want = plain_scores(model, contexts, continuations)[0]
+    torch.testing.assert_close(got.double(), want, atol=1e-4, rtol=1e-5)
+
+
 def test_batches_pad_to_the_budget_and_a_long_row_goes_alone():
     lengths = [2, 3, 3, 4, 5, 9, 20]
     got = list(evaluate.row_batches(lengths, lambda n: n, 12))
