@@ -248,16 +248,20 @@ def choice_logprobs(
     return list(sums.cpu().split([len(cs) for cs in continuations]))
 
 
-def row_batches(items: list, length, budget: int):
-    """Consecutive slices of items (sorted by length, shortest first) that pad to at
-    most budget tokens: a slice's size times its longest item's length (a single item
-    longer than budget forms a batch of its own)."""
-    batch = []
+def row_batches(items: list, length, budget: int, max_padding: float = 0.25):
+    """Consecutive slices of items (sorted by length, shortest first), each padded to
+    its longest (last) item: a slice ends before the item that would take its padded
+    size (count times longest) over budget tokens, or its padding over max_padding of
+    its real tokens. A single item longer than budget forms a batch of its own."""
+    batch, real = [], 0
     for item in items:
-        if batch and (len(batch) + 1) * length(item) > budget:
+        n = length(item)
+        padded = (len(batch) + 1) * n
+        if batch and (padded > budget or padded - real - n > max_padding * (real + n)):
             yield batch
-            batch = []
+            batch, real = [], 0
         batch.append(item)
+        real += n
     if batch:
         yield batch
 
@@ -300,7 +304,8 @@ def evaluate(
     """Score every question (in its own order in the returned list), with `shots`
     worked examples from pool (default: questions; see shots_for). Questions are
     sorted by the length of their rows and batched so that each batch's padded
-    tokens stay within token_budget (one longer row goes alone)."""
+    tokens stay within token_budget and its padding within a quarter of its tokens
+    (row_batches; one longer row goes alone)."""
     from tqdm.auto import tqdm
 
     if formulation not in FORMULATIONS:

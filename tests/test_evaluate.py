@@ -220,10 +220,18 @@ def test_a_row_longer_than_the_context_window_scores_if_its_positions_fit():
 
 def test_batches_pad_to_the_budget_and_a_long_row_goes_alone():
     lengths = [2, 3, 3, 4, 5, 9, 20]
-    got = list(evaluate.row_batches(lengths, lambda n: n, 12))
+    got = list(evaluate.row_batches(lengths, lambda n: n, 12, max_padding=1.0))
     # padded size: a batch's count times its longest (last) row
     assert got == [[2, 3, 3], [4, 5], [9], [20]]  # summing lengths: [2, 3, 3, 4]
     assert [n for b in got for n in b] == lengths
+
+
+def test_batches_keep_their_padding_within_a_share_of_their_tokens():
+    lengths = [4, 4, 5, 5, 8, 8]
+    whole = list(evaluate.row_batches(lengths, lambda n: n, 100, max_padding=1.0))
+    assert whole == [lengths]  # 48 padded for 34 real: 41% padding, allowed
+    got = list(evaluate.row_batches(lengths, lambda n: n, 100))  # at most 25%
+    assert got == [[4, 4, 5, 5], [8, 8]]  # 20 for 18 real (11%); adding 8: 40 for 26
 
 
 @torch.no_grad()
