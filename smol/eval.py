@@ -68,10 +68,14 @@ def check_args(args) -> None:
         raise UsageError(f"--model: no such file or folder, nor a hub id: {args.model}")
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
-    with open(path, "w", newline="") as f:
+def write_csv(path: Path, rows: list[dict], append: bool = False) -> None:
+    """rows (dicts with the same keys) as a CSV; with append, after the rows already
+    in path (its header is written only when the file is new)."""
+    header = not (append and path.exists())
+    with open(path, "a" if append else "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
-        writer.writeheader()
+        if header:
+            writer.writeheader()
         writer.writerows(rows)
 
 
@@ -213,12 +217,7 @@ def compare(args) -> None:
             "wrong to right": c["gained"],
             "sign test p": round(c["p"], 3),
         }
-        new = not args.csv.exists()
-        with open(args.csv, "a", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(row), lineterminator="\n")
-            if new:
-                writer.writeheader()
-            writer.writerow(row)
+        write_csv(args.csv, [row], append=True)
 
 
 def main(argv: list[str] | None = None) -> int:
