@@ -569,6 +569,24 @@ def test_kv_cache_gives_the_full_forward_logits(attn):
     assert cache.length == 20
 
 
+def test_an_attention_or_layer_built_alone_caches_in_the_first_slot():
+    # Chapter 4 builds one Attention (and chapter 5 one DecoderLayer) without a layer
+    # index: with a cache sized for a one-layer model it must write slot 0, not past it.
+    from smol.attention import Attention
+    from smol.model import DecoderLayer
+
+    torch.manual_seed(0)
+    config = SmolConfig.preset("tiny", num_hidden_layers=1)
+    rope = RotaryEmbedding(config.head_dim, config.rope_theta, 4)
+    cos, sin = rope(3, torch.device("cpu"))
+    x = torch.randn(1, 3, config.hidden_size)
+    for block in (Attention(config), DecoderLayer(config)):
+        cache = KVCache(config, batch_size=1, max_len=4)
+        with torch.no_grad():
+            block(x, cos, sin, kv_cache=cache)
+        assert cache.k[0, :, :, :3].abs().sum() > 0
+
+
 def test_gradient_checkpointing_gives_the_same_gradients():
     torch.manual_seed(0)
     model = SmolLM(SmolConfig.preset("tiny"))
