@@ -97,6 +97,66 @@ def test_static_cache_checks_its_sizes(model):
     assert "_static_caches" not in str(model.state_dict().keys())
 
 
+def test_generate_through_the_static_cache_equals_plain_decoding(model):
+    """generate's static-cache loop (the path compile=True takes) with dynamo's "eager"
+    backend: traced, no code generated, so it runs in seconds. Same tokens as the plain
+    loop for a padded batch, sampling with a seed, an eos that ends rows early, one
+    step and none, and the same streamed tokens."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(4)
+    seqs = [torch.randint(0, 211, (n,), generator=g).tolist() for n in (5, 9)]
+    ids, mask = left_pad(seqs)
+    for kw in (
+        dict(temperature=0),
+        dict(temperature=0.8, top_k=30, top_p=0.9),
+        dict(temperature=0, max_new_tokens=1),
+        dict(temperature=0, max_new_tokens=0),
+    ):
+        kw = dict(max_new_tokens=9, attention_mask=mask) | kw
+        plain = generate(model, ids, generator=torch.Generator().manual_seed(5), **kw)
+        static = generate(
+            model,
+            ids,
+            compile="eager",
+            generator=torch.Generator().manual_seed(5),
+            **kw,
+        )
+        assert torch.equal(static, plain), kw
+    # eos: taken from a row's third greedy token, so one row ends early and is padded
+    # with eos, and the loop stops once every row has ended
+    free = generate(model, ids, 40, temperature=0, attention_mask=mask)[
+        :, ids.shape[1] :
+    ]
+    eos = int(free[1, 2])
+    streamed = {}
+    for backend in (False, "eager"):
+        out = []
+        got = generate(
+            model,
+            ids,
+            40,
+            temperature=0,
+            attention_mask=mask,
+            eos_token_id=[eos],
+            stream=out.append,
+            compile=backend,
+        )
+        streamed[backend] = (got, torch.stack(out, 1))
+    got, out = streamed["eager"]
+    assert torch.equal(got, streamed[False][0])
+    assert torch.equal(out, streamed[False][1])
+    assert torch.equal(got[:, ids.shape[1] :], out)
+    # each row is the free run up to its first eos, then eos; the run ends when the
+    # last row has emitted one (or after 40 tokens)
+    firsts = [
+        int((row == eos).nonzero()[0]) if (row == eos).any() else 40 for row in free
+    ]
+    assert got.shape[1] - ids.shape[1] == min(40, max(firsts) + 1)
+    for row, whole, first in zip(got[:, ids.shape[1] :], free, firsts):
+        assert torch.equal(row[: first + 1], whole[: first + 1][: len(row)])
+        assert bool((row[first:] == eos).all())
+
+
 def test_compiled_generate_equals_eager_and_compiles_once(model):
     """compile="aot_eager" traces and functionalizes the step as inductor does, without
     generating C++ (minutes on a small CPU); bench/gpu_check.sh runs the inductor

@@ -258,6 +258,36 @@ def test_left_pad_right_aligns_prompts_and_refuses_empty_ones():
             left_pad(bad)
 
 
+def test_left_pad_pads_with_0_by_default_on_the_device_asked_for():
+    ids, mask = left_pad([[5, 6], [7]])
+    assert ids.tolist() == [[5, 6], [0, 7]] and mask.tolist() == [[1, 1], [0, 1]]
+    ids, mask = left_pad([[5, 6], [7]], device="meta")  # both tensors moved
+    assert ids.device.type == mask.device.type == "meta"
+
+
+def test_generate_continues_a_cache_that_holds_part_of_the_prompt(model):
+    """A chat's earlier turns stay cached: generate prefills only the rest. A cache of
+    exactly prompt + new tokens is enough; one holding the whole prompt (nothing left
+    to prefill) or too short for the new tokens is refused before anything runs."""
+    ids = prompts([10])[0]
+    want = generate(model, ids, 5, temperature=0)
+
+    def cached(max_len, n):  # a cache of max_len slots holding ids[:, :n]
+        cache = KVCache.for_model(model, 1, max_len)
+        with torch.no_grad():
+            model(ids[:, :n], kv_cache=cache)
+        return cache
+
+    cache = cached(15, 6)
+    assert torch.equal(generate(model, ids, 5, temperature=0, kv_cache=cache), want)
+    assert cache.length == 14  # every token but the last new one, not fed yet
+    for max_len, n in ((15, 10), (14, 6)):
+        cache = cached(max_len, n)
+        with pytest.raises(ValueError, match=f"kv_cache holds {n} tokens of {max_len}"):
+            generate(model, ids, 5, temperature=0, kv_cache=cache)
+        assert cache.length == n  # untouched
+
+
 @pytest.mark.parametrize(
     "kw, error, says",
     [
