@@ -226,7 +226,9 @@ class BPE:
                 f"expected the pre-tokenizer 'smollm' or 'gpt2', got {pre!r}"
             )
         tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
-        merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+        # "a b": byte-level tokens hold no space, so a merge line holds exactly one;
+        # as in `tokenizers`, a line that is not two tokens is refused (not a pair)
+        merges = [tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]]
         special = [t for t, kind in zip(tokens, types) if kind == GGUF_CONTROL]
         vocab = {t: i for i, t in enumerate(tokens)}
         return cls(vocab, merges, special, split_digits=pre == "smollm")
@@ -240,7 +242,9 @@ class BPE:
             )
         pre = spec.get("pre_tokenizer") or {}
         steps = (
-            pre.get("pretokenizers", [pre]) if pre.get("type") == "Sequence" else [pre]
+            (pre.get("pretokenizers") or [pre])
+            if pre.get("type") == "Sequence"
+            else [pre]
         )
         kinds = [s.get("type") for s in steps]
         digits = kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits")
@@ -250,7 +254,7 @@ class BPE:
                 f"optionally after Digits(individual_digits=True), got {pre}"
             )
         merges = [
-            tuple(m.split(" ", 1)) if isinstance(m, str) else tuple(m)
+            tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
             for m in model["merges"]
         ]
         vocab = dict(model["vocab"])

