@@ -70,7 +70,7 @@ class LoRALinear(nn.Module):
             dtype=w.dtype,
         )
         with torch.no_grad():
-            out.weight.copy_(w + self.delta_weight().to(w.dtype))
+            out.weight.copy_(w + self.delta_weight())  # one rounding, as peft merges
             if base.bias is not None:
                 out.bias.copy_(base.bias)
         fresh = set(vars(out))
@@ -148,7 +148,7 @@ def _linear_layers(model: nn.Module, targets) -> dict[str, nn.Linear]:
     found = {
         name: module
         for name, module in model.named_modules()
-        if name.rsplit(".", 1)[-1] in targets and isinstance(module, nn.Linear)
+        if name.rpartition(".")[2] in targets and isinstance(module, nn.Linear)
     }
     if not found:
         raise ValueError(f"no nn.Linear named {targets} in this {type(model).__name__}")
@@ -201,7 +201,7 @@ def lora_config(model: nn.Module) -> dict:
             f"the adapters differ in (r, alpha, dropout): {sorted(settings)}"
         )
     r, alpha, dropout = settings.pop()
-    targets = sorted({name.rsplit(".", 1)[-1] for name in layers})
+    targets = sorted({name.rpartition(".")[2] for name in layers})
     return {
         "r": r,
         "lora_alpha": alpha,

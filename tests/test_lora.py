@@ -11,12 +11,15 @@ from torch import nn
 from transformers import AutoModelForCausalLM
 
 from smol import SmolLM
+from smol.attention import Attention
 from smol.lora import (
     TARGETS,
     LoRALinear,
     apply_lora,
+    check_settings,
     count_trainable,
     load_peft_adapter,
+    lora_config,
     lora_layers,
     merge_lora,
     save_peft_adapter,
@@ -123,6 +126,12 @@ def test_a_is_kaiming_uniform_as_peft_and_b_is_zero():
         1 / 256**0.5
     )  # kaiming_uniform_(a=sqrt(5)) on fan_in 256, as nn.Linear's default
     assert layer.lora_A.abs().max() <= bound and layer.lora_A.abs().max() > 0.9 * bound
+    # drawn exactly as nn.Linear draws its weight (a=sqrt(5)): a near miss such as
+    # a=sqrt(6) shrinks the bound by 7% only, inside the loose check above
+    torch.manual_seed(0)
+    drawn = LoRALinear(layer.base_layer, r=16, alpha=32).lora_A
+    torch.manual_seed(0)
+    assert torch.equal(drawn, nn.Linear(256, 16, bias=False).weight)
     assert torch.equal(layer.lora_B, torch.zeros(64, 16))
     assert layer.scaling == 2.0
     assert not layer.base_layer.weight.requires_grad
@@ -140,6 +149,37 @@ def test_dropout_acts_on_the_adapter_input_only_in_training():
     torch.testing.assert_close(a, layer.base_layer(x) + x @ layer.delta_weight().T)
     layer.train()
     assert not torch.allclose(layer(x), a)
+
+
+@pytest.mark.parametrize(
+    "dtype, device",
+    [
+        (torch.float64, "cpu"),
+        (torch.bfloat16, "cpu"),
+        # meta stands in for a GPU: a merged layer built on the default device (the
+        # CPU) would not sit where its base does, and could not even be filled
+        (torch.float32, "meta"),
+    ],
+)
+def test_lora_layer_and_its_merge_keep_the_base_layers_dtype_device_and_bias(
+    dtype, device
+):
+    torch.manual_seed(0)
+    base = nn.Linear(8, 4, dtype=dtype, device=device)
+    layer = LoRALinear(base, 2, 4.0)
+    for part in (layer.lora_A, layer.lora_B):
+        assert (part.dtype, part.device) == (dtype, base.weight.device)
+    nn.init.normal_(layer.lora_B)
+    merged = layer.merged()
+    for got, want in ((merged.weight, base.weight), (merged.bias, base.bias)):
+        assert (got.dtype, got.device) == (dtype, want.device)
+    if device == "meta":
+        return
+    assert torch.equal(merged.bias, base.bias)
+    x = torch.randn(3, 8, dtype=dtype)
+    with torch.no_grad():
+        tol = 1e-12 if dtype == torch.float64 else 0.05  # bfloat16 rounds W + dW
+        torch.testing.assert_close(merged(x), layer(x), atol=tol, rtol=tol)
 
 
 def test_merged_model_saves_and_loads_in_transformers(tmp_path, tiny_config):
@@ -189,6 +229,98 @@ def test_adapter_written_by_peft_loads_in_smol(tmp_path, tiny_config):
         torch.testing.assert_close(fresh(ids)[0], model(ids)[0], atol=0, rtol=0)
 
 
+def test_adapter_config_is_spelled_as_peft_reads_it(tmp_path):
+    model = apply_lora(SmolLM(TINY_CONFIGS["gqa3-tied"]), 2, 4.0, dropout=0.1)
+    # a folder whose parent does not exist yet is created, parents and all
+    folder = save_peft_adapter(model, tmp_path / "runs" / "a", "smol-tiny")
+    assert folder == tmp_path / "runs" / "a"
+    text = (folder / "adapter_config.json").read_text()
+    written = json.loads(text)
+    # one setting a line, indented by 2 as peft's own save_pretrained writes it
+    assert text == json.dumps(written, indent=2) + "\n"
+    # peft takes a misspelled key (TASK_TYPE, Bias) for an unknown one and falls back
+    # to its default: every key must be one of LoraConfig's fields
+    assert set(written) <= set(LoraConfig.__dataclass_fields__)
+    theirs = LoraConfig.from_pretrained(folder)
+    assert (theirs.peft_type, theirs.task_type) == ("LORA", "CAUSAL_LM")
+    assert theirs.base_model_name_or_path == "smol-tiny"
+    assert (theirs.r, theirs.lora_alpha, theirs.lora_dropout) == (2, 4.0, 0.1)
+    assert set(theirs.target_modules) == {"q_proj", "v_proj"}
+    # as peft's own save_pretrained writes them: a saved adapter is for inference, and
+    # its A and B were initialised as peft does
+    assert theirs.inference_mode is True and theirs.init_lora_weights is True
+    assert theirs.bias == "none" and theirs.modules_to_save is None
+    assert not (theirs.fan_in_fan_out or theirs.use_rslora or theirs.use_dora)
+
+
+def test_lora_dropout_round_trips_and_a_config_without_it_means_none(tmp_path):
+    config = TINY_CONFIGS["gqa3-tied"]
+    model = apply_lora(SmolLM(config), 2, 4.0, ("q_proj", "v_proj"), dropout=0.25)
+    folder = save_peft_adapter(model, tmp_path)
+    loaded = load_peft_adapter(SmolLM(config), folder)
+    assert lora_config(loaded) == lora_config(model)
+    assert lora_config(loaded)["lora_dropout"] == 0.25
+    assert all(m.lora_dropout.p == 0.25 for m in lora_layers(loaded).values())
+    # peft's LoraConfig defaults lora_dropout to 0.0: a config that leaves it out
+    # loads with no dropout (not as a missing setting, nor as dropout 1.0)
+    (folder / "manifest.json").unlink()
+    path = folder / "adapter_config.json"
+    written = json.loads(path.read_text())
+    del written["lora_dropout"]
+    path.write_text(json.dumps(written))
+    loaded = load_peft_adapter(SmolLM(config), folder)
+    assert lora_config(loaded)["lora_dropout"] == 0.0
+    # no Dropout module at all, as peft builds a layer without dropout
+    assert all(
+        isinstance(m.lora_dropout, nn.Identity) for m in lora_layers(loaded).values()
+    )
+
+
+def test_apply_lora_defaults_and_a_single_target_name():
+    config = TINY_CONFIGS["gqa3-tied"]
+    # rank 8, alpha 16 on the attention's q_proj and v_proj, no dropout
+    assert lora_config(apply_lora(SmolLM(config))) == {
+        "r": 8,
+        "lora_alpha": 16.0,
+        "lora_dropout": 0.0,
+        "target_modules": ["q_proj", "v_proj"],
+    }
+    # a str names one layer (not a sequence of letters)
+    model = apply_lora(SmolLM(config), 2, 4.0, "k_proj")
+    assert lora_config(model)["target_modules"] == ["k_proj"]
+    # check_settings's own defaults: no dropout, every target
+    assert check_settings(8, 16.0) == TARGETS
+    assert check_settings(8, 16.0, targets="q_proj") == ("q_proj",)
+
+
+def test_lora_linear_checks_its_settings_as_apply_lora_does():
+    linear = nn.Linear(4, 4)
+    # nn.Dropout(1.0) builds without complaint, and zeroes the adapter's input
+    with pytest.raises(ValueError, match=r"dropout must lie in \[0, 1\), got 1.0"):
+        LoRALinear(linear, 2, 4.0, dropout=1.0)
+    with pytest.raises(ValueError, match="the rank r must be an int >= 1, got 0"):
+        LoRALinear(linear, 0, 4.0)
+
+
+def test_lora_config_reads_the_settings_back_and_refuses_mixed_adapters():
+    config = TINY_CONFIGS["gqa3-tied"]
+    model = apply_lora(SmolLM(config), 3, 6.0, ("v_proj", "down_proj"), dropout=0.2)
+    assert lora_config(model) == {
+        "r": 3,
+        "lora_alpha": 6.0,
+        "lora_dropout": 0.2,
+        "target_modules": ["down_proj", "v_proj"],
+    }
+    # a single attention block holds its layers at the top: `q_proj`, no dot
+    block = apply_lora(Attention(config), 2, 4.0, ("q_proj", "o_proj"))
+    assert lora_config(block)["target_modules"] == ["o_proj", "q_proj"]
+    # one layer of another rank: no single r describes the adapters
+    attn = model.model.layers[1].self_attn
+    attn.v_proj = LoRALinear(attn.v_proj.base_layer, 2, 6.0, dropout=0.2)
+    with pytest.raises(ValueError, match=r"differ in \(r, alpha, dropout\)"):
+        lora_config(model)
+
+
 @pytest.mark.parametrize(
     "kwargs, message",
     [
@@ -210,6 +342,15 @@ def test_apply_lora_rejects_bad_arguments(tiny_config, kwargs, message):
         apply_lora(model, **kwargs)
     assert message in str(info.value)
     assert not lora_layers(model) and all(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize("r, alpha", [(1, 1.0), (1, 0.5), (2, 1)])
+def test_apply_lora_accepts_rank_one_and_an_alpha_below_one(r, alpha):
+    # the bounds are r >= 1 and alpha > 0: not r > 1, nor alpha > 1
+    model = apply_lora(SmolLM(TINY_CONFIGS["gqa3-tied"]), r, alpha)
+    settings = lora_config(model)
+    assert (settings["r"], settings["lora_alpha"]) == (r, alpha)
+    assert all(m.scaling == alpha / r for m in lora_layers(model).values())
 
 
 def test_apply_twice_merge_without_lora_and_wrong_layers_fail_clearly(tiny_config):
@@ -286,6 +427,31 @@ def test_a_flipped_byte_in_a_saved_adapter_is_caught_naming_the_file(adapter, na
             r"unknown LoRA targets \['q'\]",
         ),
         (lambda f: _edit_weights(f, float("nan")), "holds values that are not finite"),
+        # AdaLoRA, DoRA and the rest share LoRA's keys but not its arithmetic
+        (
+            lambda f: _edit_config(f, peft_type="ADALORA"),
+            "adapter_config.json: expected peft_type 'LORA', got 'ADALORA'",
+        ),
+        (
+            lambda f: (f / "adapter_config.json").write_text("[1, 2]"),
+            r"expected peft_type 'LORA', got \[1, 2\]",
+        ),
+        (
+            lambda f: _edit_config(f, use_rslora=True),
+            "use_rslora=True: smol loads plain LoRA only",
+        ),
+        (
+            lambda f: _edit_config(f, use_dora=True),
+            "use_dora=True: smol loads plain LoRA only",
+        ),
+        (
+            lambda f: _edit_config(f, fan_in_fan_out=True),
+            "fan_in_fan_out=True: smol loads plain LoRA only",
+        ),
+        (
+            lambda f: _drop_from_config(f, "r", "target_modules"),
+            "adapter_config.json: no r, target_modules",
+        ),
     ],
 )
 def test_a_damaged_adapter_without_manifest_names_its_fault(adapter, damage, says):
@@ -303,6 +469,34 @@ def test_a_damaged_adapter_without_manifest_names_its_fault(adapter, damage, say
 def _edit_config(folder, **changes):
     path = folder / "adapter_config.json"
     path.write_text(json.dumps(json.loads(path.read_text()) | changes))
+
+
+def _drop_from_config(folder, *keys):
+    path = folder / "adapter_config.json"
+    config = json.loads(path.read_text())
+    path.write_text(json.dumps({k: v for k, v in config.items() if k not in keys}))
+
+
+@pytest.mark.parametrize(
+    "targets, says",
+    [
+        # the file holds v_proj's A and B, which the config no longer names
+        (["q_proj"], "0 missing (e.g. []), 4 unexpected"),
+        # the config names k_proj, for which the file holds no weights
+        (["q_proj", "v_proj", "k_proj"], "4 missing"),
+    ],
+)
+def test_adapter_weights_that_do_not_fit_its_config_are_named(adapter, targets, says):
+    folder, config = adapter
+    (folder / "manifest.json").unlink()
+    _edit_config(folder, target_modules=targets)
+    model = SmolLM(config)
+    with pytest.raises(ValueError) as info:
+        load_peft_adapter(model, folder)
+    message = str(info.value)
+    assert message.startswith(f"{folder}: adapter weights do not fit this model: ")
+    assert says in message and "unexpected" in message
+    assert not lora_layers(model)
 
 
 def _edit_weights(folder, value):
