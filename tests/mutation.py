@@ -8,7 +8,8 @@ it to `mutants/`, and each mutant's exit status beside its module
 - `bench/results/mutation.csv`: per module, mutants, not checked (not run yet: `make
   mutate MUTANTS=...` runs a part), killed (a test failed, timed out or crashed),
   survived, equivalent, no tests (no selected test reaches the code), and the score:
-  killed / (mutants checked - equivalent);
+  killed / (mutants checked - equivalent). A module this run checked nothing of
+  keeps its row from the last report;
 - `_build/mutation/survivors.md`: every surviving mutant that is not known to be
   equivalent, with its diff, to review.
 
@@ -82,6 +83,24 @@ def read_equivalent() -> dict[str, tuple[str, str]]:
         return {r["mutant"]: (r["change"], r["reason"]) for r in csv.DictReader(f)}
 
 
+def keep_earlier_rows(table: dict[str, list[str]]) -> list[str]:
+    """A module none of whose mutants this run checked (mutants/ is a local cache, and
+    `make mutate MUTANTS=...` runs a part) keeps its row from the report on disk, so
+    the report always holds each module's last measurement. Returns those modules."""
+    if not RESULTS.exists():
+        return []
+    with open(RESULTS, newline="") as f:
+        earlier = {r["module"]: r for r in csv.DictReader(f)}
+    kept = []
+    for module, row in table.items():
+        old = earlier.get(module)
+        unchecked = row[2] == row[1]  # 'not checked' == 'mutants'
+        if unchecked and old is not None and old["not checked"] != old["mutants"]:
+            table[module] = list(old.values())
+            kept.append(module)
+    return kept
+
+
 def main() -> None:
     status = statuses()
     known = read_equivalent()
@@ -119,14 +138,17 @@ def main() -> None:
         "no tests",
         "score",
     ]
+    table = {}
+    for module, c in rows.items():
+        real = c["mutants"] - c["not checked"] - c["equivalent"]
+        score = f"{100 * c['killed'] / real:.1f}" if real else ""
+        table[module] = [module, *(str(c[k]) for k in fields[1:-1]), score]
+    kept = keep_earlier_rows(table)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     with open(RESULTS, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(fields)
-        for module, c in sorted(rows.items()):
-            real = c["mutants"] - c["not checked"] - c["equivalent"]
-            score = f"{100 * c['killed'] / real:.1f}" if real else ""
-            w.writerow([module, *(c[k] for k in fields[1:-1]), score])
+        w.writerows(row for _, row in sorted(table.items()))
 
     SURVIVORS.parent.mkdir(parents=True, exist_ok=True)
     with open(SURVIVORS, "w") as f:
@@ -140,6 +162,11 @@ def main() -> None:
     print(
         f"{len(survivors)} surviving mutants to review: {SURVIVORS.relative_to(ROOT)}"
     )
+    if kept:
+        print(
+            "not run this time, their rows kept from the last report: "
+            + ", ".join(kept)
+        )
     if stale:
         print(f"stale entries in {EQUIVALENT.relative_to(ROOT)}: " + ", ".join(stale))
 
