@@ -317,6 +317,39 @@ def test_filters_refuse_a_float_k_and_a_nan_p():
     # NaN compares false with everything: unchecked, it kept every token
     with pytest.raises(ValueError, match=r"top_p must lie in \[0, 1\], got nan"):
         filter_top_p(logits, float("nan"))
+    with pytest.raises(ValueError, match=r"top_p must lie in \[0, 1\], got 1.5"):
+        filter_top_p(logits, 1.5)
+
+
+@pytest.mark.parametrize("shape", [(), (2,), (2, 3)])
+def test_filters_act_on_the_last_dimension_whatever_the_leading_ones(shape):
+    """One row (V,), a batch (B, V), or every position's logits (B, T, V): each row
+    is filtered on its own, as the same rows in a (rows, V) batch are."""
+    torch.manual_seed(0)
+    logits = torch.randn(*shape, 50) * 3
+    rows = logits.reshape(-1, 50)
+    for k in (1, 7):
+        got = filter_top_k(logits, k)
+        assert torch.equal(got.reshape(-1, 50), filter_top_k(rows, k))
+        assert (torch.isfinite(got).sum(-1) == k).all()
+    for p in (0.3, 0.8):
+        got = filter_top_p(logits, p)
+        assert torch.equal(got.reshape(-1, 50), filter_top_p(rows, p))
+        # the kept tokens are the row's most likely ones, and hold at least p
+        kept = torch.isfinite(got)
+        probs = logits.softmax(-1)
+        assert (
+            probs.masked_fill(~kept, 2).amin(-1) >= probs.masked_fill(kept, -1).amax(-1)
+        ).all()
+        assert (probs.masked_fill(~kept, 0).sum(-1) >= p).all()
+
+
+def test_top_p_of_1_keeps_every_token_even_where_the_mass_rounds_to_1():
+    # in float32 the first token's probability rounds to 1.0, so the mass before each
+    # other token is 1.0 already: p = 1 must still keep them all (no filtering)
+    logits = torch.tensor([[30.0, 0.0, -1.0]])
+    assert logits.softmax(-1)[0, 0] == 1.0
+    assert torch.equal(filter_top_p(logits, 1.0), logits)
 
 
 @pytest.mark.parametrize(
