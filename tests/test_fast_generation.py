@@ -102,7 +102,10 @@ def test_generate_through_the_static_cache_equals_plain_decoding(model):
     backend: traced, no code generated, so it runs in seconds. Same tokens as the plain
     loop for a padded batch, sampling with a seed, an eos that ends rows early, one
     step and none, and the same streamed tokens."""
+    from torch._dynamo.utils import counters
+
     torch._dynamo.reset()
+    counters.clear()
     g = torch.Generator().manual_seed(4)
     seqs = [torch.randint(0, 211, (n,), generator=g).tolist() for n in (5, 9)]
     ids, mask = left_pad(seqs)
@@ -122,6 +125,7 @@ def test_generate_through_the_static_cache_equals_plain_decoding(model):
             **kw,
         )
         assert torch.equal(static, plain), kw
+    assert counters["stats"]["unique_graphs"] == 1  # the step was traced, once
     # eos: taken from a row's third greedy token, so one row ends early and is padded
     # with eos, and the loop stops once every row has ended
     free = generate(model, ids, 40, temperature=0, attention_mask=mask)[

@@ -94,6 +94,36 @@ def test_eos_stops_rows_and_pads_them(model):
         generate(model, ids, 20, temperature=0, eos_token_id=[eos, unused]).shape
         == out.shape
     )
+    # a tokenizer's eos as a tensor, 0-d or a list of ids, stops rows the same way
+    for given in (torch.tensor(eos), torch.tensor([eos, unused])):
+        assert torch.equal(
+            generate(model, ids, 20, temperature=0, eos_token_id=given), out
+        )
+
+
+def test_a_padded_batch_generates_up_to_the_whole_context(model):
+    # positions count real tokens only, so the longest row reaches the last position
+    # the RoPE tables hold (max_position_embeddings - 1), not past it
+    ids, mask = left_pad([[5, 6, 7], [8, 9, 10, 11, 12]])
+    n = CONFIG.max_position_embeddings - ids.shape[1]
+    out = generate(model, ids, n, temperature=0, attention_mask=mask)
+    assert out.shape == (2, CONFIG.max_position_embeddings)
+    alone = generate(model, ids[1:], n, temperature=0)
+    assert torch.equal(out[1], alone[0])
+
+
+def test_the_prompt_mask_and_eos_ids_are_made_on_the_prompts_device():
+    from smol.generate import _eos_ids, _prompt_mask
+
+    ids = torch.zeros(2, 3, dtype=torch.long, device="meta")  # a stand-in for a GPU
+    mask, padded = _prompt_mask(ids, None)
+    assert (mask.shape, mask.dtype, mask.device, padded) == (
+        (2, 3),
+        torch.long,
+        ids.device,
+        False,
+    )
+    assert _eos_ids([1, 2], 10, ids.device).device == ids.device
 
 
 def test_stream_and_training_mode(model):
