@@ -41,8 +41,8 @@ def sample_next_token(
     top_p: float | None = None,
     generator: torch.Generator | None = None,
 ) -> torch.Tensor:
-    """Pick one token per row of logits (B, V) -> (B,). temperature 0 is greedy
-    (argmax)."""
+    """Pick one token per row of logits (B, V) -> (B,), or of one row (V,) -> ().
+    temperature 0 is greedy (argmax)."""
     if not (
         isinstance(temperature, (int, float)) and 0 <= temperature < float("inf")
     ):  # not NaN
@@ -339,8 +339,7 @@ def _generate_static(
             input_ids, positions, torch.arange(T, device=device), mask
         )  # prefill
         position = positions[:, -1:] + 1  # (B, 1)
-        n = 0
-        for n in range(max_new_tokens):
+        for n in range(max_new_tokens):  # at least one: 0 returned above
             next_token = sample_next_token(logits[:, -1], **sampling)  # (B,)
             if eos is not None:
                 next_token = torch.where(finished, eos[0], next_token)

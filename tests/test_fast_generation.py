@@ -103,11 +103,16 @@ def test_generate_through_the_static_cache_equals_plain_decoding(model, monkeypa
     in a second, apart from what a compiler does to the step (the tests below compile
     it). Same tokens as the plain loop for a padded batch, sampling with a seed, an eos
     that ends rows early, one step and none, and the same streamed tokens."""
-    compiled = []
+    compiled, steps = [], []
 
     def record(step, **settings):
         compiled.append(settings)
-        return step
+
+        def counted(*args):
+            steps.append(1)
+            return step(*args)
+
+        return counted
 
     monkeypatch.setattr(torch, "compile", record)
     model = copy.deepcopy(model)  # its static caches stay with this test
@@ -122,16 +127,28 @@ def test_generate_through_the_static_cache_equals_plain_decoding(model, monkeypa
     ):
         kw = dict(max_new_tokens=9, attention_mask=mask) | kw
         plain = generate(model, ids, generator=torch.Generator().manual_seed(5), **kw)
+        steps.clear()
         static = generate(
             model,
             ids,
             compile="eager",
+            compile_mode="max-autotune",
             generator=torch.Generator().manual_seed(5),
             **kw,
         )
-        assert torch.equal(static, plain), kw
-    # compile= took the static path: one step (one cache size) made, once
-    assert [(c["backend"], c["fullgraph"]) for c in compiled] == [("eager", True)]
+        assert torch.equal(static, plain) and static.dtype == torch.long, kw
+        # the prompt, then a step for each new token but the last: none wasted
+        assert len(steps) == max(0, kw["max_new_tokens"] - 1)
+    # compile= took the static path: one step (one cache size) made, once, as asked
+    assert [(c["backend"], c["fullgraph"], c["mode"]) for c in compiled] == [
+        ("eager", True, "max-autotune")
+    ]
+    # a padded batch reaches the last position of the context, as the plain loop does
+    n = CONFIG.max_position_embeddings - ids.shape[1]
+    assert torch.equal(
+        generate(model, ids, n, temperature=0, attention_mask=mask, compile="eager"),
+        generate(model, ids, n, temperature=0, attention_mask=mask),
+    )
     # eos: taken from a row's third greedy token, so one row ends early and is padded
     # with eos, and the loop stops once every row has ended
     free = generate(model, ids, 40, temperature=0, attention_mask=mask)[
@@ -244,6 +261,12 @@ def test_speculative_equals_greedy(model, num_draft):
     assert torch.equal(
         generate(model, ids, 40, temperature=0, speculative=num_draft), expected
     )
+    # a mask of ones (a tokenizer's, for one unpadded prompt) is no padding
+    ones = torch.ones_like(ids)
+    got = generate(
+        model, ids, 40, temperature=0, speculative=num_draft, attention_mask=ones
+    )
+    assert torch.equal(got, expected)
     eos = expected[0, ids.shape[1] + 6].item()  # stop at an end token, as greedy does
     assert torch.equal(
         generate(

@@ -196,6 +196,32 @@ def test_sample_next_token():
         sample_next_token(logits, temperature=-1)
 
 
+def test_sampling_defaults_bounds_and_nucleus():
+    logits = torch.tensor([[2.0, 1.5, 1.0, 0.0]] * 3)
+
+    def seeded(**kw):
+        return sample_next_token(
+            logits, generator=torch.Generator().manual_seed(9), **kw
+        )
+
+    # the default temperature is 1: the model's own distribution
+    assert torch.equal(seeded(), seeded(temperature=1.0))
+    assert not all(torch.equal(seeded(), seeded(temperature=t)) for t in (0.3, 3.0))
+    # top_p's bounds are both allowed: 0 keeps the most likely token, 1 keeps all
+    assert torch.equal(seeded(top_p=0.0), logits.argmax(-1))
+    assert torch.equal(seeded(top_p=1.0), seeded())
+    # top_p acts when sampling: 0.4 of the mass is the first token alone
+    g = torch.Generator().manual_seed(1)
+    draws = torch.stack(
+        [sample_next_token(logits, top_p=0.4, generator=g) for _ in range(50)]
+    )
+    assert (draws == 0).all()
+    # one row (V,) gives one token ()
+    assert sample_next_token(logits[0], temperature=0).shape == ()
+    one = sample_next_token(logits[0], generator=torch.Generator().manual_seed(9))
+    assert one.shape == () and one == seeded()[0]
+
+
 def test_kv_cache_is_preallocated_and_bounded():
     cache = KVCache(CONFIG, batch_size=2, max_len=10)
     assert cache.k.shape == (3, 2, 2, 10, 8) and cache.length == 0
