@@ -184,6 +184,31 @@ def test_generate_through_the_static_cache_equals_plain_decoding(model, monkeypa
         assert bool((row[first:] == eos).all())
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_generate_on_a_gpu_makes_every_tensor_there(model, monkeypatch):
+    """A tensor made on the CPU by mistake (a mask, the finished flags, a slot) only
+    fails on a second device: the plain and static loops on CUDA, with a CPU-side
+    attention mask and an eos, agree with each other."""
+    monkeypatch.setattr(torch, "compile", lambda step, **settings: step)
+    cuda = copy.deepcopy(model).cuda()
+    ids, mask = left_pad([[5, 6, 7], [8, 9, 10, 11, 12]])
+    free = generate(cuda, ids.cuda(), 12, temperature=0, attention_mask=mask)
+    assert free.device.type == "cuda"
+    eos = int(free[0, ids.shape[1] + 2])
+    for compile in (False, "eager"):
+        got = generate(
+            cuda,
+            ids.cuda(),
+            12,
+            temperature=0,
+            attention_mask=mask,  # on the CPU: generate moves it
+            eos_token_id=eos,
+            compile=compile,
+        )
+        assert got.device.type == "cuda"
+        assert torch.equal(got[0, : ids.shape[1] + 3], free[0, : ids.shape[1] + 3])
+
+
 def test_compiled_generate_equals_eager_and_compiles_once(model):
     """compile="aot_eager" traces and functionalizes the step as inductor does, without
     generating C++ (minutes on a small CPU); bench/gpu_check.sh runs the inductor
