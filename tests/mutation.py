@@ -83,7 +83,7 @@ def read_equivalent() -> dict[str, tuple[str, str]]:
         return {r["mutant"]: (r["change"], r["reason"]) for r in csv.DictReader(f)}
 
 
-def keep_earlier_rows(table: dict[str, list[str]]) -> list[str]:
+def keep_earlier_rows(table: dict[str, list[str]], unchecked: list[str]) -> list[str]:
     """A module none of whose mutants this run checked (mutants/ is a local cache, and
     `make mutate MUTANTS=...` runs a part) keeps its row from the report on disk, so
     the report always holds each module's last measurement. Returns those modules."""
@@ -92,10 +92,9 @@ def keep_earlier_rows(table: dict[str, list[str]]) -> list[str]:
     with open(RESULTS, newline="") as f:
         earlier = {r["module"]: r for r in csv.DictReader(f)}
     kept = []
-    for module, row in table.items():
+    for module in unchecked:
         old = earlier.get(module)
-        unchecked = row[2] == row[1]  # 'not checked' == 'mutants'
-        if unchecked and old is not None and old["not checked"] != old["mutants"]:
+        if old is not None and old["not checked"] != old["mutants"]:
             table[module] = list(old.values())
             kept.append(module)
     return kept
@@ -145,7 +144,8 @@ def main() -> None:
         real = c["mutants"] - c["not checked"] - c["equivalent"]
         score = f"{100 * c['killed'] / real:.1f}" if real else ""
         table[module] = [module, *(str(c[k]) for k in fields[1:-1]), score]
-    kept = keep_earlier_rows(table)
+    unchecked = [m for m, c in rows.items() if c["not checked"] == c["mutants"]]
+    kept = keep_earlier_rows(table, unchecked)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     with open(RESULTS, "w", newline="") as f:
         w = csv.writer(f)
