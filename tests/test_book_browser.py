@@ -42,6 +42,8 @@ CHROMIUM_ARGS = [  # Playwright adds --headless itself; nothing may reach the ne
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
+    # every host name but the book's server fails to resolve, in the browser itself
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
 ]
 
 
@@ -564,6 +566,7 @@ RENDER_MATH = """async () => {
 # finds, and test_reader_checks_catch_broken_pages proves each one on a deliberately
 # broken page.
 PHONE = {"width": 390, "height": 844}
+NEXT_FRAME = "() => new Promise(done => requestAnimationFrame(() => done()))"
 
 WIDER_THAN_BOX = """() => {
     const found = [];
@@ -967,20 +970,20 @@ def _reader_problems(page, doc: str) -> list[str]:
     return [f"{doc}: {problem}" for problem in found]
 
 
-def _phone_problems(phone, url: str, doc: str, has_math: bool) -> list[str]:
-    """The same page at a phone's width: nothing cut off at the right edge."""
-    from playwright.sync_api import TimeoutError as PlaywrightTimeout
-
-    phone.goto(url, wait_until="load")
-    if has_math:
-        try:
-            phone.wait_for_function(MATHJAX_STARTED, timeout=15000)
-            phone.evaluate(RENDER_MATH)
-        except PlaywrightTimeout:
-            pass  # reported at desktop width
-    width = PHONE["width"]
-    found = phone.evaluate(CUT_OFF_ON_A_PHONE) + phone.evaluate(PAGE_WIDER_THAN_SCREEN)
-    return [f"{doc} at {width} px: {p}" for p in found]
+def _phone_problems(page, doc: str) -> list[str]:
+    """The same page at a phone's width: nothing cut off at the right edge. The page
+    is laid out again at that width (the theme's narrow layout is CSS alone), then
+    given back its own."""
+    desktop = page.viewport_size
+    page.set_viewport_size(PHONE)
+    try:
+        page.evaluate(NEXT_FRAME)
+        found = page.evaluate(CUT_OFF_ON_A_PHONE) + page.evaluate(
+            PAGE_WIDER_THAN_SCREEN
+        )
+    finally:
+        page.set_viewport_size(desktop)
+    return [f"{doc} at {PHONE['width']} px: {p}" for p in found]
 
 
 def _theme_problems(page, doc: str, most: int = 5) -> list[str]:
@@ -1000,7 +1003,7 @@ def _theme_problems(page, doc: str, most: int = 5) -> list[str]:
     return [f"{doc}: {p}" for p in found]
 
 
-def _page_problems(page, phone, doc: str, links: RepoLinks) -> tuple[list[str], bool]:
+def _page_problems(page, doc: str, links: RepoLinks) -> tuple[list[str], bool]:
     """Every check of one page, at a desktop's and at a phone's width, in the light and
     the dark theme: (the problems found, whether MathJax rendered formulas on it)."""
     problems = []
@@ -1014,15 +1017,15 @@ def _page_problems(page, phone, doc: str, links: RepoLinks) -> tuple[list[str], 
         problems += found
     problems += _reader_problems(page, doc)
     problems += _theme_problems(page, doc)
-    problems += _phone_problems(phone, page.url, doc, n_math > 0)
+    problems += _phone_problems(page, doc)
     return problems, rendered
 
 
 @contextlib.contextmanager
 def _book_in_chromium(served: str, profile: Path, errors: list[str], current: dict):
     """A Chromium that loads nothing but the book's own files (the book must work
-    offline): yields (page, phone), a desktop-sized page that reports its errors into
-    errors, and a phone-sized one."""
+    offline: CHROMIUM_ARGS leave it no other host): yields a desktop-sized page that
+    reports its errors into errors."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as pw:
@@ -1034,20 +1037,9 @@ def _book_in_chromium(served: str, profile: Path, errors: list[str], current: di
             viewport={"width": 1280, "height": 900},
         )
         try:
-            context.route(
-                "**/*",
-                lambda route: (
-                    route.continue_()
-                    if _is_local(route.request.url, served)
-                    else route.abort()
-                ),
-            )
             page = context.pages[0] if context.pages else context.new_page()
             _record_page_errors(page, served, errors, current)
-            phone = context.new_page()
-            phone.set_viewport_size(PHONE)
-            page.bring_to_front()
-            yield page, phone
+            yield page
         finally:
             context.close()
 
@@ -1065,7 +1057,7 @@ def test_pages_in_chromium(book, served, tmp_path):
     pages_with_math = 0
     start = time.perf_counter()
     browser = _book_in_chromium(served, tmp_path / "profile", errors, current)
-    with browser as (page, phone):
+    with browser as page:
         page.goto(served + "/", wait_until="load")
         for i, doc in enumerate(pages):
             current["page"] = doc
@@ -1081,7 +1073,7 @@ def test_pages_in_chromium(book, served, tmp_path):
                     f"{came_from} led to {page.url}, not to {doc}.html\n"
                     + "\n".join(errors)
                 ) from None
-            problems, rendered = _page_problems(page, phone, doc, links)
+            problems, rendered = _page_problems(page, doc, links)
             errors += problems
             pages_with_math += rendered
             if i == 0:
@@ -1130,6 +1122,27 @@ BROKEN_PAGE_PARTS = {
         "width='400' height='40'/&gt;"
     ),
 }
+
+
+def test_the_browser_reaches_the_book_and_no_other_host(served):
+    """The book's server answers at 127.0.0.1; the same server under another name
+    (localhost) does not, as no host on the internet would: what the book needs must
+    be in the book."""
+    _require_browser()
+    from playwright.sync_api import Error, sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            page = browser.new_page()
+            assert page.goto(served + "/").ok
+            other = served.replace("127.0.0.1", "localhost")
+            with pytest.raises(Error, match="ERR_NAME_NOT_RESOLVED"):
+                page.goto(other + "/")
+        finally:
+            browser.close()
 
 
 def test_reader_checks_catch_broken_pages(tmp_path):
