@@ -459,6 +459,29 @@ def test_repeat_kv_groups_query_heads_as_repeat_interleave():
     assert repeat_kv(kv, 1) is kv
 
 
+def test_sdpa_attention_on_a_cpu_never_copies_the_shared_heads(monkeypatch):
+    """On a CPU, SDPA's enable_gqa reads each key/value head in place: prompt
+    attention (many queries) must not build repeat_kv's copies. Elsewhere the copies
+    stay, except in the fused half-precision CUDA kernels (checked on meta tensors:
+    neither CPU nor CUDA, float32 or bfloat16). Mutants: a device test that sends the
+    CPU to the copying path, or that lets a half-precision tensor of another device
+    skip it."""
+    import smol.attention as attention
+
+    torch.manual_seed(0)
+    model = SmolLM(SmolConfig.preset("tiny")).eval()  # 4 query heads on 2 kv heads
+    ids = torch.randint(0, 4096, (2, 7))
+    expected = model(ids)[0]
+
+    def refuse(*args):
+        raise AssertionError("repeat_kv copied the key/value heads on a CPU")
+
+    monkeypatch.setattr(attention, "repeat_kv", refuse)
+    torch.testing.assert_close(model(ids)[0], expected, atol=0, rtol=0)
+    for dtype in (torch.float32, torch.bfloat16):
+        assert not attention.sdpa_uses_gqa(torch.empty(1, device="meta", dtype=dtype))
+
+
 def test_grouped_decode_attention_equals_sdpa_on_repeated_heads():
     """One query token: the query heads folded into the query axis attend as SDPA over
     repeat_kv's copies does, with and without a mask. Mutant: folding them as (r h),
@@ -645,6 +668,10 @@ def test_torch_compile_in_train_and_eval():
         (
             dict(rms_norm_eps="1e-5"),
             "rms_norm_eps must be a positive finite number, got '1e-5'",
+        ),
+        (
+            dict(rms_norm_eps=0.0),
+            "rms_norm_eps must be a positive finite number, got 0.0",
         ),
         (dict(hidden_size=32.0), "hidden_size must be a positive int, got 32.0"),
         (
