@@ -610,6 +610,27 @@ def test_an_attention_or_layer_built_alone_caches_in_the_first_slot():
         assert cache.k[0, :, :, :3].abs().sum() > 0
 
 
+def test_an_attention_or_layer_called_alone_is_causal():
+    """Chapters 3 and 5 call one block on x, cos and sin alone: by default a token
+    must not see the tokens after it (mutant: is_causal=False by default)."""
+    from smol.attention import Attention
+    from smol.model import DecoderLayer
+
+    torch.manual_seed(0)
+    config = SmolConfig.preset("tiny")
+    cos, sin = RotaryEmbedding(config.head_dim, config.rope_theta, 8)(
+        5, torch.device("cpu")
+    )
+    x = torch.randn(1, 5, config.hidden_size)
+    changed = x.clone()
+    changed[:, -1] += 1.0  # only the last token differs
+    for block in (Attention(config), DecoderLayer(config)):
+        with torch.no_grad():
+            a, b = block(x, cos, sin), block(changed, cos, sin)
+        torch.testing.assert_close(a[:, :-1], b[:, :-1], atol=0, rtol=0)
+        assert not torch.allclose(a[:, -1], b[:, -1])
+
+
 def test_gradient_checkpointing_gives_the_same_gradients():
     torch.manual_seed(0)
     model = SmolLM(SmolConfig.preset("tiny"))
