@@ -416,6 +416,12 @@ def test_rope_tables_are_fp32_lazy_and_grow_to_the_context():
     assert rope.cos.shape[0] == 80  # doubles, so growth happens only log(n) times
     rope(90, torch.device("cpu"))
     assert rope.cos.shape[0] == 100  # never past the context
+    table = rope.cos
+    rope(100, torch.device("cpu")), rope(7, torch.device("cpu"))
+    assert rope.cos is table  # long enough, on this device: read, not built again
+    first = RotaryEmbedding(head_dim=8, theta=10000.0, max_positions=100)
+    first(1, torch.device("cpu"))
+    assert first.cos.shape[0] == 1  # the first table is as long as asked
     with pytest.raises(ValueError, match="longer than the context"):
         rope(101, torch.device("cpu"))
     # the relative-position property: q.k after rotation depends only on the offset
@@ -480,6 +486,50 @@ def test_sdpa_attention_on_a_cpu_never_copies_the_shared_heads(monkeypatch):
     torch.testing.assert_close(model(ids)[0], expected, atol=0, rtol=0)
     for dtype in (torch.float32, torch.bfloat16):
         assert not attention.sdpa_uses_gqa(torch.empty(1, device="meta", dtype=dtype))
+
+
+def test_a_decode_step_takes_the_grouped_path_and_a_prompt_does_not(monkeypatch):
+    """One new token with a cache attends through grouped_decode_attention, in every
+    layer; a prompt goes to SDPA whole. Mutants: a routing test that reads another
+    axis, or that wants the step causal (either leaves decoding on the slower path,
+    with the same numbers)."""
+    import smol.attention as attention
+
+    torch.manual_seed(0)
+    config = SmolConfig.preset("tiny")
+    model = SmolLM(config).eval()
+    grouped = attention.grouped_decode_attention
+    calls = []
+
+    def counted(*args):
+        calls.append(1)
+        return grouped(*args)
+
+    monkeypatch.setattr(attention, "grouped_decode_attention", counted)
+    ids = torch.randint(0, config.vocab_size, (2, 6))
+    cache = KVCache(config, batch_size=2, max_len=8)
+    with torch.no_grad():
+        model(ids[:, :5], kv_cache=cache)
+        assert calls == []
+        model(ids[:, 5:], kv_cache=cache)
+    assert len(calls) == config.num_hidden_layers
+
+
+def test_the_copying_fallback_equals_sdpa_with_shared_heads(monkeypatch):
+    """Where SDPA cannot share key/value heads in place (float32 on CUDA, a T4),
+    attention copies them with repeat_kv: the same outputs, the padding mask
+    included (forced here on a CPU). Mutant: the fallback drops the mask."""
+    import smol.attention as attention
+
+    torch.manual_seed(0)
+    model = SmolLM(SmolConfig.preset("tiny")).eval()
+    ids = torch.randint(0, 4096, (2, 6))
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+    with torch.no_grad():
+        expected = model(ids, attention_mask=mask)[0]
+        monkeypatch.setattr(attention, "sdpa_uses_gqa", lambda q: False)
+        got = model(ids, attention_mask=mask)[0]
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
 def test_grouped_decode_attention_equals_sdpa_on_repeated_heads():
