@@ -256,10 +256,42 @@ def test_token_ids_are_range_checked_on_cpu_without_reading_back_other_devices()
         SmolLM(SmolConfig.preset("tiny"))(torch.tensor([[5, 4096]]))
 
 
+def test_the_masks_the_model_makes_are_made_on_its_device():
+    """A model moved to another device (meta here: no values, no CUDA needed), called
+    outside any default-device context: the causal and padding masks it builds must
+    be made there too (a mask left on the CPU cannot meet the meta scores)."""
+    model = SmolLM(SmolConfig.preset("tiny")).to("meta")
+    ids = torch.zeros(2, 5, dtype=torch.long, device="meta")
+    mask = torch.ones(2, 5, dtype=torch.long, device="meta")
+    logits, _ = model(ids, attention_mask=mask)
+    assert logits.shape == (2, 5, 4096) and logits.device.type == "meta"
+
+
+def test_a_prompt_after_one_cached_token_equals_one_pass():
+    """One token, then three, then four, through a cache without a mask: each query
+    sees every earlier token, cached or new, as in one pass over all of them (SDPA's
+    is_causal alone would align a chunk's causal triangle with the cache's start)."""
+    torch.manual_seed(0)
+    config = SmolConfig.preset("tiny")
+    model = SmolLM(config).eval()
+    ids = torch.randint(0, config.vocab_size, (1, 8))
+    with torch.no_grad():
+        whole = model(ids)[0]
+        cache = KVCache(config, batch_size=1, max_len=8)
+        parts = [
+            model(ids[:, a:b], kv_cache=cache)[0] for a, b in ((0, 1), (1, 4), (4, 8))
+        ]
+    torch.testing.assert_close(torch.cat(parts, 1), whole, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize(
     "inputs, error, says",
     [
-        (dict(attention_mask=[[1, 1, 1]]), TypeError, "attention_mask must be a torch"),
+        (
+            dict(attention_mask=[[1, 1, 1]]),
+            TypeError,
+            "attention_mask must be a torch.Tensor, got list",
+        ),
         (dict(targets=[[1, 2, 3]]), TypeError, "targets must be a torch.Tensor"),
         (dict(targets=torch.ones(1, 3)), TypeError, "targets must hold integers"),
         (dict(position_ids=[[0, 1, 2]]), TypeError, "position_ids must be a torch"),
