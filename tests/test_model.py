@@ -296,6 +296,8 @@ def test_a_prompt_after_one_cached_token_equals_one_pass():
         (dict(targets=torch.ones(1, 3)), TypeError, "targets must hold integers"),
         (dict(position_ids=[[0, 1, 2]]), TypeError, "position_ids must be a torch"),
         (dict(kv_cache={}), TypeError, "kv_cache must be a KVCache, got dict"),
+        (dict(logits_to_keep=-1), ValueError, "logits_to_keep must be an int >= 0"),
+        (dict(logits_to_keep=True), ValueError, "an int >= 0, got True"),
         (
             dict(targets=torch.tensor([[1, 5000, 2]])),
             ValueError,
