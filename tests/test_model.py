@@ -715,6 +715,55 @@ def test_an_attention_or_layer_called_alone_is_causal():
         assert not torch.allclose(a[:, -1], b[:, -1])
 
 
+def test_checkpointed_padded_training_gives_the_same_gradients_by_autograd_grad():
+    """Gradient checkpointing of a padded batch: the layers recomputed in backward
+    see the same mask, and torch.autograd.grad reaches the parameters (the
+    non-reentrant checkpoint; the reentrant one leaves them out of the graph).
+    Mutants: the mask or is_causal not handed to the checkpointed layer, or
+    use_reentrant other than False."""
+    torch.manual_seed(0)
+    model = SmolLM(SmolConfig.preset("tiny"))
+    ids = torch.randint(0, 4096, (2, 9))
+    mask = torch.ones(2, 9, dtype=torch.long)
+    mask[0, :3] = 0  # the first row is left-padded
+    targets = ids.roll(-1, 1).masked_fill(mask == 0, -100)
+    params = list(model.parameters())
+    grads = []
+    for flag in (False, True):
+        model.gradient_checkpointing = flag
+        loss = model(ids, targets, attention_mask=mask)[1]
+        grads.append(torch.autograd.grad(loss, params))
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=0)
+
+
+def test_one_counted_target_gives_its_own_cross_entropy():
+    """The mean runs over counted targets: with every target but one ignored, the
+    loss is that token's cross-entropy (mutant: dividing by at least 2)."""
+    torch.manual_seed(0)
+    model = SmolLM(SmolConfig.preset("tiny")).eval()
+    ids = torch.randint(0, 4096, (1, 4))
+    targets = torch.full((1, 4), -100)
+    targets[0, 2] = 7
+    with torch.no_grad():
+        logits, loss = model(ids, targets)
+    expected = torch.nn.functional.cross_entropy(logits[0, 2:3], targets[0, 2:3])
+    torch.testing.assert_close(loss, expected)
+
+
+def test_logits_to_keep_gives_the_last_positions_logits():
+    torch.manual_seed(0)
+    model = SmolLM(SmolConfig.preset("tiny")).eval()
+    ids = torch.randint(0, 4096, (2, 5))
+    with torch.no_grad():
+        whole = model(ids)[0]
+        kept = model(ids, logits_to_keep=2)[0]
+    assert kept.shape == (2, 2, 4096)
+    torch.testing.assert_close(kept, whole[:, -2:], atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match="the loss needs every position's logits"):
+        model(ids, ids, logits_to_keep=2)
+
+
 def test_gradient_checkpointing_gives_the_same_gradients():
     torch.manual_seed(0)
     model = SmolLM(SmolConfig.preset("tiny"))
