@@ -267,6 +267,32 @@ def test_the_masks_the_model_makes_are_made_on_its_device():
     assert logits.shape == (2, 5, 4096) and logits.device.type == "meta"
 
 
+def test_the_range_check_is_skipped_while_compiling(monkeypatch):
+    """Compiled graphs skip the data-dependent range check (reading values back would
+    break the graph): while compiling, even out-of-range values pass unread."""
+    from smol.model import _check_range
+
+    with pytest.raises(ValueError, match="must lie in"):
+        _check_range("ids", torch.tensor([5]), 0, 3)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert _check_range("ids", torch.tensor([5]), 0, 3) is None
+
+
+def test_under_autocast_the_cache_holds_the_autocast_dtype():
+    """Under bfloat16 autocast the layers write bfloat16 keys and values: a bfloat16
+    cache fits a float32 model there, and a float32 one is refused, by name."""
+    torch.manual_seed(0)
+    config = SmolConfig.preset("tiny")
+    model = SmolLM(config).eval()
+    ids = torch.randint(0, config.vocab_size, (1, 4))
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        cache = KVCache(config, batch_size=1, max_len=8, dtype=torch.bfloat16)
+        model(ids, kv_cache=cache)
+        assert cache.length == 4
+        with pytest.raises(ValueError, match="kv_cache does not fit"):
+            model(ids, kv_cache=KVCache(config, batch_size=1, max_len=8))
+
+
 def test_a_prompt_after_one_cached_token_equals_one_pass():
     """One token, then three, then four, through a cache without a mask: each query
     sees every earlier token, cached or new, as in one pass over all of them (SDPA's
@@ -294,6 +320,11 @@ def test_a_prompt_after_one_cached_token_equals_one_pass():
         ),
         (dict(targets=[[1, 2, 3]]), TypeError, "targets must be a torch.Tensor"),
         (dict(targets=torch.ones(1, 3)), TypeError, "targets must hold integers"),
+        (
+            dict(targets=torch.ones(1, 3, dtype=torch.complex64)),
+            TypeError,
+            "targets must hold integers",
+        ),
         (dict(position_ids=[[0, 1, 2]]), TypeError, "position_ids must be a torch"),
         (dict(kv_cache={}), TypeError, "kv_cache must be a KVCache, got dict"),
         (dict(logits_to_keep=-1), ValueError, "logits_to_keep must be an int >= 0"),
