@@ -553,6 +553,34 @@ def test_sdpa_attention_on_a_cpu_never_copies_the_shared_heads(monkeypatch):
         assert not attention.sdpa_uses_gqa(torch.empty(1, device="meta", dtype=dtype))
 
 
+@pytest.mark.parametrize(
+    "dtype, capability, shares",
+    [
+        (torch.bfloat16, (8, 0), True),  # an A100: the fused kernels share heads
+        (torch.float16, (9, 0), True),  # an H100
+        (torch.float16, (7, 5), False),  # a T4: no fused kernel takes enable_gqa
+        (torch.float32, (9, 0), False),  # float32 falls back to the math kernel
+    ],
+)
+def test_which_cuda_attention_shares_key_value_heads(
+    monkeypatch, dtype, capability, shares
+):
+    """The CUDA side of sdpa_uses_gqa, without a GPU: a stand-in query on a cuda
+    device and a stand-in for the device's compute capability, asked of the query's
+    own device."""
+    from types import SimpleNamespace
+
+    import smol.attention as attention
+
+    asked = []
+    monkeypatch.setattr(
+        torch.cuda, "get_device_capability", lambda d: asked.append(d) or capability
+    )
+    q = SimpleNamespace(device=torch.device("cuda", 1), dtype=dtype)
+    assert attention.sdpa_uses_gqa(q) is shares
+    assert asked in ([], [q.device])
+
+
 def test_a_decode_step_takes_the_grouped_path_and_a_prompt_does_not(monkeypatch):
     """One new token with a cache attends through grouped_decode_attention, in every
     layer; a prompt goes to SDPA whole. Mutants: a routing test that reads another
