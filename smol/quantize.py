@@ -30,7 +30,7 @@ def quantize_per_channel(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return q, scale
 
 
-def _int8_kernel(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> bool:
+def _int8_kernel(x: torch.Tensor, q: torch.Tensor) -> bool:
     """Whether to multiply with PyTorch's fused int8 weight-only kernel: on CUDA, and on
     a CPU for bfloat16 and float16 activations.
 
@@ -83,7 +83,7 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
         scale = self.scale.to(x.dtype)
-        if _int8_kernel(x, self.weight, scale):
+        if _int8_kernel(x, self.weight):
             y = torch.ops.aten._weight_int8pack_mm(
                 x.reshape(-1, self.in_features), self.weight, scale
             )

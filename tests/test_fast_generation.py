@@ -3,6 +3,7 @@ prompt-lookup speculative decoding, bfloat16 and int8 weights, and a chat that k
 cache across turns."""
 
 import copy
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -207,6 +208,28 @@ def test_generate_on_a_gpu_makes_every_tensor_there(model, monkeypatch):
         )
         assert got.device.type == "cuda"
         assert torch.equal(got[0, : ids.shape[1] + 3], free[0, : ids.shape[1] + 3])
+
+
+def test_generate_makes_every_tensor_on_the_prompts_device_not_the_default(
+    model, monkeypatch
+):
+    """The same check without a GPU: with the default device set to meta, a tensor made
+    without device=... (the finished flags, the output buffer, a slot, the prefill's
+    positions) lands on meta and the next operation with the CPU's tensors fails. The
+    plain and static loops on the CPU, padded and with an eos, give the tokens they give
+    with the default left alone."""
+    monkeypatch.setattr(torch, "compile", lambda step, **settings: step)
+    ids, mask = left_pad([[5, 6, 7], [8, 9, 10, 11, 12]])
+    free = generate(model, ids, 12, temperature=0, attention_mask=mask)
+    eos = int(free[0, ids.shape[1] + 2])
+    for compile in (False, "eager"):
+        settings = dict(attention_mask=mask, eos_token_id=eos, compile=compile)
+        expected = generate(model, ids, 12, temperature=0, **settings)
+        assert torch.equal(expected[0, : ids.shape[1] + 3], free[0, : ids.shape[1] + 3])
+        with torch.device("meta"):
+            got = generate(model, ids, 12, temperature=0, **settings)
+        assert got.device.type == "cpu"
+        assert torch.equal(got, expected)
 
 
 def test_compiled_generate_equals_eager_and_compiles_once(model):
@@ -517,15 +540,31 @@ def test_quant_linear_equals_linear_with_its_weight(dtype):
         QuantLinear(torch.zeros(4, 8, dtype=torch.int8), torch.ones(3))
 
 
+def test_quant_linear_answers_in_the_dtype_of_its_input():
+    """A layer quantized in float32 (float32 scales) and then fed bfloat16 (a model cast
+    after quantizing) answers in bfloat16, as the layer quantized in bfloat16 does.
+    Mutant: the stored scale used as it is (a float32 answer)."""
+    torch.manual_seed(2)
+    ql = QuantLinear.from_linear(torch.nn.Linear(64, 48, bias=False))
+    as_bf16 = QuantLinear(ql.weight, ql.scale, dtype=torch.bfloat16)
+    x = torch.randn(3, 64, dtype=torch.bfloat16)
+    assert ql.scale.dtype == torch.float32 and ql(x).dtype == torch.bfloat16
+    assert torch.equal(ql(x), as_bf16(x))
+
+
 def test_quant_linear_skips_the_slow_fused_float32_kernel_on_cpu():
     """The fused kernel's CPU float32 loop is 3x slower than dequantizing for one token
     and 38x for a prompt (quantize._int8_kernel); bfloat16 goes through the kernel. The
     old rule (fused whenever the kernel exists) fails the first assert."""
-    q, scale = torch.zeros(8, 64, dtype=torch.int8), torch.ones(8)
-    assert not _int8_kernel(torch.zeros(1, 64), q, scale)
+    q = torch.zeros(8, 64, dtype=torch.int8)
+    assert not _int8_kernel(torch.zeros(1, 64), q)
     has_kernel = hasattr(torch.ops.aten, "_weight_int8pack_mm")
-    x_bf16 = torch.zeros(1, 64, dtype=torch.bfloat16)
-    assert _int8_kernel(x_bf16, q, scale.bfloat16()) == has_kernel
+    assert _int8_kernel(torch.zeros(1, 64, dtype=torch.bfloat16), q) == has_kernel
+    # on a GPU float32 goes through the kernel too (a stand-in activation on cuda)
+    on_gpu = SimpleNamespace(device=torch.device("cuda"), dtype=torch.float32)
+    assert _int8_kernel(on_gpu, q) == has_kernel
+    # the kernel takes whole groups of 32 input features
+    assert not _int8_kernel(torch.zeros(1, 48, dtype=torch.bfloat16), q[:, :48])
 
 
 def test_quantize_int8_replaces_every_linear(model):
