@@ -79,7 +79,7 @@ class QuantLinear(nn.Module):
                 "QuantLinear holds bias-free layers (as every Linear in SmolLM2)"
             )
         q, scale = quantize_per_channel(linear.weight.detach())
-        return cls(q, scale.to(linear.weight.device), dtype=linear.weight.dtype)
+        return cls(q, scale, dtype=linear.weight.dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
         scale = self.scale.to(x.dtype)

@@ -507,8 +507,9 @@ def test_quantize_per_channel_rounds_each_row_to_its_own_scale():
     per_tensor = (torch.round(w / s_all) * s_all - w).abs().amax(1) / w.abs().amax(1)
     per_row = err.amax(1) / w.abs().amax(1)
     assert per_tensor[0] > 0.5 and per_row.max() < 0.005
-    with pytest.raises(ValueError, match="2-d floating-point"):
-        quantize_per_channel(torch.ones(4, dtype=torch.int8))
+    for wrong in (torch.ones(4), torch.ones(4, 4, dtype=torch.int8)):  # either fault
+        with pytest.raises(ValueError, match="2-d floating-point"):
+            quantize_per_channel(wrong)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -534,10 +535,14 @@ def test_quant_linear_equals_linear_with_its_weight(dtype):
         )
         torch.testing.assert_close(fused.reshape(3, 5, 48), expected, **tol)
     assert ql(x).dtype == dtype and ql.weight.dtype == torch.int8
+    assert ql.scale.dtype == dtype  # kept in the layer's dtype, not float32
     with pytest.raises(ValueError, match="bias-free"):
         QuantLinear.from_linear(torch.nn.Linear(4, 4))
     with pytest.raises(ValueError, match="one scale per output channel"):
         QuantLinear(torch.zeros(4, 8, dtype=torch.int8), torch.ones(3))
+    for wrong in (torch.zeros(4, 8), torch.zeros(4, dtype=torch.int8)):  # either fault
+        with pytest.raises(ValueError, match="expected an int8 weight"):
+            QuantLinear(wrong, torch.ones(4))
 
 
 def test_quant_linear_answers_in_the_dtype_of_its_input():
@@ -549,6 +554,7 @@ def test_quant_linear_answers_in_the_dtype_of_its_input():
     as_bf16 = QuantLinear(ql.weight, ql.scale, dtype=torch.bfloat16)
     x = torch.randn(3, 64, dtype=torch.bfloat16)
     assert ql.scale.dtype == torch.float32 and ql(x).dtype == torch.bfloat16
+    assert as_bf16.scale.dtype == torch.bfloat16  # the dtype asked for
     assert torch.equal(ql(x), as_bf16(x))
 
 
