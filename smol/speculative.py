@@ -19,6 +19,10 @@ import torch
 
 from smol.kv_cache import KVCache
 
+# A draft model's near tie (see ModelDraft): one rounding step of bfloat16 for logits
+# between 16 and 32, 16 * 2**-7.
+NEAR_TIE = 0.125
+
 
 def lookup_draft(
     tokens: torch.Tensor, max_ngram: int = 3, num_draft: int = 8
@@ -69,7 +73,7 @@ class ModelDraft:
     bench/generate.py, every position where the bfloat16 copy picks another token is
     such a tie (it leads by 0 or 1/8)."""
 
-    def __init__(self, model, max_len: int, stop_margin: float | None = 0.125):
+    def __init__(self, model, max_len: int, stop_margin: float | None = NEAR_TIE):
         self.model = model
         self.stop_margin = stop_margin
         self.cache = KVCache.for_model(model, 1, max_len)
@@ -126,7 +130,7 @@ def speculative_greedy(
     max_ngram: int = 3,
     num_draft: int = 8,
     draft_model=None,
-    draft_stop_margin: float | None = 0.125,
+    draft_stop_margin: float | None = NEAR_TIE,
     eos=None,
     stream=None,
     stats: SpeculativeStats | None = None,

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from smol import speculative
+from smol import SmolLM, speculative
 from smol.chat import ChatSession
 from smol.generate import generate, left_pad
 from smol.kv_cache import KVCache
@@ -84,11 +84,16 @@ def test_static_cache_equals_dynamic_cache_batched_and_padded(model):
     )  # the unpadded row is the same either way
 
 
-def test_static_cache_checks_its_sizes(model):
-    with pytest.raises(ValueError, match="max_len"):
-        StaticCache(model, 1, 257)
+def test_static_cache_checks_its_sizes(model, monkeypatch):
+    for max_len in (0, 257):
+        with pytest.raises(ValueError, match="max_len"):
+            StaticCache(model, 1, max_len)
     with pytest.raises(ValueError, match="batch_size"):
         StaticCache(model, 0, 16)
+    one = StaticCache(model, 1, 1)  # a one-token prompt fits a one-slot cache
+    ids = torch.tensor([[7]])
+    logits = one(ids, torch.zeros(1, 1, dtype=torch.long), torch.arange(1), ids > 0)
+    torch.testing.assert_close(logits, model(ids)[0])
     assert (
         static_cache_for(model, 2, 10, compile=False).max_len == 256
     )  # rounded up to 256
@@ -96,6 +101,12 @@ def test_static_cache_checks_its_sizes(model):
         model, 2, 5, compile=False
     )
     assert "_static_caches" not in str(model.state_dict().keys())
+    # up to a multiple of 256, not past the context; compiled unless asked not to be
+    monkeypatch.setattr(torch, "compile", lambda step, **settings: ("compiled", step))
+    long = SmolLM(config(211, 16, 32, 1, 2, 1, 1000)).eval()
+    for length, slots in ((256, 256), (257, 512), (300, 512), (513, 768), (999, 1000)):
+        cache = static_cache_for(long, 1, length)
+        assert (cache.max_len, cache.step[0]) == (slots, "compiled")
 
 
 def test_generate_through_the_static_cache_equals_plain_decoding(model, monkeypatch):
@@ -294,10 +305,20 @@ def test_lookup_draft():
     assert lookup_draft(t([1, 2, 7, 1, 2, 8, 4, 2]), 3, 2).tolist() == [8, 4]
     assert lookup_draft(t([4, 2, 7, 1, 2]), 3, 2).tolist() == [7, 1]
     assert lookup_draft(t([1, 2, 3]), 3, 4).numel() == 0
+    # a 2-gram is tried before a 1-gram whose latest occurrence is later
+    assert lookup_draft(t([1, 2, 9, 5, 2, 8, 1, 2]), 3, 2).tolist() == [9, 5]
+    # the n-gram just before the last one counts, as long as the sequence allows
+    assert lookup_draft(t([7, 7])).tolist() == [7]
+    assert lookup_draft(t([5, 7, 7]), 1, 1).tolist() == [7]
+    assert lookup_draft(t([1, 2, 1]), max_ngram=5).tolist() == [2, 1]
+    # by default 3-grams and 8 tokens: the latest [2, 3, 4] wins, not [1, 2, 3, 4]
+    seq = [1, 2, 3, 4, *range(10, 20), 5, 2, 3, 4, *range(30, 40), 1, 2, 3, 4]
+    assert lookup_draft(t(seq)).tolist() == list(range(30, 38))
     with pytest.raises(ValueError, match="1-d"):
         lookup_draft(t([[1, 2]]))
-    with pytest.raises(ValueError, match=">= 1"):
-        lookup_draft(t([1, 2]), num_draft=0)
+    for wrong in (dict(num_draft=0), dict(max_ngram=0)):
+        with pytest.raises(ValueError, match=">= 1"):
+            lookup_draft(t([1, 2]), **wrong)
 
 
 @pytest.mark.parametrize("num_draft", [1, 3, 8])
@@ -475,6 +496,11 @@ def test_model_draft_ends_right_after_a_near_tie(model):
     # every token is a near tie for an infinite margin: one-token drafts
     draft = ModelDraft(copy.deepcopy(model), 32, stop_margin=float("inf"))
     assert torch.equal(draft.draft(tokens, 8), full[:1])
+    # by default a near tie is a lead of one bfloat16 step for logits in [16, 32)
+    step = 16 * torch.finfo(torch.bfloat16).eps  # bfloat16's spacing from 16 to 32
+    assert torch.tensor(16 + step, dtype=torch.bfloat16) > 16
+    assert torch.tensor(16 + step / 2, dtype=torch.bfloat16) == 16
+    assert ModelDraft(model, 32).stop_margin == speculative.NEAR_TIE == step
 
 
 def test_draft_model_is_checked(model):
