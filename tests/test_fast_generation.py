@@ -109,6 +109,31 @@ def test_static_cache_checks_its_sizes(model, monkeypatch):
         assert (cache.max_len, cache.step[0]) == (slots, "compiled")
 
 
+def test_static_cache_lives_on_the_models_device_in_its_dtype(model, monkeypatch):
+    """Every buffer is made where the model's weights are, not on the default device
+    (set to meta here, a stand-in for a GPU model with a CPU default): the cache made so
+    decodes as generate's plain loop does. A bfloat16 model's keys and values are
+    bfloat16; the RoPE table stays float32. torch.compile gets the backend asked for,
+    inductor for True."""
+    ids, mask = left_pad([[5, 6, 7], [8, 9, 10, 11, 12]])
+    with torch.device("meta"):
+        cache = StaticCache(model, 2, 16)
+    assert {b.device.type for b in cache.buffers()} == {"cpu"}
+    expected = generate(model, ids, 6, temperature=0, attention_mask=mask)
+    assert torch.equal(static_greedy(cache, ids, mask, 6), expected)
+    half = StaticCache(copy.deepcopy(model).to(torch.bfloat16), 1, 8)
+    assert half.k.dtype == half.v.dtype == torch.bfloat16
+    assert half.cos.dtype == half.sin.dtype == torch.float32
+    asked = []
+    monkeypatch.setattr(torch, "compile", lambda step, **how: asked.append(how) or step)
+    StaticCache(model, 1, 8, compile=True)
+    StaticCache(model, 1, 8, compile="aot_eager", mode="reduce-overhead")
+    assert [(a["backend"], a["mode"], a["fullgraph"]) for a in asked] == [
+        ("inductor", None, True),
+        ("aot_eager", "reduce-overhead", True),
+    ]
+
+
 def test_generate_through_the_static_cache_equals_plain_decoding(model, monkeypatch):
     """generate's static-cache loop (the path compile= takes) with torch.compile
     replaced by a recorder that hands the step back as written: the loop's own logic,
