@@ -321,6 +321,16 @@ def test_fast_options_reject_what_does_not_combine(model):
 
 
 # --- prompt-lookup speculative decoding -----------------------------------------------
+def test_accepted_stops_at_the_first_wrong_token_and_after_an_end_token():
+    t = torch.tensor
+    choice = t([4, 5, 6, 7])  # greedy's token after the last one and after each draft
+    assert speculative.accepted(choice, t([4, 5, 6])) == 3
+    assert speculative.accepted(choice, t([4, 9, 6])) == 1  # not past a wrong token
+    assert speculative.accepted(choice, t([9, 5, 6])) == 0
+    assert speculative.accepted(choice, t([4, 5, 6]), eos=t([5, 8])) == 2
+    assert speculative.accepted(choice, t([4, 9, 6]), eos=t([6])) == 1  # not reached
+
+
 def test_lookup_draft():
     t = torch.tensor
     assert lookup_draft(
