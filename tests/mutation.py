@@ -15,9 +15,12 @@ it to `mutants/`, and each mutant's exit status beside its module
 
 A survivor is equivalent (no test can tell it from the original: a falsy default read
 as False, a default argument spelled out) when `tests/mutants_equivalent.csv` names
-it with the line it changes and a one-line reason. An entry whose mutant no longer
-exists, or changes another line, is reported as stale, so the list never silently
-excuses a new mutant.
+it with the line it changes and a one-line reason. A survivor is killed outside
+mutmut when `tests/mutants_killed_outside.csv` names it with its line and the test
+that fails on it where mutmut cannot see that test reach the code (the DDP test runs
+smol.train in torchrun's processes), shown by hand: it counts as killed. An entry of
+either list whose mutant no longer exists, or changes another line, is reported as
+stale, so no list silently excuses a new mutant.
 
     python -m tests.mutation          # after `mutmut run`; `make mutate` runs both
 """
@@ -33,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENT = ROOT / "tests" / "mutants_equivalent.csv"
+KILLED_OUTSIDE = ROOT / "tests" / "mutants_killed_outside.csv"
 RESULTS = ROOT / "bench" / "results" / "mutation.csv"
 SURVIVORS = ROOT / "_build" / "mutation" / "survivors.md"
 KILLED = {"killed", "timeout", "segfault", "caught by type check"}
@@ -83,6 +87,12 @@ def read_equivalent() -> dict[str, tuple[str, str]]:
         return {r["mutant"]: (r["change"], r["reason"]) for r in csv.DictReader(f)}
 
 
+def read_killed_outside() -> dict[str, tuple[str, str]]:
+    """Mutant name -> (the line it changes, the test that fails on it)."""
+    with open(KILLED_OUTSIDE, newline="") as f:
+        return {r["mutant"]: (r["change"], r["test"]) for r in csv.DictReader(f)}
+
+
 def keep_earlier_rows(table: dict[str, list[str]], unchecked: list[str]) -> list[str]:
     """A module none of whose mutants this run checked (mutants/ is a local cache, and
     `make mutate MUTANTS=...` runs a part) keeps its row from the report on disk, so
@@ -103,6 +113,7 @@ def keep_earlier_rows(table: dict[str, list[str]], unchecked: list[str]) -> list
 def main() -> None:
     status = statuses()
     known = read_equivalent()
+    outside = read_killed_outside()
     rows: dict[str, Counter] = {}
     survivors, stale = [], []
     for name, s in sorted(status.items()):
@@ -113,6 +124,8 @@ def main() -> None:
         elif s == "survived":
             if name in known and known[name][0] == change(name):
                 count["equivalent"] += 1
+            elif name in outside and outside[name][0] == change(name):
+                count["killed"] += 1
             else:
                 count["survived"] += 1
                 survivors.append(name)
@@ -123,7 +136,7 @@ def main() -> None:
             survivors.append(name)
         else:
             count[s] += 1
-    for name, (line, _) in known.items():
+    for name, (line, _) in (known | outside).items():
         if status.get(name) == "not checked":  # not run this time: nothing to say
             continue
         if status.get(name) != "survived" or change(name) != line:
@@ -170,7 +183,7 @@ def main() -> None:
             + ", ".join(kept)
         )
     if stale:
-        print(f"stale entries in {EQUIVALENT.relative_to(ROOT)}: " + ", ".join(stale))
+        print("stale entries in the lists of tests/mutants_*.csv: " + ", ".join(stale))
 
 
 if __name__ == "__main__":

@@ -109,7 +109,10 @@ def test_wsd_schedule_is_flat_then_decays_linearly():
     "bad",
     [
         dict(warmup_steps=20, total_steps=10),
+        dict(warmup_steps=-1),
+        dict(warmup_steps=0, total_steps=0),
         dict(min_lr=2.0),
+        dict(min_lr=-0.1),
         dict(kind="linear"),
         dict(kind="wsd", decay_fraction=1.5),
     ],
@@ -118,6 +121,28 @@ def test_schedule_rejects_bad_arguments(bad):
     kw = {**dict(max_lr=1.0, warmup_steps=1, total_steps=10), **bad}
     with pytest.raises(ValueError):
         lr_schedule(5, **kw)
+
+
+def test_schedule_edges_are_allowed():
+    """No warmup starts at max_lr; a warmup as long as training never decays; min_lr =
+    max_lr is flat; wsd with no decay stays at max_lr, with all decay falls from the
+    first step after warmup."""
+    kw = dict(max_lr=1.0, total_steps=10)
+    assert lr_schedule(0, warmup_steps=0, **kw) == 1.0
+    assert [lr_schedule(s, warmup_steps=10, **kw) for s in (0, 9, 10)] == [0.1, 1.0, 0]
+    assert {lr_schedule(s, warmup_steps=2, min_lr=1.0, **kw) for s in range(2, 11)} == {
+        1.0
+    }
+    flat = [
+        lr_schedule(s, warmup_steps=0, kind="wsd", decay_fraction=0, **kw)
+        for s in range(10)
+    ]
+    assert flat == [1.0] * 10
+    steep = [
+        lr_schedule(s, warmup_steps=0, kind="wsd", decay_fraction=1, **kw)
+        for s in range(10)
+    ]
+    assert steep == pytest.approx([1 - s / 10 for s in range(10)])
 
 
 # Parameter groups, FLOPs, peaks
@@ -182,12 +207,12 @@ def test_amp_dtype_bf16_where_native_else_fp16_on_cuda_fp32_on_cpu(monkeypatch):
         amp_dtype(torch.device("cpu"), "fp16")
     with pytest.raises(ValueError, match="dtype must be one of"):
         amp_dtype(torch.device("cpu"), "half")
-    # an A100, a T4
+    # an A100, a T4 (which emulates bfloat16, slowly: it counts only when asked for)
     for native, expected in ((True, torch.bfloat16), (False, torch.float16)):
         monkeypatch.setattr(
             torch.cuda,
             "is_bf16_supported",
-            lambda including_emulation=True, n=native: n,
+            lambda including_emulation=True, n=native: n or including_emulation,
         )
         assert amp_dtype(torch.device("cuda")) == expected
 
@@ -203,6 +228,54 @@ def test_loss_falls_and_history_is_recorded(tmp_path):
     assert h["loss"][-1] < h["loss"][0] - 0.2
     latest = tmp_path / "run" / "checkpoints" / "latest"
     assert latest.read_text().strip() == "step_0000012"
+
+
+def test_each_step_takes_its_scheduled_learning_rate(tmp_path):
+    """AdamW's first step moves every weight with a gradient by about its learning
+    rate: here the first warmup step's, a quarter of the peak lr the optimizer was made
+    with. Mutant: a schedule computed but never handed to the optimizer."""
+    t = trainer(small_config(tmp_path, warmup_steps=4, weight_decay=0.0))
+    before = weights(t)
+    t.train_step()
+    lr0 = t.lr(0)
+    assert lr0 == pytest.approx(t.cfg.lr / 4)
+    moved = max((t.model.state_dict()[k] - w).abs().max() for k, w in before.items())
+    assert float(moved) == pytest.approx(lr0, rel=1e-3)
+    for step in range(1, 4):
+        t.train_step()
+        assert {g["lr"] for g in t.optimizer.param_groups} == {t.lr(step)}
+
+
+@pytest.mark.parametrize("clip", [0.5, 1.0, 0.0])
+def test_gradients_are_clipped_to_grad_clip_and_freed_after_the_step(tmp_path, clip):
+    """The optimizer steps with the whole gradient's norm cut to grad_clip (none cut for
+    0, which turns clipping off: training still moves the weights), then the gradients
+    are freed, not kept as zeros. Mutants: a clip that skips 1.0, one that clips to 0."""
+    t = trainer(small_config(tmp_path, grad_clip=clip, lr=1e-3))
+    norms, step = [], t.optimizer.step
+
+    def recorded(*args, **kwargs):
+        grads = [p.grad for p in t.model.parameters() if p.grad is not None]
+        norms.append(
+            float(
+                torch.linalg.vector_norm(
+                    torch.stack([torch.linalg.vector_norm(g) for g in grads])
+                )
+            )
+        )
+        return step(*args, **kwargs)
+
+    t.optimizer.step = recorded
+    before = weights(t)
+    for _ in range(3):
+        t.train_step()
+    assert all(p.grad is None for p in t.model.parameters())
+    if clip:
+        assert max(norms) == pytest.approx(clip, rel=1e-4)  # every step cut
+    else:
+        assert min(norms) > 1.0  # the raw norms, larger than either clip above
+    moved = max((t.model.state_dict()[k] - w).abs().max() for k, w in before.items())
+    assert float(moved) > 1e-3
 
 
 def test_accumulation_equals_one_big_batch(tmp_path):
