@@ -168,6 +168,32 @@ def test_param_groups_decay_matrices_only_and_count_the_tied_matrix_once(tied):
     assert len(no_decay["params"]) == 2 * SMALL["num_hidden_layers"] + 1
 
 
+def test_adamw_takes_the_settings_and_is_fused_where_the_device_has_it(monkeypatch):
+    """The groups, lr and betas asked for, in one fused kernel (PyTorch has one for the
+    CPU too); where fused=True is refused (an error of either kind), the default
+    AdamW with the same settings."""
+    from smol.optim import adamw
+
+    model = SmolLM(SmolConfig(**SMALL))
+    groups = param_groups(model, 0.1)
+    opt = adamw(groups, 3e-3, (0.8, 0.95))
+    assert opt.defaults["fused"] and opt.defaults["lr"] == 3e-3
+    assert opt.defaults["betas"] == (0.8, 0.95)
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
+    real = torch.optim.AdamW
+    for error in (RuntimeError, TypeError):
+
+        def no_fused(*args, fused=None, error=error, **kwargs):
+            if fused:
+                raise error("fused=True is not supported here")
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(torch.optim, "AdamW", no_fused)
+        opt = adamw(param_groups(model, 0.1), 3e-3, (0.8, 0.95))
+        assert not opt.defaults["fused"] and opt.defaults["betas"] == (0.8, 0.95)
+        assert opt.defaults["lr"] == 3e-3
+
+
 @pytest.mark.parametrize("tied", [True, False])
 def test_num_params_from_the_config(tied):
     config = SmolConfig(**SMALL, tie_word_embeddings=tied)
