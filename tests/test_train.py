@@ -143,6 +143,13 @@ def test_schedule_edges_are_allowed():
         for s in range(10)
     ]
     assert steep == pytest.approx([1 - s / 10 for s in range(10)])
+    # by default wsd decays over the last fifth of the steps
+    wsd = [lr_schedule(s, warmup_steps=0, kind="wsd", **kw) for s in range(11)]
+    assert wsd == [1.0] * 9 + [0.5, 0.0]
+    # one step is a schedule too; from total_steps on, exactly min_lr
+    assert lr_schedule(0, max_lr=1.0, warmup_steps=0, total_steps=1) == 1.0
+    decayed = dict(max_lr=1e-2, min_lr=1e-3, warmup_steps=0, total_steps=10)
+    assert lr_schedule(10, kind="wsd", **decayed) == 1e-3
 
 
 # Parameter groups, FLOPs, peaks
