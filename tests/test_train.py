@@ -281,9 +281,10 @@ def test_each_step_takes_its_scheduled_learning_rate(tmp_path):
 
 @pytest.mark.parametrize("clip", [0.5, 1.0, 0.0])
 def test_gradients_are_clipped_to_grad_clip_and_freed_after_the_step(tmp_path, clip):
-    """The optimizer steps with the whole gradient's norm cut to grad_clip (none cut for
-    0, which turns clipping off: training still moves the weights), then the gradients
-    are freed, not kept as zeros. Mutants: a clip that skips 1.0, one that clips to 0."""
+    """The optimizer steps with the whole gradient's norm cut to grad_clip (none cut
+    for 0, which turns clipping off: training still moves the weights), then the
+    gradients are freed, not kept as zeros. Mutants: a clip that skips 1.0, one that
+    clips to 0."""
     t = trainer(small_config(tmp_path, grad_clip=clip, lr=1e-3))
     norms, step = [], t.optimizer.step
 
