@@ -236,6 +236,8 @@ def test_peak_flops_table(monkeypatch, name, peak):
 def test_amp_dtype_bf16_where_native_else_fp16_on_cuda_fp32_on_cpu(monkeypatch):
     assert amp_dtype(torch.device("cpu")) == torch.float32
     assert amp_dtype(torch.device("cpu"), "bf16") == torch.bfloat16
+    assert amp_dtype(torch.device("cpu"), "fp32") == torch.float32
+    assert amp_dtype(torch.device("cuda"), "fp16") == torch.float16  # a T4's choice
     with pytest.raises(ValueError, match="fp16 with a GradScaler needs a CUDA device"):
         amp_dtype(torch.device("cpu"), "fp16")
     with pytest.raises(ValueError, match="dtype must be one of"):
