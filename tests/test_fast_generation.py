@@ -255,6 +255,7 @@ def test_generate_makes_every_tensor_on_the_prompts_device_not_the_default(
     plain and static loops on the CPU, padded and with an eos, give the tokens they give
     with the default left alone."""
     monkeypatch.setattr(torch, "compile", lambda step, **settings: step)
+    model = copy.deepcopy(model)  # its uncompiled static caches stay with this test
     ids, mask = left_pad([[5, 6, 7], [8, 9, 10, 11, 12]])
     free = generate(model, ids, 12, temperature=0, attention_mask=mask)
     eos = int(free[0, ids.shape[1] + 2])
