@@ -314,6 +314,43 @@ def test_gradients_are_clipped_to_grad_clip_and_freed_after_the_step(tmp_path, c
     assert float(moved) > 1e-3
 
 
+def test_the_history_and_the_progress_bar_report_every_log_step(
+    tmp_path, monkeypatch, capsys
+):
+    """With a clock that moves one second a step, each logged throughput is the tokens
+    of the steps since the last log over their seconds: one step's tokens a second. The
+    history holds each step's learning rate; the bar, shown when asked, counts the
+    steps to cfg.steps from where a resume starts and shows the evaluations. Mutants:
+    tokens counted from 1, or only the last step's; the rate not recorded; a bar that
+    starts at 0 after a resume or is not handed to the evaluations."""
+    import time
+
+    now = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: now[0])
+    cfg = small_config(tmp_path, steps=6, log_every=2, eval_every=3, progress=True)
+
+    def timed(t):
+        step = t.train_step
+
+        def one_second_a_step():
+            now[0] += 1.0
+            return step()
+
+        t.train_step = one_second_a_step
+        return t
+
+    t = timed(trainer(cfg))
+    h = t.fit(until=4)
+    assert h["lr"] == [t.lr(s) for s in range(4)]
+    # logs after steps 2, 3 (an evaluation) and 4: two steps, one step, one step
+    assert h["tokens_per_s"] == [t.tokens_per_step] * 3
+    out, err = capsys.readouterr()
+    assert "step 3: val loss" in out + err and "4/6" in err and "6/6" not in err
+    timed(trainer(dataclasses.replace(cfg, resume=True))).fit()
+    out, err = capsys.readouterr()
+    assert "train:  67%" in err and "6/6" in err and "step 6: val loss" in out + err
+
+
 def test_accumulation_equals_one_big_batch(tmp_path):
     big = trainer(
         small_config(tmp_path / "a", batch_size=4, grad_accum=1, eval_every=0)
