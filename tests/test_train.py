@@ -351,6 +351,16 @@ def test_the_history_and_the_progress_bar_report_every_log_step(
     assert "train:  67%" in err and "6/6" in err and "step 6: val loss" in out + err
 
 
+def test_the_last_step_is_evaluated_and_saved_when_no_interval_lands_on_it(tmp_path):
+    """Five steps, an evaluation every 3 and a checkpoint every 4: evaluations after
+    steps 3 and 5, checkpoints after 4 and 5. Mutant: the last step evaluated only when
+    eval_every divides it."""
+    t = trainer(small_config(tmp_path, steps=5, eval_every=3, ckpt_every=4))
+    assert t.fit()["val_step"] == [3, 5]
+    saved = sorted(p.name for p in t.checkpoint_root.glob("step_*"))
+    assert saved == ["step_0000004", "step_0000005"]
+
+
 def test_accumulation_equals_one_big_batch(tmp_path):
     big = trainer(
         small_config(tmp_path / "a", batch_size=4, grad_accum=1, eval_every=0)
@@ -516,7 +526,7 @@ def test_cli_trains_the_tiny_preset(tmp_path, capsys):
     args = cli_args(
         {"num_hidden_layers": 1, "hidden_size": 64},
         "--steps 4 --warmup-steps 1 --batch-size 4 --seq-len 32 --eval-every 2 "
-        "--eval-batches 2 --sample-tokens 8",
+        "--eval-batches 2 --sample-tokens 8 --sample-every 2",
         "--out-dir",
         str(out),
     )
@@ -530,6 +540,8 @@ def test_cli_trains_the_tiny_preset(tmp_path, capsys):
     assert (out / "loss.png").stat().st_size > 0
     printed = capsys.readouterr().out
     assert "tokens/s" in printed and "sample: 'Romeo." in printed
+    # samples before the first step and every sample_every steps
+    assert all(f"step {n} sample: 'Romeo." in printed for n in (0, 2, 4))
     # Training longer changes the schedule: allowed when asked, with a warning.
     longer = args + ["--steps", "6", "--resume", "--sample-tokens", "0"]
     assert main(longer) == 1
