@@ -18,9 +18,10 @@ as False, a default argument spelled out) when `tests/mutants_equivalent.csv` na
 it with the line it changes and a one-line reason. A survivor is killed outside
 mutmut when `tests/mutants_killed_outside.csv` names it with its line and the test
 that fails on it where mutmut cannot see that test reach the code (the DDP test runs
-smol.train in torchrun's processes), shown by hand: it counts as killed. An entry of
-either list whose mutant no longer exists, or changes another line, is reported as
-stale, so no list silently excuses a new mutant.
+smol.train in torchrun's processes, the signal test in a subprocess), shown by hand:
+it counts as killed. An entry of either list whose mutant no longer exists, or
+changes another line, is reported as stale, so no list silently excuses a new
+mutant.
 
     python -m tests.mutation          # after `mutmut run`; `make mutate` runs both
 """
