@@ -351,12 +351,16 @@ def test_the_history_and_the_progress_bar_report_every_log_step(
     assert "train:  67%" in err and "6/6" in err and "step 6: val loss" in out + err
 
 
-def test_the_last_step_is_evaluated_and_saved_when_no_interval_lands_on_it(tmp_path):
+def test_the_last_step_is_evaluated_and_saved_when_no_interval_lands_on_it(
+    tmp_path, capsys
+):
     """Five steps, an evaluation every 3 and a checkpoint every 4: evaluations after
-    steps 3 and 5, checkpoints after 4 and 5. Mutant: the last step evaluated only when
-    eval_every divides it."""
+    steps 3 and 5, checkpoints after 4 and 5, and nothing printed without progress=True.
+    Mutants: the last step evaluated only when eval_every divides it; the validation
+    loss printed when progress is off."""
     t = trainer(small_config(tmp_path, steps=5, eval_every=3, ckpt_every=4))
     assert t.fit()["val_step"] == [3, 5]
+    assert capsys.readouterr() == ("", "")
     saved = sorted(p.name for p in t.checkpoint_root.glob("step_*"))
     assert saved == ["step_0000004", "step_0000005"]
 
