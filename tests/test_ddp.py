@@ -69,3 +69,39 @@ def test_two_ranks_match_one_process_with_the_same_global_batch(tmp_path):
         diff = (a[k] - b[k]).abs()
         assert diff.max() < 1e-3, k
         assert (diff > 1e-5).float().mean() < 1e-3, k
+
+
+@pytest.mark.skipif(
+    not torch.distributed.is_available() or not torch.distributed.is_gloo_available(),
+    reason="needs torch.distributed with gloo",
+)
+def test_a_signal_to_one_rank_stops_both_at_the_next_sync(tmp_path):
+    """SIGTERM reaches rank 1 during step 2: the ranks agree at their next common sync
+    (the log of step 4, or the checkpoint of step 3 when that comes first), save, and
+    both stop there; rank 0 names a signal to another rank. A rank that stopped alone
+    would leave the other waiting in a collective: each rank's alarm ends it."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "tests.ddp_signal",
+        str(tmp_path),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rank0, rank1 = (
+        json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)
+    )
+    for run, step in (("log", 4), ("save", 3)):
+        where = str(tmp_path / run / "checkpoints" / f"step_{step:07d}")
+        assert rank1[run] == {"stopped": step, "signal": "SIGTERM", "path": where}
+        assert rank0[run] == {
+            "stopped": step,
+            "signal": "a signal to another rank",
+            "path": where,
+        }
+        assert (tmp_path / run / "checkpoints" / f"step_{step:07d}").is_dir()

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 import zipfile
 
 import pytest
@@ -485,6 +486,89 @@ def test_bf16_autocast_trains_float32_weights(tmp_path):
     assert t.mfu(1000.0) == pytest.approx(t.flops_per_token * 1000 / 100e12)
 
 
+class Moved:
+    """A batch tensor that notes the device the trainer moves it to."""
+
+    def __init__(self, tensor, seen: list):
+        self.tensor, self.seen = tensor, seen
+
+    def to(self, device, **kwargs):
+        self.seen.append(device)
+        return self.tensor.to(device, **kwargs)
+
+
+def test_a_step_makes_its_tensors_on_the_trainers_device_not_the_default(tmp_path):
+    """On a GPU, a batch left on the CPU or a loss made on the default device fails or
+    copies: each micro-batch goes to the trainer's device and the loss is made there.
+    With "meta" as the default device, anything made without naming a device has no
+    values, so the step only matches one taken normally when nothing follows the
+    default."""
+    cfg = small_config(tmp_path, steps=3, eval_every=0, grad_accum=2, grad_clip=1.0)
+    a, b = trainer(cfg), trainer(dataclasses.replace(cfg, out_dir=str(tmp_path / "b")))
+    for t in (a, b):  # the optimizer makes its state (on the default device) first
+        t.train_step()
+        t.step += 1
+    expected = a.train_step()
+    seen = []
+    b.train_batches = iter(
+        [[Moved(t, seen) for t in next(b.train_batches)] for _ in range(2)]
+    )
+    torch.set_default_device("meta")
+    try:
+        loss = b.train_step()
+    finally:
+        torch.set_default_device(None)
+    assert seen == [b.device] * 4  # x and y of two micro-batches
+    assert loss.device == b.device and torch.equal(loss, expected)
+    wa, wb = weights(a), weights(b)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_clipping_sees_the_true_gradients_under_a_grad_scaler(tmp_path):
+    """fp16 training scales the loss (a GradScaler) and must unscale the gradients
+    before clipping them, or it clips gradients 4096 times too large. fp16 needs a
+    GPU; a GradScaler on the CPU follows the same path, and since scaling by a power
+    of two is exact, the step equals an unscaled one bit for bit."""
+    cfg = small_config(tmp_path, steps=3, eval_every=0, grad_clip=0.5)
+    plain = trainer(cfg)
+    scaled = trainer(dataclasses.replace(cfg, out_dir=str(tmp_path / "scaled")))
+    scaled.scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    for t in (plain, scaled):
+        for _ in range(2):
+            t.train_step()
+            t.step += 1
+    assert scaled.scaler.get_scale() == 2.0**12  # no step was skipped
+    wp, ws = weights(plain), weights(scaled)
+    assert all(torch.equal(wp[k], ws[k]) for k in wp)
+
+
+@pytest.fixture
+def fp16_default_autocast():
+    """CPU autocast with fp16 as the device's default dtype, as CUDA's is."""
+    before = torch.get_autocast_dtype("cpu")
+    torch.set_autocast_dtype("cpu", torch.float16)
+    yield
+    torch.set_autocast_dtype("cpu", before)
+
+
+def test_autocast_computes_in_the_trainers_dtype_and_fp32_stays_quiet(
+    tmp_path, fp16_default_autocast
+):
+    """CUDA autocasts to fp16 by default: a bf16 run whose autocast left the dtype to
+    the device would compute in fp16 with no GradScaler. Here the CPU's default is
+    fp16 too, and bf16 must still be what runs. An fp32 run turns autocast off rather
+    than asking for fp32, which autocast does not support (and warns about)."""
+    x = torch.ones(2, 2)
+    bf16 = trainer(small_config(tmp_path, dtype="bf16"))
+    with bf16.autocast():
+        assert (x @ x).dtype == torch.bfloat16
+    fp32 = trainer(small_config(tmp_path / "fp32", dtype="fp32"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with fp32.autocast():
+            assert (x @ x).dtype == torch.float32
+
+
 def test_a_crash_while_saving_leaves_the_last_checkpoint_intact(tmp_path, monkeypatch):
     t = trainer(small_config(tmp_path, steps=4, ckpt_every=2, eval_every=0))
     t.fit(until=2)
@@ -899,6 +983,48 @@ def test_a_signal_saves_at_the_next_step_and_the_resume_is_bit_exact(
     assert resumed.keys() == uninterrupted.keys()
     for k, v in uninterrupted.items():
         assert torch.equal(resumed[k], v), k
+
+
+def signalled_during(t: Trainer, step: int, sig=signal.SIGTERM) -> None:
+    """Make `t` send itself `sig` while it takes step `step` (counting from 1)."""
+    take = t.train_step
+
+    def train_step():
+        if t.step + 1 == step:
+            os.kill(os.getpid(), sig)
+        return take()
+
+    t.train_step = train_step
+
+
+def test_a_signal_stops_after_its_step_with_a_checkpoint_in_process(tmp_path, capsys):
+    """The loop as the command line runs it, in this process: SIGTERM during step 2 of
+    6 saves step 2 (not a checkpoint interval) and raises TrainingInterrupted, which
+    names the signal, the step and the folder. Handlers are put back afterwards."""
+    from smol.interrupt import TrainingInterrupted
+
+    before = signal.getsignal(signal.SIGTERM)
+    t = trainer(small_config(tmp_path, steps=6, ckpt_every=4, log_every=3))
+    signalled_during(t, 2)
+    with pytest.raises(TrainingInterrupted) as stop:
+        t.fit()
+    assert (stop.value.signal_name, stop.value.step) == ("SIGTERM", 2)
+    assert stop.value.path == tmp_path / "run" / "checkpoints" / "step_0000002"
+    assert t.step == 2 and t.history["step"] == [1, 2]  # the losses are read back
+    err = capsys.readouterr().err
+    assert "SIGTERM received: saving a checkpoint after step 2" in err
+    assert signal.getsignal(signal.SIGTERM) == before
+    again = trainer(dataclasses.replace(t.cfg, resume=True))
+    assert again.step == 2
+
+
+def test_a_signal_during_the_last_step_ends_the_run_as_usual(tmp_path):
+    """Nothing is left to resume: the run saves its last step and returns."""
+    t = trainer(small_config(tmp_path, steps=3, eval_every=0))
+    signalled_during(t, 3, signal.SIGINT)
+    history = t.fit()
+    assert t.step == 3 and history["step"] == [1, 2, 3]
+    assert t.last_checkpoint == tmp_path / "run" / "checkpoints" / "step_0000003"
 
 
 def test_a_checkpoint_whose_weights_hold_nan_is_refused(tmp_path):
