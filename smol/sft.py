@@ -19,7 +19,7 @@ ROLES = ("system", "user", "assistant")
 def check_messages(messages) -> list[dict]:
     """The messages, checked: a non-empty list of {"role", "content"} dicts with a known
     role and text content, a system message only first, and at least one assistant
-    message. Raises a ValueError saying what is wrong."""
+    message, not the first. Raises a ValueError saying what is wrong."""
     if not isinstance(messages, list) or not messages:
         raise ValueError(
             f"messages must be a non-empty list of dicts, got {_show(messages)}"
@@ -47,6 +47,13 @@ def check_messages(messages) -> list[dict]:
             raise ValueError(
                 f"message {i} is a system message: only the first may be one"
             )
+    if messages[0]["role"] == "assistant":
+        # the chat template puts its default system prompt before it: the reply's
+        # tokens could not be told from the prompt's
+        raise ValueError(
+            "message 0 is the assistant's: a conversation opens with a user (or "
+            "system) message"
+        )
     if not any(m["role"] == "assistant" for m in messages):
         raise ValueError(
             "the conversation has no assistant message: nothing to learn from"
@@ -68,11 +75,8 @@ def encode_conversation(tokenizer, messages, max_len: int | None = None):
     for k, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        prompt = (
-            tokenizer.apply_chat_template(messages[:k], add_generation_prompt=True)
-            if k
-            else ""
-        )
+        # k > 0: check_messages refuses a conversation that opens with a reply
+        prompt = tokenizer.apply_chat_template(messages[:k], add_generation_prompt=True)
         upto = tokenizer.apply_chat_template(
             messages[: k + 1], add_generation_prompt=False
         )

@@ -85,11 +85,25 @@ def test_only_the_assistants_tokens_are_targets(tokenizer):
             "only the first",
         ),
         (["hi"], "message 0 must be a dict"),
+        (
+            [{"role": "assistant", "content": "a"}, {"role": "user", "content": "q"}],
+            "message 0 is the assistant's",
+        ),
     ],
 )
 def test_malformed_conversations_are_refused(messages, message):
     with pytest.raises(ValueError, match=message):
         check_messages(messages)
+
+
+def test_a_value_in_an_error_is_shown_whole_up_to_80_characters():
+    fits, cut = "x" * 78, "y" * 79  # reprs of 80 and 81 characters
+    with pytest.raises(ValueError) as e:
+        check_messages([fits])
+    assert str(e.value).endswith(f"got '{fits}'")
+    with pytest.raises(ValueError) as e:
+        check_messages([cut])
+    assert str(e.value).endswith("got '" + "y" * 76 + "...")
 
 
 def test_collate_pads_right_and_shifts(tokenizer):
@@ -102,6 +116,12 @@ def test_collate_pads_right_and_shifts(tokenizer):
         assert x[b, :n].tolist() == ids[:-1] and y[b, :n].tolist() == labels[1:]
         assert mask[b, :n].all() and not mask[b, n:].any()
         assert (y[b, n:] == -100).all() and (x[b, n:] == tokenizer.pad_token_id).all()
+    assert x.dtype == y.dtype == mask.dtype == torch.long  # as Hugging Face's are
+    # two tokens are the shortest example: one to read, one to predict
+    x, y, mask = collate([([5, 6], [-100, 6])], tokenizer.pad_token_id)
+    assert (x.tolist(), y.tolist(), mask.tolist()) == ([[5]], [[6]], [[1]])
+    with pytest.raises(ValueError, match="fewer than 2 tokens"):
+        collate([([5], [5])], tokenizer.pad_token_id)
 
 
 def test_the_loss_ignores_minus_100_and_padding(tokenizer):
@@ -139,6 +159,27 @@ def test_batches_visit_every_example_each_epoch_and_resume(tokenizer):
     again = ConversationBatches(examples, 2, tokenizer.pad_token_id, seed=1)
     again.load_state_dict(state)
     assert all(torch.equal(a, b) for a, b in zip(next(again), after))
+
+
+def test_batches_default_to_a_seeded_shuffle_and_split_ranks_without_overlap():
+    examples = [([i, i + 1], [i, i + 1]) for i in range(10)]
+
+    def firsts(batches, n=5):
+        return [next(batches)[0][:, 0].tolist() for _ in range(n)]
+
+    default = firsts(ConversationBatches(examples, 2, 0))
+    named = ConversationBatches(examples, 2, 0, seed=0, shuffle=True, rank=0)
+    assert default == firsts(named)
+    assert default != firsts(ConversationBatches(examples, 2, 0, seed=1))
+    in_order = firsts(ConversationBatches(examples, 1, 0, shuffle=False), 12)
+    assert in_order == [[i % 10] for i in range(12)]
+    # two ranks take the next 2 * batch_size examples between them, in turn
+    ranks = [
+        firsts(ConversationBatches(examples, 2, 0, shuffle=False, rank=r, world_size=2))
+        for r in (0, 1)
+    ]
+    assert ranks[0][:3] == [[0, 1], [4, 5], [8, 9]]
+    assert ranks[1][:3] == [[2, 3], [6, 7], [0, 1]]
 
 
 def _trainer(tokenizer, tmp_path, lora, steps=12, lr=3e-3, resume=False):
