@@ -569,6 +569,33 @@ def test_autocast_computes_in_the_trainers_dtype_and_fp32_stays_quiet(
             assert (x @ x).dtype == torch.float32
 
 
+def test_a_new_trainers_settings_follow_its_config(tmp_path, monkeypatch):
+    """What the trainer derives from its config: tokens per step count every
+    micro-batch, the data order follows the seed, a context-long seq_len is allowed,
+    a run id of 12 hex digits, no checkpoint yet, a GradScaler only for fp16, and an
+    MFU peak only for bf16 or fp16 (an fp32 run would be measured against the wrong
+    peak)."""
+    monkeypatch.setattr("smol.flops.peak_flops", lambda device: 1e15)
+    t = trainer(small_config(tmp_path, grad_accum=2, seed=1))
+    assert t.tokens_per_step == 4 * 16 * 2
+    assert re.fullmatch("[0-9a-f]{12}", t.run_id) and t.last_checkpoint is None
+    assert not t.scaler.is_enabled() and t.peak is None
+    other = trainer(small_config(tmp_path / "2", grad_accum=2, seed=2))
+    assert not torch.equal(next(t.train_batches)[0], next(other.train_batches)[0])
+    bf16 = trainer(small_config(tmp_path / "bf16", dtype="bf16", seq_len=64))
+    assert bf16.cfg.seq_len == bf16.model_config.max_position_embeddings
+    assert not bf16.scaler.is_enabled() and bf16.peak == 1e15
+
+
+def test_evaluation_reads_the_first_validation_windows_in_order(tmp_path):
+    t = trainer(small_config(tmp_path, eval_batches=2))  # 2 batches of 4 windows
+    val = tokens(400, 2)
+    windows = torch.stack([val[16 * i : 16 * i + 17] for i in range(8)])
+    with torch.no_grad():
+        _, loss = t.model(windows[:, :-1], windows[:, 1:])
+    assert t.evaluate() == pytest.approx(loss.item(), rel=1e-6)
+
+
 def test_a_crash_while_saving_leaves_the_last_checkpoint_intact(tmp_path, monkeypatch):
     t = trainer(small_config(tmp_path, steps=4, ckpt_every=2, eval_every=0))
     t.fit(until=2)
@@ -1012,10 +1039,13 @@ def test_a_signal_stops_after_its_step_with_a_checkpoint_in_process(tmp_path, ca
     assert stop.value.path == tmp_path / "run" / "checkpoints" / "step_0000002"
     assert t.step == 2 and t.history["step"] == [1, 2]  # the losses are read back
     err = capsys.readouterr().err
-    assert "SIGTERM received: saving a checkpoint after step 2" in err
+    assert (
+        "SIGTERM received: saving a checkpoint after step 2, then stopping (send it "
+        "again to stop at once)" in err
+    )
     assert signal.getsignal(signal.SIGTERM) == before
     again = trainer(dataclasses.replace(t.cfg, resume=True))
-    assert again.step == 2
+    assert again.step == 2 and again.last_checkpoint == stop.value.path
 
 
 def test_a_signal_during_the_last_step_ends_the_run_as_usual(tmp_path):
