@@ -96,6 +96,24 @@ def test_malformed_conversations_are_refused(messages, message):
         check_messages(messages)
 
 
+def test_a_template_that_does_not_concatenate_turns_is_refused():
+    """The replies are found by rendering the conversation turn by turn: a template
+    whose prefix of the conversation is not a prefix of its rendering is an error,
+    even where the whole conversation starts with the turn rendered alone."""
+
+    class LastFirst:  # renders the turns in reverse order
+        def apply_chat_template(self, messages, add_generation_prompt=True):
+            turns = "".join(f"<{m['role']}>{m['content']}" for m in messages[::-1])
+            return turns + ("<assistant>" if add_generation_prompt else "")
+
+    messages = [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a"},
+    ]
+    with pytest.raises(ValueError, match="concatenation of its turns"):
+        encode_conversation(LastFirst(), messages)
+
+
 def test_a_value_in_an_error_is_shown_whole_up_to_80_characters():
     fits, cut = "x" * 78, "y" * 79  # reprs of 80 and 81 characters
     with pytest.raises(ValueError) as e:

@@ -677,6 +677,42 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
 # Output folders, existing runs, damaged checkpoints
 
 
+def test_clearing_removes_every_checkpoint_latest_and_leftovers(tmp_path):
+    from smol import checkpoint
+
+    t = trainer(small_config(tmp_path, steps=2, ckpt_every=1, eval_every=0))
+    t.fit()
+    root = tmp_path / "run" / "checkpoints"
+    (root / ".step_0000003.tmp-123").mkdir()  # a save that crashed
+    (root / "notes.txt").write_text("not the trainer's")
+    assert checkpoint.clear(root) == [root / "step_0000001", root / "step_0000002"]
+    assert sorted(p.name for p in root.iterdir()) == ["notes.txt"]
+    assert checkpoint.clear(root) == []  # nothing left, no latest: no error
+
+
+def test_a_checkpoint_loads_on_the_cpu_with_its_run_id_and_refuses_code(tmp_path):
+    """checkpoint.load: weights on the CPU unless told, the state with the run id
+    the manifest records ("" for a checkpoint that records none), and a state.pt that
+    holds more than tensors and plain values (a pickle can run code) refused."""
+    from smol import checkpoint
+
+    t = trainer(small_config(tmp_path, steps=2, eval_every=0))
+    t.fit()
+    path = tmp_path / "run" / "checkpoints" / "step_0000002"
+    weights, state = checkpoint.load(path)
+    assert state["run_id"] == t.run_id and state["step"] == 2
+    assert weights["model.norm.weight"].device == torch.device("cpu")
+    manifest = checkpoint.read_manifest(path)
+    del manifest["run_id"]
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    assert checkpoint.load(path)[1]["run_id"] == ""
+    torch.save({"step": 1, "hook": print}, path / "state.pt")
+    manifest["sha256"]["state.pt"] = checkpoint.file_sha256(path / "state.pt")
+    (path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(CheckpointError, match="corrupted.*[Ww]eights.only"):
+        checkpoint.load(path)
+
+
 def test_an_output_folder_that_cannot_be_written_stops_before_the_first_step(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
