@@ -713,6 +713,30 @@ def test_a_checkpoint_loads_on_the_cpu_with_its_run_id_and_refuses_code(tmp_path
         checkpoint.load(path)
 
 
+def test_saved_files_say_what_they_are_and_errors_name_the_folders_kind(tmp_path):
+    """A safetensors file carries format "pt", without which transformers refuses it;
+    a damaged manifest or a missing file is named as a checkpoint's, or as the kind of
+    folder the caller says (an adapter, a model folder)."""
+    from safetensors import safe_open
+
+    from smol import checkpoint
+
+    checkpoint.write_safetensors({"w": torch.ones(2)}, tmp_path / "w.safetensors")
+    with safe_open(tmp_path / "w.safetensors", "pt") as f:
+        assert f.metadata() == {"format": "pt"}
+    t = trainer(small_config(tmp_path, steps=2, eval_every=0))
+    t.fit()
+    path = tmp_path / "run" / "checkpoints" / "step_0000002"
+    (path / "state.pt").unlink()
+    with pytest.raises(CheckpointError, match=r"^checkpoint .* is incomplete"):
+        checkpoint.verify(path)
+    (path / "manifest.json").write_text("{")
+    with pytest.raises(CheckpointError, match=r"^checkpoint .* cannot read manifest"):
+        checkpoint.verify(path)
+    with pytest.raises(CheckpointError, match=r"^adapter .* cannot read manifest"):
+        checkpoint.verify_saved(path, "adapter")
+
+
 def test_an_output_folder_that_cannot_be_written_stops_before_the_first_step(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a folder")
