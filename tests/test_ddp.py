@@ -29,7 +29,7 @@ def run(cmd, out_dir):
         timeout=300,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads((out_dir / "summary.json").read_text())
+    return json.loads((out_dir / "summary.json").read_text()), done.stdout
 
 
 def final_weights(out_dir):
@@ -51,11 +51,13 @@ def test_two_ranks_match_one_process_with_the_same_global_batch(tmp_path):
         "-m",
         "smol.train",
     ]
-    ddp = run(torchrun + ["--batch-size", "2"], tmp_path / "ddp")
-    single = run(
+    ddp, ddp_out = run(torchrun + ["--batch-size", "2"], tmp_path / "ddp")
+    single, single_out = run(
         [sys.executable, "-m", "smol.train", "--batch-size", "4"], tmp_path / "single"
     )
     assert ddp["world_size"] == 2 and single["world_size"] == 1
+    # the global batch: 2 ranks x 2 rows (or 4 rows) x 32 tokens x 2 accumulations
+    assert "256 tokens/step" in ddp_out and "256 tokens/step" in single_out
     assert len(set(ddp["weights_digests"])) == 1, "the two ranks hold different weights"
     assert ddp["losses"] == pytest.approx(single["losses"], rel=1e-5)
     assert ddp["val_loss"] == pytest.approx(single["val_loss"], rel=1e-5)

@@ -690,6 +690,46 @@ def test_clearing_removes_every_checkpoint_latest_and_leftovers(tmp_path):
     assert checkpoint.clear(root) == []  # nothing left, no latest: no error
 
 
+def test_save_alone_makes_its_root_keeps_two_and_outlives_what_it_cannot_delete(
+    tmp_path, monkeypatch
+):
+    """checkpoint.save called on its own: it makes a root that does not exist yet,
+    its manifest records the step and the run id ("" unless given), it keeps the two
+    newest by default, and a save already on disk is not failed by a leftover it
+    cannot remove (a file named like a crashed save's folder) or by an old checkpoint
+    that vanishes before rotation deletes it (another process cleaning the folder)."""
+    from smol import checkpoint
+
+    torch.manual_seed(0)
+    model = SmolLM(SmolConfig.preset("tiny"))
+    root = tmp_path / "not" / "yet" / "there"
+    path = checkpoint.save(root, 1, model, {"step": 1})
+    assert path == root / "step_0000001"
+    manifest = checkpoint.read_manifest(path)
+    assert (manifest["step"], manifest["run_id"]) == (1, "")
+    (root / ".step_0000009.tmp-1").write_text("a file, not a folder")
+    checkpoint.save(root, 2, model, {"step": 2})
+    checkpoint.save(root, 3, model, {"step": 3})
+    assert [p.name for p in checkpoint.checkpoints(root)] == [
+        "step_0000002",
+        "step_0000003",
+    ]
+    read_run_id = checkpoint._run_id
+
+    def vanishing(p):  # another process deletes step 2 while rotation reads it
+        run_id = read_run_id(p)
+        shutil.rmtree(root / "step_0000002", ignore_errors=True)
+        return run_id
+
+    monkeypatch.setattr(checkpoint, "_run_id", vanishing)
+    checkpoint.save(root, 4, model, {"step": 4})
+    assert [p.name for p in checkpoint.checkpoints(root)] == [
+        "step_0000003",
+        "step_0000004",
+    ]
+    assert (root / "latest").read_text().strip() == "step_0000004"
+
+
 def test_a_checkpoint_loads_on_the_cpu_with_its_run_id_and_refuses_code(tmp_path):
     """checkpoint.load: weights on the CPU unless told, the state with the run id
     the manifest records ("" for a checkpoint that records none), and a state.pt that
