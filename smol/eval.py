@@ -111,6 +111,43 @@ def question_row(number: int, r: evaluate.Result) -> dict:
     }
 
 
+def matmul_seconds(dtype: torch.dtype, rows: int = 64) -> float:
+    """The best of three CPU times of a (rows, 576) x (576, 1536) product in dtype: an
+    MLP's up projection over a short batch, the shape that dominates an evaluation."""
+    a = torch.randn(rows, 576).to(dtype)
+    b = torch.randn(576, 1536).to(dtype)
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        a @ b
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def cpu_kind() -> str:
+    """The vector instructions PyTorch's CPU kernels use here (AVX2, AVX512, ...), and
+    "+ bf16" where the CPU also multiplies bfloat16 matrices natively."""
+    kind = torch.backends.cpu.get_cpu_capability()
+    native = (
+        getattr(torch.cpu, name, lambda: False)()
+        for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")
+    )
+    return kind + " + bf16" if any(native) else kind
+
+
+def bfloat16_warning(float32_seconds: float, bfloat16_seconds: float) -> str | None:
+    """A warning when bfloat16 products run at least 1.5 times as long as float32's:
+    a CPU without bfloat16 matrix instructions converts every element first."""
+    ratio = bfloat16_seconds / float32_seconds
+    if ratio < 1.5:
+        return None
+    return (
+        f"warning: a bfloat16 matrix product takes {ratio:.1f} times as long as a "
+        f"float32 one on this CPU ({cpu_kind()}: no bfloat16 matrix instructions such "
+        "as AVX-512 BF16 or AMX); --dtype float32 is faster here"
+    )
+
+
 def run(args) -> None:
     from smol.pretrained import load_pretrained
 
@@ -120,6 +157,13 @@ def run(args) -> None:
     model, tokenizer = load_pretrained(
         args.model, device=args.device, dtype=DTYPES[args.dtype]
     )
+    device = next(model.parameters()).device
+    if args.dtype == "bfloat16" and device.type == "cpu":
+        warning = bfloat16_warning(
+            matmul_seconds(torch.float32), matmul_seconds(torch.bfloat16)
+        )
+        if warning is not None:
+            print(warning, file=sys.stderr, flush=True)
     start, cpu_start = time.perf_counter(), time.process_time()
     results = evaluate.evaluate(
         model,
@@ -144,7 +188,6 @@ def run(args) -> None:
     )
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
-        device = next(model.parameters()).device
         summary = {
             "model": args.model or "bundled Q4_1 GGUF",
             "formulation": args.formulation,
@@ -155,6 +198,7 @@ def run(args) -> None:
             "cpu_seconds": round(cpu_seconds),
             "device": device.type,
             "threads": torch.get_num_threads() if device.type == "cpu" else "",
+            "cpu": cpu_kind() if device.type == "cpu" else "",
         }
         write_csv(args.out / "mmlu.csv", [summary])
         subjects = evaluate.by_subject(results)
