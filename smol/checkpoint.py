@@ -106,7 +106,7 @@ def save(
         shutil.rmtree(final)
     os.replace(tmp, final)
     latest_tmp = root / f".latest.tmp-{os.getpid()}"
-    latest_tmp.write_text(final.name + "\n")
+    latest_tmp.write_text(final.name + "\n", encoding="utf-8")
     os.replace(latest_tmp, root / "latest")
     ours = [p for p in checkpoints(root) if p != final and _run_id(p) == run_id]
     for p in ours[: max(0, len(ours) - (keep - 1))]:
@@ -154,7 +154,9 @@ def write_manifest(folder: Path, files, **fields) -> None:
     """folder/manifest.json: `fields` and the sha256 of each of `files` in folder."""
     sha256 = {f: file_sha256(Path(folder) / f) for f in files}
     manifest = {**fields, "sha256": sha256}
-    (Path(folder) / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    (Path(folder) / MANIFEST).write_text(
+        json.dumps(manifest, indent=1) + "\n", encoding="utf-8"
+    )
 
 
 def verify_files(folder: Path, sha256: dict, what: str = "checkpoint") -> None:
@@ -185,7 +187,7 @@ def verify_saved(folder: str | Path, what: str) -> None:
 
 def read_manifest(path: str | Path, what: str = "checkpoint") -> dict:
     try:
-        manifest = json.loads((Path(path) / MANIFEST).read_text())
+        manifest = json.loads((Path(path) / MANIFEST).read_text(encoding="utf-8"))
         if not isinstance(manifest.get("sha256"), dict):
             raise ValueError("no sha256 table")
         return manifest

@@ -72,7 +72,7 @@ def write_csv(path: Path, rows: list[dict], append: bool = False) -> None:
     """rows (dicts with the same keys) as a CSV; with append, after the rows already
     in path (its header is written only when the file is new)."""
     header = not (append and path.exists())
-    with open(path, "a" if append else "w", newline="") as f:
+    with open(path, "a" if append else "w", newline="", encoding="utf-8") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]), lineterminator="\n")
         if header:
             writer.writeheader()
@@ -237,7 +237,7 @@ def verdicts(path: Path, by: str) -> dict[int, bool]:
     if not path.is_file():
         raise UsageError(f"no such file: {path} (written by mmlu --out)")
     column = "correct normalised" if by == "normalised" else "correct"
-    with open(path, newline="") as f:
+    with open(path, newline="", encoding="utf-8") as f:
         return {int(r["question"]): r[column] == "1" for r in csv.DictReader(f)}
 
 

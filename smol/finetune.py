@@ -375,7 +375,9 @@ def _finetune(settings: tuple[argparse.Namespace, TrainConfig]) -> int:
             if args.overwrite:
                 _clear_outputs(out)
             if not args.resume:
-                (out / "training" / SETTINGS_FILE).write_text(json.dumps(run, indent=1))
+                (out / "training" / SETTINGS_FILE).write_text(
+                    json.dumps(run, indent=1), encoding="utf-8"
+                )
             _report_data(trainer, args, train, val)
         return trainer
 

@@ -234,7 +234,9 @@ def save_peft_adapter(
         "use_rslora": False,
         "use_dora": False,
     }
-    (folder / "adapter_config.json").write_text(json.dumps(config, indent=2) + "\n")
+    (folder / "adapter_config.json").write_text(
+        json.dumps(config, indent=2) + "\n", encoding="utf-8"
+    )
     tensors = {}
     for name, layer in lora_layers(model).items():
         for part in ("lora_A", "lora_B"):

@@ -219,8 +219,12 @@ def save_pretrained(
         }
         config.update(special)
         tokenizer.save(folder)
-    (folder / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    (folder / "generation_config.json").write_text(json.dumps(special, indent=2) + "\n")
+    (folder / "config.json").write_text(
+        json.dumps(config, indent=2) + "\n", encoding="utf-8"
+    )
+    (folder / "generation_config.json").write_text(
+        json.dumps(special, indent=2) + "\n", encoding="utf-8"
+    )
     write_safetensors(weights_to_save(model), folder / "model.safetensors")
     files = ["config.json", "generation_config.json", "model.safetensors"]
     if tokenizer is not None:

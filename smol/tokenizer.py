@@ -127,7 +127,7 @@ class Tokenizer:
             names[key] = value.get("content") if isinstance(value, dict) else value
         template = config.get("chat_template")
         if template is None and (folder / "chat_template.jinja").is_file():
-            template = (folder / "chat_template.jinja").read_text()
+            template = (folder / "chat_template.jinja").read_text(encoding="utf-8")
         return cls(
             backend, template, model_max_length=config.get("model_max_length"), **names
         )
@@ -148,7 +148,7 @@ class Tokenizer:
             "chat_template": self.chat_template,
         }
         (folder / "tokenizer_config.json").write_text(
-            json.dumps(config, indent=2, ensure_ascii=False) + "\n"
+            json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8"
         )
 
     # --- ids --------------------------------------------------------------------------

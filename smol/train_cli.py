@@ -190,7 +190,7 @@ def fit_until_stopped(
 def _write_results(trainer: Trainer, history: dict, summary: dict) -> None:
     """summary.json and loss.png in out_dir, the final numbers and a sample printed."""
     cfg, out = trainer.cfg, Path(trainer.cfg.out_dir)
-    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     import matplotlib
 
     matplotlib.use("Agg")
