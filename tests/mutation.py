@@ -7,8 +7,9 @@ it to `mutants/`, and each mutant's exit status beside its module
 
 - `bench/results/mutation.csv`: per module, mutants, not checked (not run yet: `make
   mutate MUTANTS=...` runs a part), killed (a test failed, timed out or crashed),
-  survived, equivalent, no tests (no selected test reaches the code), and the score:
-  killed / (mutants checked - equivalent). A module this run checked nothing of
+  survived, equivalent, no tests (no selected test reaches the code), needs a GPU
+  (survivors whose change shows only on CUDA, listed), and the score: killed /
+  (mutants checked - equivalent), a mutant that needs a GPU counting as not killed. A module this run checked nothing of
   keeps its row from the last report;
 - `_build/mutation/survivors.md`: every surviving mutant that is not known to be
   equivalent, with its diff, to review.
@@ -19,7 +20,11 @@ it with the line it changes and a one-line reason. A survivor is killed outside
 mutmut when `tests/mutants_killed_outside.csv` names it with its line and the test
 that fails on it where mutmut cannot see that test reach the code (the DDP test runs
 smol.train in torchrun's processes, the signal test in a subprocess), shown by hand:
-it counts as killed. An entry of either list whose mutant no longer exists, or
+it counts as killed. A survivor that needs a GPU is named in
+`tests/mutants_need_a_gpu.csv` with its line and what goes wrong on CUDA (a tensor
+left on the CPU, a GradScaler for the wrong device, two GPUs' ranks on one): no test
+can tell it apart on a CPU, and `make gpu-check` is where it would show. An entry of
+any list whose mutant no longer exists, or
 changes another line, is reported as stale, so no list silently excuses a new
 mutant.
 
@@ -38,6 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 EQUIVALENT = ROOT / "tests" / "mutants_equivalent.csv"
 KILLED_OUTSIDE = ROOT / "tests" / "mutants_killed_outside.csv"
+NEED_A_GPU = ROOT / "tests" / "mutants_need_a_gpu.csv"
 RESULTS = ROOT / "bench" / "results" / "mutation.csv"
 SURVIVORS = ROOT / "_build" / "mutation" / "survivors.md"
 KILLED = {"killed", "timeout", "segfault", "caught by type check"}
@@ -94,7 +100,15 @@ def read_killed_outside() -> dict[str, tuple[str, str]]:
         return {r["mutant"]: (r["change"], r["test"]) for r in csv.DictReader(f)}
 
 
-def keep_earlier_rows(table: dict[str, list[str]], unchecked: list[str]) -> list[str]:
+def read_need_a_gpu() -> dict[str, tuple[str, str]]:
+    """Mutant name -> (the line it changes, what goes wrong on a GPU)."""
+    with open(NEED_A_GPU, newline="") as f:
+        return {r["mutant"]: (r["change"], r["on a GPU"]) for r in csv.DictReader(f)}
+
+
+def keep_earlier_rows(
+    table: dict[str, list[str]], unchecked: list[str], fields: list[str]
+) -> list[str]:
     """A module none of whose mutants this run checked (mutants/ is a local cache, and
     `make mutate MUTANTS=...` runs a part) keeps its row from the report on disk, so
     the report always holds each module's last measurement. Returns those modules."""
@@ -106,7 +120,7 @@ def keep_earlier_rows(table: dict[str, list[str]], unchecked: list[str]) -> list
     for module in unchecked:
         old = earlier.get(module)
         if old is not None and old["not checked"] != old["mutants"]:
-            table[module] = list(old.values())
+            table[module] = [old.get(k, "0") for k in fields]  # a new column: 0
             kept.append(module)
     return kept
 
@@ -115,6 +129,7 @@ def main() -> None:
     status = statuses()
     known = read_equivalent()
     outside = read_killed_outside()
+    gpu = read_need_a_gpu()
     rows: dict[str, Counter] = {}
     survivors, stale = [], []
     for name, s in sorted(status.items()):
@@ -127,6 +142,8 @@ def main() -> None:
                 count["equivalent"] += 1
             elif name in outside and outside[name][0] == change(name):
                 count["killed"] += 1
+            elif name in gpu and gpu[name][0] == change(name):
+                count["needs a GPU"] += 1
             else:
                 count["survived"] += 1
                 survivors.append(name)
@@ -137,7 +154,7 @@ def main() -> None:
             survivors.append(name)
         else:
             count[s] += 1
-    for name, (line, _) in (known | outside).items():
+    for name, (line, _) in (known | outside | gpu).items():
         if status.get(name) == "not checked":  # not run this time: nothing to say
             continue
         if status.get(name) != "survived" or change(name) != line:
@@ -151,6 +168,7 @@ def main() -> None:
         "survived",
         "equivalent",
         "no tests",
+        "needs a GPU",
         "score",
     ]
     table = {}
@@ -159,7 +177,7 @@ def main() -> None:
         score = f"{100 * c['killed'] / real:.1f}" if real else ""
         table[module] = [module, *(str(c[k]) for k in fields[1:-1]), score]
     unchecked = [m for m, c in rows.items() if c["not checked"] == c["mutants"]]
-    kept = keep_earlier_rows(table, unchecked)
+    kept = keep_earlier_rows(table, unchecked, fields)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     with open(RESULTS, "w", newline="") as f:
         w = csv.writer(f)
