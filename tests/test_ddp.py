@@ -80,8 +80,10 @@ def test_two_ranks_match_one_process_with_the_same_global_batch(tmp_path):
 def test_a_signal_to_one_rank_stops_both_at_the_next_sync(tmp_path):
     """SIGTERM reaches rank 1 during step 2: the ranks agree at their next common sync
     (the log of step 4, or the checkpoint of step 3 when that comes first), save, and
-    both stop there; rank 0 names a signal to another rank. A rank that stopped alone
-    would leave the other waiting in a collective: each rank's alarm ends it."""
+    both stop there, rank 1 not before rank 0 has written the checkpoint; rank 0 names
+    a signal to another rank. A rank that stopped alone would leave the other waiting
+    in a collective: each rank's alarm ends it. Resuming past a damaged checkpoint,
+    both ranks take the newest intact one and only rank 0 warns."""
     cmd = [
         sys.executable,
         "-m",
@@ -100,10 +102,18 @@ def test_a_signal_to_one_rank_stops_both_at_the_next_sync(tmp_path):
     )
     for run, step in (("log", 4), ("save", 3)):
         where = str(tmp_path / run / "checkpoints" / f"step_{step:07d}")
-        assert rank1[run] == {"stopped": step, "signal": "SIGTERM", "path": where}
+        assert rank1[run] == {
+            "stopped": step,
+            "signal": "SIGTERM",
+            "path": where,
+            "complete": True,
+        }
         assert rank0[run] == {
             "stopped": step,
             "signal": "a signal to another rank",
             "path": where,
+            "complete": True,
         }
         assert (tmp_path / run / "checkpoints" / f"step_{step:07d}").is_dir()
+    assert rank0["resume"] == {"step": 3, "warned": True}
+    assert rank1["resume"] == {"step": 3, "warned": False}
