@@ -8,12 +8,12 @@ Paths at batch 1: smol float32 (KV cache; and without the cache), bfloat16, int8
 PyTorch's int4 kernel (CPU, bfloat16), the compiled step with a static cache
 (--compile, which also adds transformers' generate with its static cache and compiled
 forward, its fastest configuration), speculative decoding with prompt-lookup drafts and
-with drafts of the bfloat16 copy verified in float32 (on the story prompt and on a
-summarising prompt, which repeats its input); transformers' generate in float32 and
-bfloat16; llama.cpp (llama-cpp-python, where installed: `make llama-cpp`) on the same
-GGUF file with the same prompt tokens and thread count, greedy. Then batches of 1, 4 and
-16 left-padded prompts. Each path's tokens are compared with smol's float32 greedy
-tokens.
+with drafts of the bfloat16 copy, or of the int4 codes (CPU), verified in float32 (on
+the story prompt and on a summarising prompt, which repeats its input); transformers'
+generate in float32 and bfloat16; llama.cpp (llama-cpp-python, where installed: `make
+llama-cpp`) on the same GGUF file with the same prompt tokens and thread count, greedy.
+Then batches of 1, 4 and 16 left-padded prompts. Each path's tokens are compared with
+smol's float32 greedy tokens.
 
     python bench/generate.py [--new-tokens 200] [--runs 3] [--threads N] [--device cpu]
         [--compile] [--preset tiny] [--csv bench/results/generate.csv]
@@ -230,6 +230,13 @@ def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
         table.insert(
             6, ("smol, int4 (Q4_1 codes), bf16", "int4 / bfloat16", "story", run)
         )
+        # float32's tokens, drafted by the file's own 4-bit codes
+        for name, x, prompt in [
+            ("smol, speculative, int4 draft", ids, "story"),
+            ("smol, speculative, int4 draft (summary)", summary, "summary"),
+        ]:
+            run = spec(model, x, name, draft_model=int4, num_draft=16)
+            table.append((name, "float32", prompt, run))
     if args.preset == "smollm2-135m" and not args.no_llama_cpp:
         from smol.gguf import bundled_gguf_path
 
