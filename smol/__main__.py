@@ -83,9 +83,21 @@ def check_args(args) -> None:
         raise UsageError("--draft drafts for --speculative K: give both")
     if args.draft and (args.quantize or args.dtype not in (None, "float32")):
         raise UsageError(
-            "--draft bfloat16 drafts for the float32 model, whose tokens it keeps: "
+            f"--draft {args.draft} drafts for the float32 model, whose tokens it keeps: "
             "leave out --dtype and --quantize"
         )
+    if args.draft == "int4":
+        if args.source is not None and not str(args.source).endswith(".gguf"):
+            raise UsageError(
+                "--draft int4 drafts with a GGUF file's own Q4_1 codes: give a .gguf "
+                f"--source (or none: the bundled file), got {args.source}"
+            )
+        device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if not device.startswith("cpu"):
+            raise UsageError(
+                "--draft int4 runs on the CPU only (PyTorch's int4 kernel there): "
+                "add --device cpu"
+            )
     if args.command == "chat" and text is None:
         for flag in ("speculative", "compile"):
             if getattr(args, flag):
@@ -180,7 +192,13 @@ def _generate(args, model, tokenizer, ids, skip_special_tokens):
 
     n = _fit(ids, args, model)
     ids = torch.tensor([ids], device=model.model.embed_tokens.weight.device)
-    draft = copy.deepcopy(model).to(getattr(torch, args.draft)) if args.draft else None
+    draft = None
+    if args.draft == "bfloat16":
+        draft = copy.deepcopy(model).to(torch.bfloat16)
+    elif args.draft == "int4":  # the GGUF file's own 4-bit codes, unchanged
+        from smol.int4 import load_int4
+
+        draft = load_int4(args.source, dtype=torch.bfloat16)[0]
     stream = TextStream(tokenizer, skip_special_tokens)
     start = time.perf_counter()
     generate(
@@ -369,10 +387,11 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--draft",
-        choices=["bfloat16"],
+        choices=["bfloat16", "int4"],
         default=None,
-        help="with --speculative K: draft with a bfloat16 copy of the model instead "
-        "of prompt lookup (float32's tokens, checked in float32)",
+        help="with --speculative K: draft with a bfloat16 copy of the model, or (CPU) "
+        "with the GGUF file's own int4 codes, instead of prompt lookup (float32's "
+        "tokens, checked in float32)",
     )
 
 

@@ -88,6 +88,32 @@ def fake_load(real_model, monkeypatch):
             ],
             "leave out --dtype and --quantize",
         ),
+        (
+            [
+                "generate",
+                "Hi",
+                "--speculative",
+                "4",
+                "--draft",
+                "int4",
+                "--source",
+                "d",
+            ],
+            "give a .gguf --source (or none: the bundled file), got d",
+        ),
+        (
+            [
+                "generate",
+                "Hi",
+                "--speculative",
+                "4",
+                "--draft",
+                "int4",
+                "--device",
+                "cuda",
+            ],
+            "--draft int4 runs on the CPU only",
+        ),
         (["chat", "--compile"], "--compile works for one message, not the interactive"),
         (["generate", "Hi", "--threads", "0"], "--threads must be >= 1, got 0"),
         (["chat", "Hi", "--threads", "-2"], "--threads must be >= 1, got -2"),
@@ -159,16 +185,20 @@ def test_fast_options_give_the_same_text(fake_load, capsys, monkeypatch):
     code, expected, _ = run(base, capsys)
     assert code == 0 and "Paris" in expected
     assert run(base + ["--speculative", "4"], capsys)[1] == expected
-    drafts = []  # the dtype of each draft model speculative decoding is given
+    drafts = []  # the dtype and the q projection of each draft model given
     make = speculative.ModelDraft
-    monkeypatch.setattr(
-        speculative,
-        "ModelDraft",
-        lambda m, *a: drafts.append(m.model.embed_tokens.weight.dtype) or make(m, *a),
-    )
+
+    def noted(m, *a):
+        q_proj = m.model.layers[0].self_attn.q_proj
+        drafts.append((m.model.embed_tokens.weight.dtype, type(q_proj).__name__))
+        return make(m, *a)
+
+    monkeypatch.setattr(speculative, "ModelDraft", noted)
     code, out, err = run(base + ["--speculative", "4", "--draft", "bfloat16"], capsys)
     assert code == 0 and out == expected and "float32, bfloat16 draft" in err
-    assert drafts == [torch.bfloat16]
+    code, out, err = run(base + ["--speculative", "4", "--draft", "int4"], capsys)
+    assert code == 0 and out == expected and "float32, int4 draft" in err
+    assert drafts == [(torch.bfloat16, "Linear"), (torch.bfloat16, "Int4Linear")]
     code, out, err = run(base + ["--dtype", "bfloat16"], capsys)
     assert code == 0 and out == expected and "bfloat16" in err
     code, out, err = run(base + ["--quantize", "int8"], capsys)
