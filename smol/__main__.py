@@ -83,8 +83,8 @@ def check_args(args) -> None:
         raise UsageError("--draft drafts for --speculative K: give both")
     if args.draft and (args.quantize or args.dtype not in (None, "float32")):
         raise UsageError(
-            f"--draft {args.draft} drafts for the float32 model, whose tokens it keeps: "
-            "leave out --dtype and --quantize"
+            f"--draft {args.draft} drafts for the float32 model, whose tokens it "
+            "keeps: leave out --dtype and --quantize"
         )
     if args.draft == "int4":
         if args.source is not None and not str(args.source).endswith(".gguf"):

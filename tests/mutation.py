@@ -9,8 +9,8 @@ it to `mutants/`, and each mutant's exit status beside its module
   mutate MUTANTS=...` runs a part), killed (a test failed, timed out or crashed),
   survived, equivalent, no tests (no selected test reaches the code), needs a GPU
   (survivors whose change shows only on CUDA, listed), and the score: killed /
-  (mutants checked - equivalent), a mutant that needs a GPU counting as not killed. A module this run checked nothing of
-  keeps its row from the last report;
+  (mutants checked - equivalent), a mutant that needs a GPU counting as not killed. A
+  module this run checked nothing of keeps its row from the last report;
 - `_build/mutation/survivors.md`: every surviving mutant that is not known to be
   equivalent, with its diff, to review.
 
