@@ -42,6 +42,9 @@ def fake_load(real_model, monkeypatch):
     return calls
 
 
+INT4_DRAFT = ["generate", "Hi", "--speculative", "4", "--draft", "int4"]
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -89,31 +92,10 @@ def fake_load(real_model, monkeypatch):
             "leave out --dtype and --quantize",
         ),
         (
-            [
-                "generate",
-                "Hi",
-                "--speculative",
-                "4",
-                "--draft",
-                "int4",
-                "--source",
-                "d",
-            ],
+            [*INT4_DRAFT, "--source", "d"],
             "give a .gguf --source (or none: the bundled file), got d",
         ),
-        (
-            [
-                "generate",
-                "Hi",
-                "--speculative",
-                "4",
-                "--draft",
-                "int4",
-                "--device",
-                "cuda",
-            ],
-            "--draft int4 runs on the CPU only",
-        ),
+        ([*INT4_DRAFT, "--device", "cuda"], "--draft int4 runs on the CPU only"),
         (["chat", "--compile"], "--compile works for one message, not the interactive"),
         (["generate", "Hi", "--threads", "0"], "--threads must be >= 1, got 0"),
         (["chat", "Hi", "--threads", "-2"], "--threads must be >= 1, got -2"),
