@@ -78,7 +78,7 @@ class ModelDraft:
         self.stop_margin = stop_margin
         self.cache = KVCache.for_model(model, 1, max_len)
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def draft(self, tokens: torch.Tensor, k: int) -> torch.Tensor:
         feed, out = tokens[self.cache.length :], []  # what the cache has not seen
         for _ in range(k):
@@ -120,7 +120,6 @@ def accepted(choice: torch.Tensor, draft: torch.Tensor, eos=None) -> int:
     return n_ok
 
 
-@torch.no_grad()
 def speculative_greedy(
     model,
     input_ids: torch.Tensor,
@@ -145,7 +144,12 @@ def speculative_greedy(
     tie, a lead of at most draft_stop_margin, see `ModelDraft`). They are at most
     num_draft tokens long, and their length adapts: two more after a draft accepted
     whole, one fewer (down to 1) after a rejection, so that where drafts stop being
-    right the passes shrink back towards one token's step."""
+    right the passes shrink back towards one token's step.
+
+    It runs under torch.inference_mode, which skips the bookkeeping no_grad still does
+    for every view and in-place write (a draft step of the bundled int4 model, 2 CPU
+    threads: about 10% faster), and returns an ordinary tensor, one that autograd may
+    save."""
     if input_ids.shape[0] != 1:
         raise ValueError(
             f"speculative decoding takes one sequence, got a batch of "
@@ -163,8 +167,38 @@ def speculative_greedy(
             raise ValueError(
                 f"the draft model is on {where}, the tokens on {input_ids.device}"
             )
-        drafter = ModelDraft(draft_model, cache.max_len, draft_stop_margin)
     stats = stats if stats is not None else SpeculativeStats()
+    with torch.inference_mode():
+        if draft_model is not None:
+            drafter = ModelDraft(draft_model, cache.max_len, draft_stop_margin)
+        tokens = _speculative_loop(
+            model,
+            input_ids,
+            max_new_tokens,
+            cache,
+            max_ngram,
+            num_draft,
+            drafter,
+            eos,
+            stream,
+            stats,
+        )
+    return tokens.clone()  # an inference tensor cannot be saved for backward
+
+
+def _speculative_loop(
+    model,
+    input_ids,
+    max_new_tokens,
+    cache,
+    max_ngram,
+    num_draft,
+    drafter,
+    eos,
+    stream,
+    stats,
+) -> torch.Tensor:
+    """speculative_greedy's decoding, its arguments checked: (1, T + new)."""
     tokens = input_ids[0]
     logits, _ = model(input_ids, kv_cache=cache)  # prefill
     next_token = logits[0, -1].argmax()

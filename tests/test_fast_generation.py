@@ -404,6 +404,26 @@ def test_speculative_counts_and_rolls_back(model):
     assert cache.length == 45
 
 
+def test_speculative_hands_back_tokens_autograd_can_save(model):
+    """speculative_greedy decodes under torch.inference_mode, yet its tokens and the
+    caller's cache are ordinary tensors: the tokens feed a training step (its
+    embedding saves them for backward) and the cache takes another pass with autograd
+    on. Kills: handing back the inference tensor itself ("Inference tensors cannot be
+    saved for backward")."""
+    ids = torch.randint(0, 211, (1, 6), generator=torch.Generator().manual_seed(6))
+    cache = KVCache(CONFIG, 1, 6 + 10 + 4)
+    draft = copy.deepcopy(model).to(torch.bfloat16)
+    out = speculative_greedy(model, ids, 10, cache, num_draft=4, draft_model=draft)
+    assert not out.is_inference() and not cache.k.is_inference()
+    trained = copy.deepcopy(model).train()
+    _, loss = trained(out[:, :-1], targets=out[:, 1:])
+    loss.backward()
+    assert trained.model.embed_tokens.weight.grad is not None
+    cache.length = 15
+    logits, _ = trained(out[:, 15:16], kv_cache=cache)
+    assert logits.requires_grad
+
+
 def test_draft_length_grows_on_whole_acceptance_and_shrinks_on_rejection():
     # a draft taken whole: two more next time, up to num_draft
     assert next_draft_limit(4, drafted=4, accepted=4, num_draft=8) == 6
