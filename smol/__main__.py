@@ -198,7 +198,7 @@ def _generate(args, model, tokenizer, ids, skip_special_tokens):
     elif args.draft == "int4":  # the GGUF file's own 4-bit codes, unchanged
         from smol.int4 import load_int4
 
-        draft = load_int4(args.source, dtype=torch.bfloat16)[0]
+        draft = load_int4(args.source, dtype=torch.bfloat16, fused=True)[0]
     stream = TextStream(tokenizer, skip_special_tokens)
     start = time.perf_counter()
     generate(

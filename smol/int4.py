@@ -5,9 +5,13 @@ about a sixth of float32's bytes."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
+import torch.nn.functional as F
 from torch import nn
 
+from smol.attention import grouped_decode_attention
 from smol.gguf import (
     GGUFFile,
     QType,
@@ -19,6 +23,7 @@ from smol.gguf import (
 )
 from smol.model import SmolLM
 from smol.pretrained import _skip_init
+from smol.rope import apply_rope
 
 GROUP_SIZE = 32  # weights per Q4_1 block: one scale and one minimum for each
 
@@ -93,21 +98,45 @@ class Int4Linear(nn.Module):
             )
         if codes.max() > 15:
             raise ValueError(f"4-bit codes are 0..15, got {codes.max().item()}")
-        self.in_features, self.out_features = fan_in, out
-        self.group_size = group_size
-        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1)
-        self.register_buffer("weight", packed)  # (out, in / 2) uint8
         zero = m.float() + 8 * d.float()  # exact in float32 for float16 d and m
         scales_and_zeros = torch.stack([d.float(), zero], dim=-1)  # (out, groups, 2)
-        self.register_buffer(
-            "scales_and_zeros",
-            scales_and_zeros.transpose(0, 1).to(torch.bfloat16).contiguous(),
-        )  # (in / group_size, out, 2), as the kernel wants
+        # (in / group_size, out, 2), as the kernel wants
+        self._pack(codes, scales_and_zeros.transpose(0, 1).to(torch.bfloat16))
+
+    def _pack(self, codes: torch.Tensor, scales_and_zeros: torch.Tensor) -> None:
+        self.out_features, self.in_features = codes.shape
+        self.group_size = self.in_features // scales_and_zeros.shape[0]
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1)
+        self.register_buffer("weight", packed)  # (out, in / 2) uint8
+        self.register_buffer("scales_and_zeros", scales_and_zeros.contiguous())
 
     @classmethod
     def from_q4_1(cls, raw, shape: tuple[int, int]) -> Int4Linear:
         """From a GGUF tensor's raw Q4_1 blocks (rows, bytes per row)."""
         return cls(*q4_1_codes(raw, shape))
+
+    @classmethod
+    def concat(cls, layers) -> Int4Linear:
+        """One Int4Linear whose outputs are those of `layers` (same inputs) side by
+        side: one kernel call instead of several, the same codes, scales and zeros, so
+        the same numbers (each output is its own dot product)."""
+        first = layers[0]
+        for layer in layers:
+            if (layer.in_features, layer.group_size) != (
+                first.in_features,
+                first.group_size,
+            ):
+                raise ValueError(
+                    "Int4Linears side by side need the same inputs and groups, got "
+                    f"(in, group) {(first.in_features, first.group_size)} and "
+                    f"{(layer.in_features, layer.group_size)}"
+                )
+        fused = cls.__new__(cls)
+        nn.Module.__init__(fused)
+        codes = torch.cat([layer.codes() for layer in layers])
+        table = torch.cat([layer.scales_and_zeros for layer in layers], dim=1)
+        fused._pack(codes, table)
+        return fused
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # (..., in) -> (..., out)
         if x.device.type != "cpu":
@@ -162,7 +191,7 @@ PROJECTIONS = (
 
 
 @torch.no_grad()
-def load_int4(path=None, dtype: torch.dtype = torch.float32):
+def load_int4(path=None, dtype: torch.dtype = torch.float32, fused: bool = False):
     """(model, tokenizer) from a Llama GGUF file whose projections are Q4_1 (None: the
     bundled SmolLM2-135M-Instruct): each projection an Int4Linear made from the file's
     blocks (its codes unchanged, q and k rows reordered as read_gguf reorders them),
@@ -172,7 +201,11 @@ def load_int4(path=None, dtype: torch.dtype = torch.float32):
     Against the float32 model that read_gguf makes of the same file (bench/int4.py,
     bench/results/int4.csv): logits differ by at most 1.1 (float32 elsewhere) and 1.8
     (dtype bfloat16; the dense bfloat16 model: 1.3) on four prompts; greedy tokens
-    part where float32's top two logits nearly tie (tests/test_int4.py)."""
+    part where float32's top two logits nearly tie (tests/test_int4.py).
+
+    fused=True: the model as a FusedInt4LM, its fused projections made from the file's
+    codes directly (FusedInt4LM(model) reads them back through the kernel: seconds
+    with AVX2, minutes on a CPU without vector instructions)."""
     if path is None:
         path = bundled_gguf_path()
         if path is None:
@@ -184,7 +217,7 @@ def load_int4(path=None, dtype: torch.dtype = torch.float32):
     config = config_from_gguf(file)
     names = smol_names(config)
     heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
-    linears, state_dict = {}, {}
+    linears, state_dict, parts = {}, {}, {}
     for name, (qtype, shape, raw) in file.tensors.items():
         if name not in names:
             raise ValueError(f"{file.path}: unexpected tensor {name!r}")
@@ -200,6 +233,7 @@ def load_int4(path=None, dtype: torch.dtype = torch.float32):
         if kind in heads:
             codes, d, m = (unpermute_qk(t, heads[kind]) for t in (codes, d, m))
         linears[names[name].removesuffix(".weight")] = Int4Linear(codes, d, m)
+        parts[names[name].removesuffix(".weight")] = (codes, d, m)
     with torch.device("meta"), _skip_init():
         model = SmolLM(config)
     model.load_state_dict(state_dict, strict=False, assign=True)
@@ -209,4 +243,107 @@ def load_int4(path=None, dtype: torch.dtype = torch.float32):
     missing = [n for n, p in model.named_parameters() if p.is_meta]
     if missing:
         raise ValueError(f"{file.path} lacks {len(missing)} tensors, e.g. {missing[0]}")
+    if fused:
+        model = FusedInt4LM(model, parts)
     return model.eval(), tokenizer_from_gguf(file, config)
+
+
+class FusedInt4LM(SmolLM):
+    """An inference-only copy of an int4 model (load_int4's) for decoding on a CPU: in
+    each layer q/k/v are one Int4Linear (`qkv_proj`) and gate/up another
+    (`gate_up_proj`), and one forward runs the layers without their module calls and
+    einops patterns. Five kernel calls a layer instead of seven and about half the
+    small operators; the same logits, bit for bit (tests/test_int4.py).
+
+    The course's modules stay as they are: the copy's layers lose q/k/v/gate/up (its
+    own forward reads the fused ones), so it neither trains nor loads a state dict.
+    forward takes SmolLM's arguments but no targets, attention_mask or position_ids:
+    (logits, None)."""
+
+    def __init__(self, model: SmolLM, parts: dict | None = None):
+        """parts (load_int4's): each projection's (codes, d, m) by module name, from
+        which the fused layers are made without reading the codes back."""
+        nn.Module.__init__(self)
+        for name, module in model.named_modules():
+            if isinstance(module, nn.Linear) and module is not model.lm_head:
+                raise ValueError(f"{name} is not an Int4Linear: fuse load_int4's model")
+        self.config = model.config
+        self.gradient_checkpointing = False
+        self.model = copy.deepcopy(model.model)
+        self.lm_head = model.lm_head  # tied: the copy's embedding
+        if model.lm_head.weight is model.model.embed_tokens.weight:
+            self.lm_head = copy.deepcopy(model.lm_head)
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+        def fuse(prefix, names):
+            if parts is None:
+                return Int4Linear.concat(
+                    [self.get_submodule(prefix + n) for n in names]
+                )
+            codes, d, m = zip(*(parts[prefix + n] for n in names))
+            return Int4Linear(torch.cat(codes), torch.cat(d), torch.cat(m))
+
+        for i, layer in enumerate(self.model.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            at, mp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
+            attn.qkv_proj = fuse(at, ["q_proj", "k_proj", "v_proj"])
+            mlp.gate_up_proj = fuse(mp, ["gate_proj", "up_proj"])
+            del attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj
+        self.eval()
+
+    def forward(
+        self,
+        input_ids,
+        targets=None,
+        attention_mask=None,
+        position_ids=None,
+        kv_cache=None,
+        logits_to_keep: int = 0,
+    ):
+        if targets is not None:
+            raise NotImplementedError("FusedInt4LM is inference-only: no loss")
+        if attention_mask is not None or position_ids is not None:
+            raise NotImplementedError(
+                "FusedInt4LM decodes unpadded sequences: no attention_mask or "
+                "position_ids (decode padded batches with the model it was made from)"
+            )
+        if not isinstance(logits_to_keep, int) or logits_to_keep < 0:
+            raise ValueError(
+                f"logits_to_keep must be an int >= 0, got {logits_to_keep!r}"
+            )
+        B, T = self._check_input_ids(input_ids)
+        offset = self._check_kv_cache(kv_cache, B, input_ids.device)
+        mask, is_causal = self._attention_mask(None, B, T, offset, input_ids.device)
+        cos, sin = self.model.rotary_emb(offset + T, input_ids.device)
+        cos, sin = cos[offset:], sin[offset:]
+        config = self.config
+        H, H_kv, D = (
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            config.head_dim,
+        )
+        x = self.model.embed_tokens(input_ids)  # (B, T, C)
+        for i, layer in enumerate(self.model.layers):
+            attn = layer.self_attn
+            qkv = attn.qkv_proj(layer.input_layernorm(x))
+            q, k, v = qkv.split((H * D, H_kv * D, H_kv * D), dim=-1)
+            q = apply_rope(q.view(B, T, H, D).transpose(1, 2), cos, sin)
+            k = apply_rope(k.view(B, T, H_kv, D).transpose(1, 2), cos, sin)
+            v = v.view(B, T, H_kv, D).transpose(1, 2)
+            if kv_cache is not None:
+                k, v = kv_cache.update(i, k, v)
+            if T == 1 and not is_causal:
+                y = grouped_decode_attention(q, k, v, mask, attn.n_rep)
+            else:
+                y = F.scaled_dot_product_attention(
+                    q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True
+                )
+            x = x + attn.o_proj(y.transpose(1, 2).reshape(B, T, H * D))
+            gate_up = layer.mlp.gate_up_proj(layer.post_attention_layernorm(x))
+            gate, up = gate_up.chunk(2, dim=-1)
+            x = x + layer.mlp.down_proj(F.silu(gate) * up)
+        if kv_cache is not None:
+            kv_cache.advance(T)
+        if logits_to_keep:
+            x = x[:, -logits_to_keep:]  # (B, logits_to_keep, C)
+        return self.lm_head(self.model.norm(x)), None

@@ -11,7 +11,9 @@ from smol.data import load_tokenizer
 from smol.export import export_gguf
 from smol.generate import generate
 from smol.gguf import GGUFFile, bundled_gguf_path, dequantize, unpermute_qk
-from smol.int4 import Int4Linear, load_int4, q4_1_codes
+from smol.int4 import FusedInt4LM, Int4Linear, load_int4, q4_1_codes
+from smol.kv_cache import KVCache
+from smol.speculative import SpeculativeStats, speculative_greedy
 from smol.pretrained import load_pretrained
 from tests.tiny_models import config, peaked
 
@@ -213,3 +215,117 @@ def test_a_file_without_q4_1_projections_is_refused(tmp_path):
         ValueError, match=r"blk\.0\.\w+\.weight is Q8_0; int4 loads Q4_1"
     ):
         load_int4(path)
+
+
+def tiny_int4_model(dtype=torch.float32, seed=0):
+    """A peaked two-layer model whose seven projections a layer are Int4Linears of
+    random codes (what load_int4 makes of a file, without one)."""
+    model = peaked(config(256, 64, 96, 2, 4, 2, 64), seed).to(dtype)
+    for i, (name, linear) in enumerate(list(model.model.layers.named_modules())):
+        if isinstance(linear, torch.nn.Linear):
+            out, fan_in = linear.weight.shape
+            layer, *_ = tiny_layer(seed + i, out, fan_in)
+            parent, _, child = name.rpartition(".")
+            setattr(model.model.layers.get_submodule(parent), child, layer)
+    return model
+
+
+def test_concat_computes_each_layers_outputs_side_by_side():
+    """Int4Linear.concat gives each layer's outputs, bit for bit, in order, from one
+    kernel call, for float32 and bfloat16 x. Kills: the tables joined along the groups
+    (dim 0) instead of the outputs; layers in another order; codes of the first layer
+    only. Layers of other inputs are refused."""
+    layers = [tiny_layer(s, out, 64)[0] for s, out in [(0, 48), (1, 16), (2, 32)]]
+    fused = Int4Linear.concat(layers)
+    assert (fused.in_features, fused.out_features, fused.group_size) == (64, 96, 32)
+    for dtype in (torch.float32, torch.bfloat16):
+        x = torch.randn(3, 64).to(dtype)
+        assert torch.equal(fused(x), torch.cat([layer(x) for layer in layers], -1))
+    assert torch.equal(fused.codes(), torch.cat([layer.codes() for layer in layers]))
+    with pytest.raises(
+        ValueError,
+        match=r"same inputs and groups.*\(64, 32\) and "
+        r"\(96, 32\)",
+    ):
+        Int4Linear.concat([layers[0], tiny_layer(3, 16, 96)[0]])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_fused_copy_gives_the_models_logits_bit_for_bit(dtype):
+    """FusedInt4LM's logits equal its source's exactly: a prompt with and without a
+    cache, one-token steps and a several-token step after it (the causal mask of a
+    verification pass). Kills: q and k rotated with each other's shape; values left
+    unrotated or rotated; gate and up swapped (silu on up); a causal mask left out of
+    the step after the cache; the cache not advanced. The source model is unchanged
+    and the copy holds no unfused projection."""
+    model = tiny_int4_model(dtype)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    fused = FusedInt4LM(model)
+    assert torch.equal(model(torch.arange(9)[None])[0], fused(torch.arange(9)[None])[0])
+    caches = [KVCache.for_model(m, 1, 32) for m in (model, fused)]
+    ids = torch.randint(0, 256, (1, 20), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        for step in (ids[:, :7], ids[:, 7:8], ids[:, 8:9], ids[:, 9:15]):
+            a = model(step, kv_cache=caches[0])[0]
+            b = fused(step, kv_cache=caches[1])[0]
+            assert b.dtype == dtype and torch.equal(a, b)
+    assert caches[1].length == 15
+    last = model(ids, logits_to_keep=3)[0]
+    assert last.shape[1] == 3 and torch.equal(last, fused(ids, logits_to_keep=3)[0])
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    names = {name.rsplit(".", 1)[-1] for name, _ in fused.named_modules()}
+    assert {"qkv_proj", "gate_up_proj", "o_proj", "down_proj"} <= names
+    assert not names & {"q_proj", "k_proj", "v_proj", "gate_proj", "up_proj"}
+    assert fused.lm_head.weight is fused.model.embed_tokens.weight  # still tied
+
+
+def test_fused_copy_drafts_float32s_tokens():
+    """As a draft model, the fused copy drafts exactly what its source drafts (same
+    counts) and speculative decoding still gives the float32 model's greedy tokens.
+    A model with a float Linear is refused by name."""
+    target = tiny_int4_model()
+    draft = tiny_int4_model(torch.bfloat16)
+    ids = torch.randint(0, 256, (1, 6), generator=torch.Generator().manual_seed(1))
+    expected = generate(target, ids, 24, temperature=0)
+    outs, stats = [], []
+    for m in (draft, FusedInt4LM(draft)):
+        stats.append(SpeculativeStats())
+        cache = KVCache.for_model(target, 1, 6 + 24 + 8)
+        outs.append(
+            speculative_greedy(target, ids, 24, cache, draft_model=m, stats=stats[-1])
+        )
+    assert torch.equal(outs[0], expected) and torch.equal(outs[1], expected)
+    assert stats[0] == stats[1] and stats[0].drafted > 0
+    fused = FusedInt4LM(draft)
+    with pytest.raises(NotImplementedError, match="inference-only: no loss"):
+        fused(ids, targets=ids)
+    with pytest.raises(NotImplementedError, match="unpadded sequences"):
+        fused(ids, attention_mask=torch.ones_like(ids))
+    with pytest.raises(ValueError, match="logits_to_keep must be an int >= 0, got -1"):
+        fused(ids, logits_to_keep=-1)
+    with pytest.raises(
+        ValueError,
+        match=r"model\.layers\.0\.self_attn\.q_proj is not an Int4Linear",
+    ):
+        FusedInt4LM(peaked(config(256, 64, 96, 2, 4, 2, 64)))
+
+
+@needs_bundled
+def test_load_int4_fused_is_the_fused_copy_of_the_file():
+    """load_int4(fused=True) makes the fused layers from the file's codes (no reading
+    back): the same codes as the unfused layers side by side, and the same bfloat16
+    logits. Kills: parts of one layer fused into another's; d and m swapped."""
+    model = load_int4(dtype=torch.bfloat16)[0]
+    fused = load_int4(dtype=torch.bfloat16, fused=True)[0]
+    assert isinstance(fused, FusedInt4LM)
+    attn = model.model.layers[5].self_attn
+    qkv = fused.model.layers[5].self_attn.qkv_proj
+    expected = torch.cat(
+        [attn.q_proj.codes(), attn.k_proj.codes(), attn.v_proj.codes()]
+    )
+    assert torch.equal(qkv.codes(), expected)
+    ids = torch.tensor([[1, 504, 3458, 282, 1345, 314, 253, 1687, 2441, 411]])
+    with torch.no_grad():
+        assert torch.equal(model(ids)[0], fused(ids)[0])
