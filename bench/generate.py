@@ -33,7 +33,7 @@ from common import write_csv
 from smol.generate import generate, left_pad
 from smol.kv_cache import KVCache
 from smol.quantize import quantize_int8_
-from smol.speculative import SpeculativeStats, speculative_greedy
+from smol.speculative import NEAR_TIE, SpeculativeStats, speculative_greedy
 
 PROMPT = "Once upon a time, in a small village by the sea, there lived"
 SUMMARY = (
@@ -185,7 +185,7 @@ def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
     def smol(m, x, **kw):
         return lambda k: generate(m, x, k, temperature=0, **kw)
 
-    def spec(m, x, name, draft_model=None, num_draft=8):
+    def spec(m, x, name, draft_model=None, num_draft=8, margin=NEAR_TIE):
         def run(k):
             stats = spec_stats.setdefault(name, SpeculativeStats())
             cache = KVCache.for_model(m, 1, x.shape[1] + k + num_draft)
@@ -196,6 +196,7 @@ def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
                 cache,
                 num_draft=num_draft,
                 draft_model=draft_model,
+                draft_stop_margin=margin,
                 stats=stats,
             )
 
@@ -225,17 +226,21 @@ def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
     if args.preset == "smollm2-135m" and args.device == "cpu":
         from smol.int4 import load_int4  # the file's Q4_1 codes; CPU only
 
-        int4 = load_int4(dtype=torch.bfloat16)[0]
+        # the inference-only copy: q/k/v and gate/up fused, the same logits
+        int4 = load_int4(dtype=torch.bfloat16, fused=True)[0]
         run = smol(int4, ids)
-        table.insert(
-            6, ("smol, int4 (Q4_1 codes), bf16", "int4 / bfloat16", "story", run)
-        )
+        name = "smol, int4 (Q4_1 codes, fused), bf16"
+        table.insert(6, (name, "int4 / bfloat16", "story", run))
         # float32's tokens, drafted by the file's own 4-bit codes
         for name, x, prompt in [
             ("smol, speculative, int4 draft", ids, "story"),
             ("smol, speculative, int4 draft (summary)", summary, "summary"),
         ]:
             run = spec(model, x, name, draft_model=int4, num_draft=16)
+            table.append((name, "float32", prompt, run))
+            # drafts that stop at exact ties only (of bfloat16 logits above 16)
+            name += ", ties 1/16, 24"
+            run = spec(model, x, name, int4, num_draft=24, margin=1 / 16)
             table.append((name, "float32", prompt, run))
     if args.preset == "smollm2-135m" and not args.no_llama_cpp:
         from smol.gguf import bundled_gguf_path
@@ -282,7 +287,14 @@ def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
 
 
 def measure(paths: dict, n: int, runs: int, sync, after_warm_up):
-    """Tokens/s of every path (each round runs each path once) and its last output."""
+    """Tokens/s of every path (each round runs each path once) and its last output.
+    Every path runs under torch.inference_mode, each peer's fastest way to skip
+    autograd (no_grad still tracks views and in-place writes)."""
+    with torch.inference_mode():
+        return _measure(paths, n, runs, sync, after_warm_up)
+
+
+def _measure(paths: dict, n: int, runs: int, sync, after_warm_up):
     for name, (_, _, run) in paths.items():  # warm-up (and compilation)
         sync()
         start = time.perf_counter()
@@ -408,22 +420,27 @@ def batched(args, model, ref, encode, n) -> dict[int, tuple[dict, bool]]:
                 x, max_new_tokens=k, **kw
             ),
         }
-        for run in runs.values():
-            run(4)  # warm-up
-        times, outputs = {name: [] for name in runs}, {}
-        for _ in range(args.runs):
-            for name, run in runs.items():
-                sync()
-                start = time.perf_counter()
-                outputs[name] = run(n)
-                sync()
-                times[name].append(time.perf_counter() - start)
-        rates = {name: size * n / statistics.median(t) for name, t in times.items()}
-        same = torch.equal(
-            outputs["smol"].cpu(), outputs["transformers generate"].cpu()
-        )
+        with torch.inference_mode():  # as measure()
+            rates, same = _batch(runs, args.runs, n, size, sync)
         results[size] = (rates, same)
     return results
+
+
+def _batch(runs, rounds, n, size, sync):
+    """(tokens/s of each path, whether their tokens are the same) at one batch size."""
+    for run in runs.values():
+        run(4)  # warm-up
+    times, outputs = {name: [] for name in runs}, {}
+    for _ in range(rounds):
+        for name, run in runs.items():
+            sync()
+            start = time.perf_counter()
+            outputs[name] = run(n)
+            sync()
+            times[name].append(time.perf_counter() - start)
+    rates = {name: size * n / statistics.median(t) for name, t in times.items()}
+    same = torch.equal(outputs["smol"].cpu(), outputs["transformers generate"].cpu())
+    return rates, same
 
 
 if __name__ == "__main__":
