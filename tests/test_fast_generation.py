@@ -424,6 +424,44 @@ def test_speculative_hands_back_tokens_autograd_can_save(model):
     assert logits.requires_grad
 
 
+def test_self_drafts_are_accepted_streamed_counted_and_stop_at_an_end_token(model):
+    """With the model drafting for itself every draft is right, so the accepted-draft
+    path always runs: its tokens are streamed, an end token inside an accepted draft
+    ends the text there, and forward_passes counts the verifying passes (the model's
+    calls after the prefill). Kills: accepted() not told the end tokens (the text runs
+    past the end token); accepted tokens streamed as None; forward_passes set to 1 or
+    counted down."""
+    ids = torch.randint(0, 211, (1, 6), generator=torch.Generator().manual_seed(7))
+    expected = generate(model, ids, 30, temperature=0)
+    draft, calls = copy.deepcopy(model), []  # (a copy made later would keep the hook)
+    handle = model.register_forward_hook(lambda *_: calls.append(1))
+    try:
+        stats, streamed = SpeculativeStats(), []
+        cache = KVCache(CONFIG, 1, 6 + 30 + 8)
+        out = speculative_greedy(
+            model,
+            ids,
+            30,
+            cache,
+            num_draft=8,
+            draft_model=draft,
+            draft_stop_margin=None,
+            stream=lambda tok: streamed.append(int(tok[0])),
+            stats=stats,
+        )
+    finally:
+        handle.remove()
+    assert torch.equal(out, expected) and streamed == expected[0, 6:].tolist()
+    assert stats.accepted == stats.drafted > 0
+    assert stats.forward_passes == len(calls) - 1 < 30
+    eos = expected[0, 6 + 5].item()  # inside the first accepted draft
+    cache = KVCache(CONFIG, 1, 6 + 30 + 8)
+    out = speculative_greedy(
+        model, ids, 30, cache, num_draft=8, draft_model=draft, eos=torch.tensor([eos])
+    )
+    assert torch.equal(out, generate(model, ids, 30, temperature=0, eos_token_id=eos))
+
+
 def test_draft_length_grows_on_whole_acceptance_and_shrinks_on_rejection():
     # a draft taken whole: two more next time, up to num_draft
     assert next_draft_limit(4, drafted=4, accepted=4, num_draft=8) == 6
