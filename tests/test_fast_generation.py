@@ -462,6 +462,26 @@ def test_self_drafts_are_accepted_streamed_counted_and_stop_at_an_end_token(mode
     assert torch.equal(out, generate(model, ids, 30, temperature=0, eos_token_id=eos))
 
 
+def test_speculative_drafts_up_to_eight_tokens_by_default(model):
+    """num_draft defaults to 8: with the model drafting for itself (every draft right),
+    20 new tokens take drafts of 8, 8 and 1 (three passes); drafts of up to 9 would
+    take two. Kills the default changed."""
+    ids = torch.randint(0, 211, (1, 6), generator=torch.Generator().manual_seed(8))
+    draft = copy.deepcopy(model)
+
+    def counts(**kw):
+        stats = SpeculativeStats()
+        cache = KVCache(CONFIG, 1, 6 + 20 + 9)
+        kw |= {"draft_model": draft, "draft_stop_margin": None, "stats": stats}
+        out = speculative_greedy(model, ids, 20, cache, **kw)
+        return out, stats
+
+    out, default = counts()
+    assert default == SpeculativeStats(drafted=17, accepted=17, forward_passes=3)
+    assert counts(num_draft=9)[1].forward_passes == 2
+    assert torch.equal(out, generate(model, ids, 20, temperature=0))
+
+
 def test_draft_length_grows_on_whole_acceptance_and_shrinks_on_rejection():
     # a draft taken whole: two more next time, up to num_draft
     assert next_draft_limit(4, drafted=4, accepted=4, num_draft=8) == 6
