@@ -248,12 +248,22 @@ def load_int4(path=None, dtype: torch.dtype = torch.float32, fused: bool = False
     return model.eval(), tokenizer_from_gguf(file, config)
 
 
+# the projections FusedInt4LM fuses, in the order their outputs are joined
+FUSED = (
+    "self_attn.q_proj",
+    "self_attn.k_proj",
+    "self_attn.v_proj",
+    "mlp.gate_proj",
+    "mlp.up_proj",
+)
+
+
 class FusedInt4LM(SmolLM):
     """An inference-only copy of an int4 model (load_int4's) for decoding on a CPU: in
     each layer q/k/v are one Int4Linear (`qkv_proj`) and gate/up another
     (`gate_up_proj`), and one forward runs the layers without their module calls and
-    einops patterns. Five kernel calls a layer instead of seven and about half the
-    small operators; the same logits, bit for bit (tests/test_int4.py).
+    einops patterns: five kernel calls a layer instead of seven, and fewer small
+    operators; the same logits, bit for bit (tests/test_int4.py).
 
     The course's modules stay as they are: the copy's layers lose q/k/v/gate/up (its
     own forward reads the fused ones), so it neither trains nor loads a state dict.
@@ -264,16 +274,18 @@ class FusedInt4LM(SmolLM):
         """parts (load_int4's): each projection's (codes, d, m) by module name, from
         which the fused layers are made without reading the codes back."""
         nn.Module.__init__(self)
-        for name, module in model.named_modules():
-            if isinstance(module, nn.Linear) and module is not model.lm_head:
-                raise ValueError(f"{name} is not an Int4Linear: fuse load_int4's model")
+        for i, layer in enumerate(model.model.layers):
+            for name in FUSED:
+                module = layer.get_submodule(name)
+                if not isinstance(module, Int4Linear):
+                    raise ValueError(
+                        f"model.layers.{i}.{name} is a {type(module).__name__}, not an "
+                        "Int4Linear: fuse load_int4's model"
+                    )
         self.config = model.config
         self.gradient_checkpointing = False
-        self.model = copy.deepcopy(model.model)
-        self.lm_head = model.lm_head  # tied: the copy's embedding
-        if model.lm_head.weight is model.model.embed_tokens.weight:
-            self.lm_head = copy.deepcopy(model.lm_head)
-            self.lm_head.weight = self.model.embed_tokens.weight
+        # copied together, so that a tied head stays tied to the copy's embedding
+        self.model, self.lm_head = copy.deepcopy((model.model, model.lm_head))
 
         def fuse(prefix, names):
             if parts is None:

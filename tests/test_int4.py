@@ -307,7 +307,7 @@ def test_fused_copy_drafts_float32s_tokens():
         fused(ids, logits_to_keep=-1)
     with pytest.raises(
         ValueError,
-        match=r"model\.layers\.0\.self_attn\.q_proj is not an Int4Linear",
+        match=r"model\.layers\.0\.self_attn\.q_proj is a Linear, not an Int4Linear",
     ):
         FusedInt4LM(peaked(config(256, 64, 96, 2, 4, 2, 64)))
 
