@@ -199,6 +199,12 @@ def _generate(args, model, tokenizer, ids, skip_special_tokens):
         from smol.int4 import load_int4
 
         draft = load_int4(args.source, dtype=torch.bfloat16, fused=True)[0]
+    float32 = model.lm_head.weight.dtype == torch.float32 and not args.quantize
+    if args.speculative and float32 and ids.device.type == "cpu":
+        from smol import prepack
+
+        if prepack.available():  # checks of a few rows: weights reordered once
+            model = prepack.prepack(model)
     stream = TextStream(tokenizer, skip_special_tokens)
     start = time.perf_counter()
     generate(

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import smol.pretrained
-from smol import speculative
+from smol import prepack, speculative
 from smol.__main__ import main, speed_report
 from smol.chat import ChatSession
 from smol.gguf import bundled_gguf_path
@@ -166,6 +166,14 @@ def test_fast_options_give_the_same_text(fake_load, capsys, monkeypatch):
     ]
     code, expected, _ = run(base, capsys)
     assert code == 0 and "Paris" in expected
+    verifiers = []  # whether each speculative run checked with PackedLinears
+    check = speculative.speculative_greedy
+
+    def checked(model, *a, **kw):
+        verifiers.append(isinstance(model.lm_head, prepack.PackedLinear))
+        return check(model, *a, **kw)
+
+    monkeypatch.setattr(speculative, "speculative_greedy", checked)
     assert run(base + ["--speculative", "4"], capsys)[1] == expected
     drafts = []  # the dtype and the class of each draft model given
     make = speculative.ModelDraft
@@ -180,6 +188,8 @@ def test_fast_options_give_the_same_text(fake_load, capsys, monkeypatch):
     code, out, err = run(base + ["--speculative", "4", "--draft", "int4"], capsys)
     assert code == 0 and out == expected and "float32, int4 draft" in err
     assert drafts == [(torch.bfloat16, "SmolLM"), (torch.bfloat16, "FusedInt4LM")]
+    # on a CPU, float32 checks ran with weights oneDNN reordered once
+    assert verifiers == [prepack.available()] * 3
     code, out, err = run(base + ["--dtype", "bfloat16"], capsys)
     assert code == 0 and out == expected and "bfloat16" in err
     code, out, err = run(base + ["--quantize", "int8"], capsys)
