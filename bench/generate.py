@@ -9,7 +9,8 @@ PyTorch's int4 kernel (CPU, bfloat16), the compiled step with a static cache
 (--compile, which also adds transformers' generate with its static cache and compiled
 forward, its fastest configuration), speculative decoding with prompt-lookup drafts and
 with drafts of the bfloat16 copy, or of the int4 codes (CPU), verified in float32 (on
-the story prompt and on a summarising prompt, which repeats its input); transformers'
+the story prompt and on a summarising prompt, which repeats its input; int4 drafts also
+checked by the float32 weights reordered once, smol.prepack); transformers'
 generate in float32 and bfloat16; llama.cpp (llama-cpp-python, where installed: `make
 llama-cpp`) on the same GGUF file with the same prompt tokens and thread count, greedy.
 Then batches of 1, 4 and 16 left-padded prompts. Each path's tokens are compared with
@@ -32,6 +33,8 @@ from common import write_csv
 
 from smol.generate import generate, left_pad
 from smol.kv_cache import KVCache
+from smol.prepack import available as prepack_available
+from smol.prepack import prepack
 from smol.quantize import quantize_int8_
 from smol.speculative import NEAR_TIE, SpeculativeStats, speculative_greedy
 
@@ -232,16 +235,25 @@ def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
         name = "smol, int4 (Q4_1 codes, fused), bf16"
         table.insert(6, (name, "int4 / bfloat16", "story", run))
         # float32's tokens, drafted by the file's own 4-bit codes
+        # and checked by float32 weights that oneDNN reordered once (smol.prepack)
+        packed = prepack(model) if prepack_available() else None
+        if packed is not None:
+            name = "smol, KV cache, prepacked"
+            table.insert(3, (name, "float32", "story", smol(packed, ids)))
         for name, x, prompt in [
             ("smol, speculative, int4 draft", ids, "story"),
             ("smol, speculative, int4 draft (summary)", summary, "summary"),
         ]:
-            run = spec(model, x, name, draft_model=int4, num_draft=16)
-            table.append((name, "float32", prompt, run))
-            # drafts that stop at exact ties only (of bfloat16 logits above 16)
-            name += ", ties 1/16, 24"
-            run = spec(model, x, name, int4, num_draft=24, margin=1 / 16)
-            table.append((name, "float32", prompt, run))
+            for verifier, suffix in [(model, ""), (packed, ", prepacked")]:
+                if verifier is None:
+                    continue
+                label = name + suffix
+                run = spec(verifier, x, label, draft_model=int4, num_draft=16)
+                table.append((label, "float32", prompt, run))
+                # drafts that stop at exact ties only (of bfloat16 logits above 16)
+                label += ", ties 1/16, 24"
+                run = spec(verifier, x, label, int4, num_draft=24, margin=1 / 16)
+                table.append((label, "float32", prompt, run))
     if args.preset == "smollm2-135m" and not args.no_llama_cpp:
         from smol.gguf import bundled_gguf_path
 
