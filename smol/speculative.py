@@ -95,6 +95,22 @@ class ModelDraft:
     def keep(self, n: int) -> None:
         self.cache.length = min(self.cache.length, n)
 
+    def start_from(self, cache: KVCache) -> None:
+        """Take the keys and values of the tokens in `cache` (the verifying model's,
+        after the prompt) in the draft's dtype, instead of computing them: the draft's
+        own pass over a long prompt costs as much as many of its steps. A draft cache
+        of the same shape is taken to belong to a rounded copy of the model (bfloat16
+        weights, int4 codes), whose keys and values differ from the model's only by that
+        rounding; a draft model of another shape computes its own."""
+        mine, theirs = self.cache.k.shape, cache.k.shape
+        same = mine[:3] == theirs[:3] and mine[4:] == theirs[4:]
+        if not same or self.cache.length or cache.length > self.cache.max_len:
+            return
+        n = cache.length
+        self.cache.k[:, :, :, :n] = cache.k[:, :, :, :n]
+        self.cache.v[:, :, :, :n] = cache.v[:, :, :, :n]
+        self.cache.length = n
+
 
 @dataclass
 class SpeculativeStats:
@@ -201,6 +217,8 @@ def _speculative_loop(
     """speculative_greedy's decoding, its arguments checked: (1, T + new)."""
     tokens = input_ids[0]
     logits, _ = model(input_ids, kv_cache=cache)  # prefill
+    if drafter is not None:
+        drafter.start_from(cache)  # the prompt's keys and values, not computed again
     next_token = logits[0, -1].argmax()
     new, limit = 0, num_draft
     while new < max_new_tokens:

@@ -550,12 +550,14 @@ def test_draft_model_gives_the_model_s_tokens_whatever_it_drafts(model, monkeypa
     out, stats = run(peaked(CONFIG, seed=1))
     assert torch.equal(out, expected) and stats.acceptance_rate < 0.5
     # after many rejections the draft's cache holds the final text's keys, and no
-    # rejected token's (a draft that never forgets fails here)
+    # rejected token's (a draft that never forgets fails here): the model's keys of
+    # the prompt (start_from), then the draft's own
     draft = drafters[0]
     n = draft.cache.length
     fresh = KVCache(CONFIG, 1, n)
     with torch.no_grad():
-        draft.model(out[:, :n], kv_cache=fresh)
+        model(ids, kv_cache=fresh)
+        draft.model(out[:, 9:n], kv_cache=fresh)
     assert n >= 40
     # (prefilled at once or token by token, float32 keys agree to rounding: 3e-5 of 11)
     assert torch.allclose(draft.cache.k[..., :n, :], fresh.k, rtol=1e-5, atol=1e-4)
@@ -590,6 +592,48 @@ def test_model_draft_feeds_only_what_its_cache_lacks(model):
     assert torch.equal(draft.draft(torch.cat([tokens[0], greedy[:2]]), 2), greedy[2:])
     draft.keep(40)  # keeping more than is cached changes nothing
     assert draft.cache.length == 13
+
+
+def test_model_draft_starts_from_the_models_prompt_keys(model):
+    """start_from copies the checking model's keys and values of the prompt into the
+    draft's cache (in its dtype), so that the first draft feeds only the new token;
+    a draft of another shape, or one that has started, keeps its own. Kills: keys
+    copied without the values, or a token short; a draft that still feeds the whole
+    prompt; speculative_greedy that never calls start_from."""
+    tokens = torch.randint(0, 211, (12,), generator=torch.Generator().manual_seed(9))
+    cache = KVCache(CONFIG, 1, 32)
+    with torch.no_grad():
+        model(tokens[None], kv_cache=cache)
+    bf16 = copy.deepcopy(model).to(torch.bfloat16)
+    fed = []  # the length of each input the draft model gets
+    bf16.register_forward_pre_hook(lambda m, args: fed.append(args[0].shape[1]))
+    draft = ModelDraft(bf16, 32)
+    draft.start_from(cache)
+    assert draft.cache.length == 12
+    for mine, theirs in [(draft.cache.k, cache.k), (draft.cache.v, cache.v)]:
+        assert mine.dtype == torch.bfloat16
+        assert torch.equal(mine[..., :12, :], theirs[..., :12, :].to(torch.bfloat16))
+    nxt = torch.tensor([5])
+    draft.draft(torch.cat([tokens, nxt]), 3)
+    assert fed[0] == 1
+    draft.start_from(cache)  # started: nothing changes
+    assert draft.cache.length == 12 + 3
+    other = peaked(config(211, 64, 96, 2, 4, 2, 256, rope_theta=10000.0))
+    alone = ModelDraft(other, 32)
+    alone.start_from(cache)  # two layers, not three: computes its own
+    assert alone.cache.length == 0
+    # and speculative_greedy starts every draft so
+    start = len(fed)
+    out = speculative_greedy(
+        model,
+        tokens[None],
+        6,
+        KVCache(CONFIG, 1, 12 + 6 + 4),
+        num_draft=4,
+        draft_model=bf16,
+    )
+    assert fed[start] == 1
+    assert torch.equal(out, generate(model, tokens[None], 6, temperature=0))
 
 
 def test_model_draft_ends_right_after_a_near_tie(model):
