@@ -42,6 +42,7 @@ SHOWN = {
     ],
     "09_fast_generation": [
         "# smol/quantize.py",
+        "# smol/prepack.py",
         "# smol/static_cache.py",
         "# smol/speculative.py",
     ],
