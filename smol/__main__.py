@@ -199,7 +199,8 @@ def _generate(args, model, tokenizer, ids, skip_special_tokens):
         from smol.int4 import load_int4
 
         draft = load_int4(args.source, dtype=torch.bfloat16, fused=True)[0]
-    float32 = model.lm_head.weight.dtype == torch.float32 and not args.quantize
+    weight = model.model.embed_tokens.weight  # the model's dtype, as KVCache reads it
+    float32 = weight.dtype == torch.float32 and not args.quantize
     if args.speculative and float32 and ids.device.type == "cpu":
         from smol import prepack
 

@@ -8,7 +8,7 @@ than the product (bench/prepack.py times both ways). oneDNN can reorder a weight
 ahead of time, into a layout its kernel reads as it is (torch.compile's CPU backend
 does so when it freezes a model): `prepack(model)` is an inference-only copy of a model
 with every float32 Linear reordered so. Its logits are float32's, summed in another
-order: equal to about 1e-6 relative, not bit for bit."""
+order: equal to a few millionths of the largest logit, not bit for bit."""
 
 from __future__ import annotations
 
