@@ -13,8 +13,8 @@ from smol.generate import generate
 from smol.gguf import GGUFFile, bundled_gguf_path, dequantize, unpermute_qk
 from smol.int4 import FusedInt4LM, Int4Linear, load_int4, q4_1_codes
 from smol.kv_cache import KVCache
-from smol.speculative import SpeculativeStats, speculative_greedy
 from smol.pretrained import load_pretrained
+from smol.speculative import SpeculativeStats, speculative_greedy
 from tests.tiny_models import config, peaked
 
 BUNDLED = bundled_gguf_path()
@@ -310,6 +310,25 @@ def test_fused_copy_drafts_float32s_tokens():
         match=r"model\.layers\.0\.self_attn\.q_proj is a Linear, not an Int4Linear",
     ):
         FusedInt4LM(peaked(config(256, 64, 96, 2, 4, 2, 64)))
+
+
+def test_int4_model_compiles_to_one_static_step():
+    """generate(compile=...) runs an int4 model through its StaticCache in one graph
+    (fullgraph: a graph break in Int4Linear.forward raises) and gives eager's greedy
+    tokens in bfloat16, over more steps with no second graph. aot_eager traces the
+    step as inductor does, without generating C++ (bench/generate.py --compile times
+    inductor's). Kills: a Python number drawn from a tensor in forward (a graph
+    break, which fullgraph refuses)."""
+    torch._dynamo.reset()
+    from torch._dynamo.utils import counters
+
+    model = tiny_int4_model(torch.bfloat16)
+    ids = torch.randint(0, 256, (1, 7), generator=torch.Generator().manual_seed(4))
+    counters.clear()
+    for n in (10, 25):
+        compiled = generate(model, ids, n, temperature=0, compile="aot_eager")
+        assert torch.equal(compiled, generate(model, ids, n, temperature=0))
+    assert counters["stats"]["unique_graphs"] == 1
 
 
 @needs_bundled
