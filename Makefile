@@ -58,8 +58,9 @@ clean:
 	rm -rf _build $(VENV)
 
 # llama.cpp's Python bindings, for the tests and chapter 13 cells that run exported GGUF
-# files in llama.cpp (skipped without them) and bench/generate.py's llama.cpp path. It
-# compiles llama.cpp: minutes on a quiet machine, over an hour on a busy 2-core one.
+# files in llama.cpp (skipped without them) and the llama.cpp rows of bench/generate.py
+# and bench/decode_profile.py. It compiles llama.cpp: 10 minutes on a quiet 2-core
+# machine, over an hour on a busy one.
 llama-cpp: setup
 	$(PY) -m pip install -q llama-cpp-python==0.3.36
 
