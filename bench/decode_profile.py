@@ -17,11 +17,12 @@ llama.cpp (`make llama-cpp`) is left out where llama-cpp-python is not installed
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 import time
 
 import torch
-from common import write_csv
+from common import alternate, write_csv
 from generate import PROMPT, llama_cpp
 from torch.profiler import ProfilerActivity, profile
 
@@ -82,19 +83,6 @@ def profiled_parts(run, n: int) -> dict[str, float]:
         part: max(totals.get(name, 0.0) for name in names) / n
         for part, names in PARTS.items()
     }
-
-
-def alone(layer: Int4Linear, repeats: int = 300) -> float:
-    """Median seconds of one product at batch 1."""
-    x = torch.randn(1, layer.in_features, dtype=torch.bfloat16)
-    for _ in range(20):
-        layer(x)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        layer(x)
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main() -> None:
@@ -162,8 +150,16 @@ def main() -> None:
             "fused q/k/v, 960 x 576": fused.model.layers[0].self_attn.qkv_proj,
             "fused gate/up, 3072 x 576": fused.model.layers[0].mlp.gate_up_proj,
         }
+        # each product alone at batch 1, the shapes in turn (median of 300 each)
+        runs = {
+            name: functools.partial(
+                module, torch.randn(1, module.in_features, dtype=torch.bfloat16)
+            )
+            for name, module in shapes.items()
+        }
+        medians, _ = alternate(runs, 300)
         for name, module in shapes.items():
-            seconds = alone(module)
+            seconds = medians[name]
             read = module.weight.nbytes + module.scales_and_zeros.nbytes
             print(
                 f"int4 product alone, {name:26s} {seconds * 1e6:6.1f} us, "
