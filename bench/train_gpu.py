@@ -1,10 +1,14 @@
 """Training throughput of SmolLM vs transformers' LlamaForCausalLM (sdpa), same config
 and weights.
 
-Each model trains the same way (AdamW, autocast, torch.compile, random tokens: speed
-does not depend on what they say) for a fixed number of steps, in alternating rounds;
-the script prints tokens/s, MFU (6N + 12*L*H*Q*T FLOPs per token over the GPU's dense
-peak) and peak memory.
+smol trains through its Trainer, as a learner runs it (fused AdamW, autocast, the
+loss inside the compiled model, the batches moved to the GPU each step); the reference
+takes the same steps (fused AdamW, autocast, its forward and the float32 loss compiled
+together). Random tokens: speed does not depend on what they say. Both run a fixed
+number of steps in alternating rounds at one batch size, by default the largest the
+GPU's memory holds (measured with one eager step); the script prints tokens/s, MFU
+(6N + 12*L*H*Q*T FLOPs per token over the GPU's dense peak), peak memory, and on a GPU
+where the time of one smol step goes, kernel by kernel (--profile-csv).
 
     python bench/train_gpu.py                            # SmolLM2-135M, T=2048, bf16
     python bench/train_gpu.py --preset tiny --device cpu  # a quick check that it runs
@@ -14,7 +18,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
+import tempfile
 import time
 
 import torch
@@ -25,26 +31,24 @@ from smol import SmolConfig, SmolLM
 from smol.flops import flops_per_token, mfu, num_params, peak_flops
 from smol.optim import adamw, amp_dtype, param_groups
 from smol.reference import llama_twin
+from smol.train import TrainConfig, Trainer
 
-
-def build(config: SmolConfig, device):
-    reference = llama_twin(config, "sdpa").to(device)
-    model = SmolLM(config).to(device)
-    model.load_state_dict(reference.state_dict())
-    return {
-        "smol": (model, lambda m, x: m(x)[0]),
-        "transformers": (reference, lambda m, x: m(input_ids=x).logits),
-    }
+DTYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+BATCHES = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64)
 
 
 class Run:
-    """One model's training step: autocast forward, float32 cross-entropy, backward,
-    fused AdamW."""
+    """The reference's training step: its forward and the float32 cross-entropy under
+    autocast (compiled together), backward, fused AdamW."""
 
-    def __init__(self, model, logits_fn, device, dtype, compile_):
+    def __init__(self, model, device, dtype, compile_):
         self.model, self.device, self.dtype = model, device, dtype
-        self.forward = torch.compile(model) if compile_ else model
-        self.logits_fn = logits_fn
+
+        def loss_of(x, y):  # (B, T) ids, (B, T) next tokens -> the mean loss
+            logits = model(input_ids=x).logits  # (B, T, V)
+            return F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+
+        self.loss = torch.compile(loss_of) if compile_ else loss_of
         self.optimizer = adamw(param_groups(model, 0.1), lr=1e-4, betas=(0.9, 0.999))
         self.scaler = torch.amp.GradScaler(device.type, enabled=dtype == torch.float16)
 
@@ -52,8 +56,7 @@ class Run:
         with torch.autocast(
             self.device.type, dtype=self.dtype, enabled=self.dtype != torch.float32
         ):
-            logits = self.logits_fn(self.forward, x)  # (B, T, V)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), y.flatten())
+            loss = self.loss(x, y)
         self.scaler.scale(loss).backward()
         self.scaler.unscale_(self.optimizer)
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
@@ -61,6 +64,117 @@ class Run:
         self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         return loss
+
+
+class TrainerRun:
+    """smol's step as a learner takes it: Trainer.train_step on its own batches (the
+    windows of a token stream, moved to the device each step)."""
+
+    def __init__(self, model, config, args, device, steps: int):
+        B, T = args.batch_size, args.seq_len
+        stream = torch.randint(0, config.vocab_size, (B * (T + 1) * (steps + 2),))
+        cfg = TrainConfig(
+            preset=args.preset,
+            seq_len=T,
+            batch_size=B,
+            steps=steps,
+            warmup_steps=1,
+            eval_every=0,
+            device=str(device),
+            dtype=args.dtype,
+            compile=args.compile,
+            out_dir=tempfile.mkdtemp(prefix="smol-train-gpu-"),
+            progress=False,
+            sample_tokens=0,
+        )
+        self.trainer = Trainer(
+            cfg, train_tokens=stream, val_tokens=stream[:4096], model=model
+        )
+        self.model = model
+
+    def step(self, x=None, y=None):  # the trainer draws its own batch
+        return self.trainer.train_step()
+
+
+def choose_batch(config, seq_len, device, dtype, models: int) -> tuple[int, str]:
+    """The largest batch in BATCHES whose activations, measured with one eager smol step
+    at batch 1 and 2 (the difference is one sequence's), fit in 80% of the GPU's memory
+    beside `models` models with their gradients and AdamW state; and how it was
+    chosen."""
+    model = SmolLM(config).to(device)
+    per_model = 16 * sum(p.numel() for p in model.parameters())  # fp32 w, grad, m, v
+    peaks = []
+    for B in (1, 2):
+        ids = torch.randint(0, config.vocab_size, (B, seq_len), device=device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32):
+            loss = model(ids, ids)[1]
+        loss.backward()
+        peaks.append(torch.cuda.max_memory_allocated(device) - base)
+        model.zero_grad(set_to_none=True)
+    del model, loss
+    torch.cuda.empty_cache()
+    per_sequence = max(peaks[1] - peaks[0], 1)
+    fixed = peaks[0] - per_sequence  # what does not grow with the batch
+    budget = 0.8 * torch.cuda.get_device_properties(device).total_memory
+    budget -= models * per_model + fixed
+    fits = [B for B in BATCHES if B * per_sequence <= budget] or [1]
+    how = (
+        f"batch {fits[-1]}: one sequence of {seq_len} tokens takes "
+        f"{per_sequence / 2**30:.2f} GiB in an eager step; 80% of "
+        f"{torch.cuda.get_device_properties(device).total_memory / 2**30:.0f} GiB, "
+        f"less {models} models' weights, gradients and AdamW state, holds "
+        f"{int(budget // per_sequence)}"
+    )
+    return fits[-1], how
+
+
+KERNELS = [  # (what, a pattern of the CUDA kernel names that do it)
+    (
+        "matrix products (cuBLAS/CUTLASS GEMMs)",
+        r"gemm|cutlass|xmma|nvjet|sm\d\d_|cublas",
+    ),
+    ("attention (SDPA's fused kernels)", r"flash|fmha|attention|cudnn"),
+    ("optimizer (fused AdamW, clipping)", r"adam|multi_tensor|foreach|norm_kernel"),
+    ("fused elementwise and reductions (Triton)", r"triton"),
+    ("other (copies, PyTorch's own elementwise)", r""),
+]
+
+
+def profile(run, device, steps: int = 3) -> list[list[str]]:
+    """Where the GPU time of a training step goes: kernel time by kind, in ms a step
+    and as a share of the step's wall time, and the time no kernel ran."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    sync(device)
+    with torch_profile(activities=[ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
+        for _ in range(steps):
+            run.step()
+        sync(device)
+        wall = (time.perf_counter() - start) / steps
+    spent = {what: 0.0 for what, _ in KERNELS}
+    for event in prof.events():
+        if event.device_type != DeviceType.CUDA:
+            continue
+        name = event.name.lower()
+        what = next(w for w, pattern in KERNELS if re.search(pattern, name))
+        spent[what] += event.device_time_total / 1e6 / steps  # us -> s a step
+    busy = sum(spent.values())
+    rows = [[what, f"{s * 1e3:.2f}", f"{s / wall:.1%}"] for what, s in spent.items()]
+    rows.append(
+        [
+            "no kernel running (launch gaps, host work)",
+            f"{max(wall - busy, 0) * 1e3:.2f}",
+            f"{max(wall - busy, 0) / wall:.1%}",
+        ]
+    )
+    rows.append(["the whole step (wall clock)", f"{wall * 1e3:.2f}", "100.0%"])
+    return rows
 
 
 def sync(device):
@@ -87,11 +201,12 @@ def timed(run: Run, batches, device) -> tuple[float, float | None]:
     return seconds, peak
 
 
-def table_row(model: str, gpu: str, r: dict) -> list[str]:
+def table_row(model: str, gpu: str, batch: int, r: dict) -> list[str]:
     mem = r["peak_memory_gib"]
     return [
         model,
         gpu,
+        str(batch),
         f"{r['tokens_per_s']:.0f}",
         f"{r['mfu']:.1%}" if r["mfu"] else "n/a",
         f"{mem:.1f}" if mem is not None else "n/a",
@@ -107,7 +222,17 @@ def main():
         default=None,
         help="default: 2048, or the preset's context if shorter",
     )
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument(
+        "--batch-size",
+        default="auto",
+        help="sequences per step; auto: the largest the GPU's memory holds (CPU: 8)",
+    )
+    p.add_argument(
+        "--only", choices=["smol", "transformers"], help="time one model only"
+    )
+    p.add_argument(
+        "--profile-csv", help="on a GPU: where a smol step's time goes, written here"
+    )
     p.add_argument("--steps", type=int, default=10, help="timed steps per round")
     p.add_argument(
         "--warmup",
@@ -156,11 +281,26 @@ def main():
             f"--seq-len {args.seq_len} exceeds the preset's context "
             f"{config.max_position_embeddings}"
         )
+    names = [args.only] if args.only else ["smol", "transformers"]
+    how = "given"
+    if args.batch_size == "auto" and device.type == "cuda":
+        args.batch_size, how = choose_batch(
+            config, args.seq_len, device, dtype, len(names)
+        )
+    args.batch_size = 8 if args.batch_size == "auto" else int(args.batch_size)
+    args.compile, args.dtype = compile_, DTYPES[dtype]
     torch.manual_seed(0)
-    runs = {
-        name: Run(model, fn, device, dtype, compile_)
-        for name, (model, fn) in build(config, device).items()
-    }
+    reference = llama_twin(config, "sdpa").to(device)
+    model = SmolLM(config).to(device)
+    model.load_state_dict(reference.state_dict())
+    steps = args.warmup + args.rounds * args.steps + 3  # and a profile
+    runs = {}
+    if "smol" in names:
+        runs["smol"] = TrainerRun(model, config, args, device, steps)
+    if "transformers" in names:
+        runs["transformers"] = Run(reference, device, dtype, compile_)
+    else:
+        del reference
     B, T = args.batch_size, args.seq_len
 
     def batches(n):
@@ -174,7 +314,7 @@ def main():
         f"{args.preset} ({num_params(config):,} parameters), B={B}, T={T}, {dtype}, "
         f"compile={compile_}, {name}, "
         f"{f'peak {peak / 1e12:.0f} TFLOP/s' if peak else 'no known peak (MFU n/a)'}, "
-        f"{fpt / 1e9:.3f} GFLOP/token",
+        f"{fpt / 1e9:.3f} GFLOP/token; {how}",
         flush=True,
     )
     for run in runs.values():  # warm-up and compilation, untimed
@@ -201,11 +341,22 @@ def main():
             f"{k:>12} {tok_s:>12,.0f} {f'{util:.1%}' if util else 'n/a':>7} "
             f"{f'{mem:.1f} GiB' if mem is not None else 'n/a':>12}"
         )
-    ratio = results["smol"]["tokens_per_s"] / results["transformers"]["tokens_per_s"]
-    print(f"smol / transformers tokens/s: {ratio:.2f}")
+    ratio = None
+    if len(results) == 2:
+        ratio = (
+            results["smol"]["tokens_per_s"] / results["transformers"]["tokens_per_s"]
+        )
+        print(f"smol / transformers tokens/s: {ratio:.2f}")
     if args.csv:
-        header = ["model", "GPU", "tokens/s", "MFU", "peak memory (GiB)"]
-        write_csv(args.csv, header, [table_row(k, name, r) for k, r in results.items()])
+        header = ["model", "GPU", "batch", "tokens/s", "MFU", "peak memory (GiB)"]
+        write_csv(
+            args.csv, header, [table_row(k, name, B, r) for k, r in results.items()]
+        )
+    if args.profile_csv and device.type == "cuda" and "smol" in runs:
+        rows = profile(runs["smol"], device)
+        for row in rows:
+            print(f"  {row[0]:>48}: {row[1]:>8} ms  {row[2]:>6}")
+        write_csv(args.profile_csv, ["where the time goes", "ms a step", "share"], rows)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
@@ -216,6 +367,7 @@ def main():
                     "seq_len": T,
                     "dtype": str(dtype),
                     "compile": compile_,
+                    "batch_size_chosen": how,
                     "results": results,
                     "ratio": ratio,
                 },
