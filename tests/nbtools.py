@@ -325,11 +325,33 @@ def execute(path: Path, timeout: int = 600) -> None:
     """
     from smol.grading.make_exercises import execute as run
 
+    import torch
+
     nb = read(path)
     sync_setup_cell(nb)
+    kept = gpu_outputs(nb)
     run(nb, path.parent, timeout, record_timing=True)
     settle_streams(nb)
+    if not torch.cuda.is_available():  # a CPU prints something else there
+        for i, (outputs, count, gpu) in kept.items():
+            nb.cells[i].outputs, nb.cells[i].execution_count = outputs, count
+            nb.cells[i].metadata["gpu"] = gpu
     nbformat.write(nb, path)
+
+
+GPU_TAG = "gpu-output"  # a cell whose stored outputs come from a GPU
+
+
+def gpu_outputs(nb) -> dict[int, tuple[list, int | None, str]]:
+    """{cell index: (outputs, execution count, GPU)} of the cells tagged gpu-output
+    whose stored outputs came from a GPU (bench/store_gpu_outputs.py put them there)."""
+    return {
+        i: (cell.outputs, cell.execution_count, cell.metadata["gpu"])
+        for i, cell in enumerate(nb.cells)
+        if cell.cell_type == "code"
+        and GPU_TAG in cell.metadata.get("tags", [])
+        and cell.metadata.get("gpu")
+    }
 
 
 if __name__ == "__main__":
