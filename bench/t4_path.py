@@ -27,7 +27,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import smol.attention
 from smol.attention import sdpa_uses_gqa
 from smol.optim import amp_dtype
-from smol.train import TrainConfig, Trainer
+from smol.train import TrainConfig, Trainer, TrainingDiverged
 
 T4 = (7, 5)  # Turing's compute capability
 T4_KERNELS = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -100,7 +100,7 @@ def train(dtype: str, steps: int, as_on_a_t4: bool) -> dict[str, str]:
         batch_size=4,
         steps=steps,
         warmup_steps=steps // 6,
-        lr=1e-3,
+        lr=5e-4,
         eval_every=0,
         log_every=10,
         dtype=dtype,
@@ -133,7 +133,10 @@ def train(dtype: str, steps: int, as_on_a_t4: bool) -> dict[str, str]:
     kernels = [SDPBackend.EFFICIENT_ATTENTION] if as_on_a_t4 else ALL_KERNELS
     with t4, sdpa_kernel(kernels):
         start = time.perf_counter()
-        trainer.fit()
+        try:
+            trainer.fit()
+        except TrainingDiverged as e:  # a result too: say it, and where
+            return {"precision": str(trainer.amp_dtype), "diverged": str(e)}
         torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         ids = tokens[: 2 * 256].view(2, 256).cuda()
