@@ -1,9 +1,10 @@
 """Draw the book's benchmark figure from the measured numbers in bench/results/*.csv.
 
 The CSV files hold what the benchmark scripts printed (the book's Benchmarks page shows
-them as tables); this script turns them into book/images/benchmarks.svg, a vector
-picture drawn at the width the book shows it, so its labels stay legible. Run it after
-updating a CSV:
+them as tables); this script turns them into book/images/generated/benchmarks.svg, a
+vector picture drawn at the width the book shows it, so its labels stay legible. Every
+build of the book runs it (book/_ext/figures.py), so the figure is never older than the
+CSVs; the same CSVs give the same file, byte for byte.
 
     python bench/plot_results.py
 """
@@ -18,9 +19,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+# the SVG's element ids from a fixed salt, not a random one: the same CSVs, the same file
+matplotlib.rcParams["svg.hashsalt"] = "smol"
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
-OUT = ROOT / "book" / "images" / "benchmarks.svg"
+OUT = ROOT / "book" / "images" / "generated" / "benchmarks.svg"
 
 
 def rows(name: str) -> list[dict[str, str]]:
@@ -31,7 +35,7 @@ def rows(name: str) -> list[dict[str, str]]:
         return list(csv.DictReader(f))
 
 
-def main() -> None:
+def main(out: Path = OUT) -> None:
     forward, generate = rows("forward.csv"), rows("generate.csv")
     panels = [p for p in (forward, generate) if p]
     if not panels:
@@ -81,10 +85,11 @@ def main() -> None:
         ax.set_title("Greedy decoding of SmolLM2-135M on a CPU (higher is faster)")
         ax.set_xlim(0, max(ratios) * 1.2)
     fig.tight_layout()
-    OUT.parent.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
     # no timestamp: the same CSVs, the same file
-    fig.savefig(OUT, metadata={"Date": None})
-    print("wrote", OUT.relative_to(ROOT))
+    fig.savefig(out, metadata={"Date": None})
+    plt.close(fig)
+    print("wrote", out)
 
 
 if __name__ == "__main__":

@@ -132,6 +132,28 @@ class _Links(HTMLParser):
                 self.refs.append(attrs[name])
 
 
+def test_measurement_figures_are_drawn_from_the_csvs_at_build_time(book, tmp_path):
+    """The Benchmarks figure in the built book is what bench/plot_results.py draws from
+    today's CSVs, byte for byte: it cannot show an older run than the tables beside it.
+    No figure of measurements is stored in the repository."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "plot_results", ROOT / "bench" / "plot_results.py"
+    )
+    plot_results = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(plot_results)
+    fresh = tmp_path / "benchmarks.svg"
+    plot_results.main(fresh)
+    built = list((book.html / "_images").glob("benchmarks*.svg"))
+    assert len(built) == 1, built
+    assert built[0].read_bytes() == fresh.read_bytes()
+    tracked = subprocess.run(
+        ["git", "ls-files", "book/images"], cwd=ROOT, capture_output=True, text=True
+    ).stdout.split()
+    assert tracked == ["book/images/smollm2.svg"], tracked  # a drawing, not data
+
+
 def test_internal_links_and_assets_resolve(book):
     """What `sphinx -b linkcheck` would do for links inside the book, without the
     network: every relative href/src names a file of the build, and every #fragment an
