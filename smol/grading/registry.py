@@ -89,14 +89,15 @@ def probe_check(
     points: int,
     hint: str,
     *,
-    inputs: Callable[[], Any],
     judge: Callable[[Any, Any], None],
+    inputs: Callable[[], Any] = lambda: None,
 ):
     """Decorator: register `probe(obj, inputs)` as the half of a check that runs the
-    student's object, with `inputs()` choosing its data and `judge(inputs, outputs)`
-    deciding. Inputs and outputs are plain data (`smol.grading.plain`). The module
-    that registers the check must be importable: `python -m smol.grade` imports it in
-    the notebook's kernel to run the probe there."""
+    student's object, with `inputs()` choosing its data (none by default) and
+    `judge(inputs, outputs)` deciding. Inputs and outputs are plain data
+    (`smol.grading.plain`). The module that registers the check must be importable:
+    `python -m smol.grade` imports it in the notebook's kernel to run the probe
+    there."""
     names = (task_names,) if isinstance(task_names, str) else task_names
 
     def register(probe):

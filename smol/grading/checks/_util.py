@@ -51,6 +51,31 @@ def same_shape(
     return out
 
 
+def same_pair(out, message: str, names, shape, dtype: torch.dtype | None = None):
+    """`out` as two tensors (AssertionError(message) if it is not a pair), named
+    `names` in messages, each of `shape` (and `dtype`)."""
+    first, second = pair(out, message)
+    same_shape(first, shape, names[0], dtype)
+    same_shape(second, shape, names[1], dtype)
+    return first, second
+
+
+def bfloat16_out(out, what="the result") -> torch.Tensor:
+    """Judge side: `out`, a tensor in bfloat16 (the dtype that went in)."""
+    is_tensor(out, what)
+    assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
+    return out
+
+
+def float32_and_bfloat16(out, shape, what32: str, what16="the result"):
+    """Judge side: `out` as the results of a float32 and a bfloat16 call, both of
+    `shape`, the second in bfloat16."""
+    out32, out16 = pair(out, "two results")
+    same_shape(out32, shape, what32)
+    bfloat16_out(same_shape(out16, shape, what16))
+    return out32, out16
+
+
 def close(actual, expected, what="the result", atol=1e-5, rtol=1e-5) -> None:
     same_shape(actual, expected.shape, what)
     a, e = actual.detach().float(), expected.detach().float()
@@ -96,6 +121,35 @@ def same_grads(grads, want, names, atol=1e-5) -> None:
     for name, g, w in zip(names, grads, want):
         assert g is not None, f"no gradient reached {name}"
         close(g, w, f"the gradient of {name}", atol=atol)
+
+
+class _ForwardSpy:
+    """Records, for each forward call, how many tokens came in and whether a cache came
+    along."""
+
+    def __init__(self, model):
+        self.calls, self.forward = [], model.forward
+
+    def __call__(self, input_ids, *args, **kwargs):
+        cache = kwargs.get("kv_cache", args[3] if len(args) > 3 else None)
+        self.calls.append((input_ids.shape[1], cache is not None))
+        return self.forward(input_ids, *args, **kwargs)
+
+
+def forward_calls(fn, model, *args) -> list[tuple[int, bool]]:
+    """Probe side: fn(model, *args) run for its model's forward calls, each as
+    (tokens in, whether a kv_cache came along)."""
+    spy = _ForwardSpy(model)
+    model.forward = spy
+    fn(model, *args)
+    return spy.calls
+
+
+def cached_lengths(calls) -> list[int]:
+    """Judge side: the tokens of each forward call in `calls` (from forward_calls),
+    after checking that there were calls and that each had the cache."""
+    assert calls and all(c for _, c in calls), "the model was called without kv_cache="
+    return [n for n, _ in calls]
 
 
 def _not_allowed(name: str) -> str:

@@ -6,6 +6,7 @@ import torch
 
 from smol import SmolConfig, SmolLM
 from smol.grading.checks._util import (
+    bfloat16_out,
     close,
     grads,
     is_tensor,
@@ -58,7 +59,6 @@ def _judge_135m(inputs, out):
     1,
     "embedding V C (the tied head is the same matrix), per layer 4 projections, 3 MLP "
     "matrices and 2 norms, and the final norm",
-    inputs=lambda: None,
     judge=_judge_135m,
 )
 def _(fn, _):
@@ -94,7 +94,6 @@ def _judge_ratios(inputs, outs):
     2,
     "k_proj and v_proj map C to num_key_value_heads * head_dim, not to C / 3: read "
     "every size from the config",
-    inputs=lambda: None,
     judge=_judge_ratios,
 )
 def _(fn, _):
@@ -123,7 +122,6 @@ def _judge_untied(inputs, out):
     "an untied head (tie_word_embeddings=False) counts its own matrix",
     1,
     "the head is a second V x C matrix only when config.tie_word_embeddings is false",
-    inputs=lambda: None,
     judge=_judge_untied,
 )
 def _(fn, _):
@@ -291,7 +289,6 @@ def _judge_layer_sizes(inputs, got):
     1,
     "input_layernorm, self_attn (smol.attention.Attention), post_attention_layernorm, "
     "mlp (smol.mlp.MLP)",
-    inputs=lambda: None,
     judge=_judge_layer_sizes,
 )
 def _(cls, _):
@@ -400,8 +397,7 @@ def _(cls, inputs):
 
 
 def _judge_bfloat16(inputs, out):
-    is_tensor(out)
-    assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
+    bfloat16_out(out)
 
 
 @probe_check(

@@ -6,8 +6,16 @@ import torch
 
 from smol import SmolLM
 from smol.generate import generate
-from smol.grading.checks._util import close, is_tensor, pair, small_config, untouched
-from smol.grading.checks.generation import _Spy
+from smol.grading.checks._util import (
+    bfloat16_out,
+    cached_lengths,
+    close,
+    forward_calls,
+    is_tensor,
+    pair,
+    small_config,
+    untouched,
+)
 from smol.grading.core import probe_check, task
 from smol.speculative import lookup_draft as reference_lookup
 
@@ -202,8 +210,7 @@ def _bfloat16_inputs():
 def _judge_bfloat16(inputs, outs):
     q, scale = inputs["q"], inputs["scale"]
     for x, out in zip(inputs["xs"], outs, strict=True):
-        is_tensor(out)
-        assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
+        bfloat16_out(out)
         close(
             out.float(),
             _product(x, q, scale),
@@ -378,8 +385,7 @@ def _(fn, inputs):
 
 
 def _judge_passes(inputs, calls):
-    assert calls and all(c for _, c in calls), "the model was called without kv_cache="
-    lengths = [n for n, _ in calls]
+    lengths = cached_lengths(calls)
     assert lengths[0] == 6, f"the first pass took {lengths[0]} tokens, not the prompt"
     assert len(lengths) - 1 <= 30, (
         f"{len(lengths) - 1} passes after the prefill for 40 tokens of a text that "
@@ -397,8 +403,4 @@ def _judge_passes(inputs, calls):
     judge=_judge_passes,
 )
 def _(fn, inputs):
-    model = _model(inputs["state"])
-    spy = _Spy(model)
-    model.forward = spy
-    fn(model, inputs["prompt"], 40)
-    return spy.calls
+    return forward_calls(fn, _model(inputs["state"]), inputs["prompt"], 40)

@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from smol.attention import repeat_kv as reference_repeat_kv
 from smol.grading.checks._util import (
     close,
+    float32_and_bfloat16,
     grads,
     pair,
     same_grads,
@@ -35,10 +36,8 @@ BOTH = ("repeat_kv", "repeat_kv_bug")
 
 
 def _judge_repeat_shape(inputs, out):
-    out32, out16 = pair(out, "two results")
-    same_shape(out32, (1, 9, 7, 5), "repeat_kv of (1, 3, 7, 5) with n_rep=3")
-    same_shape(out16, (1, 9, 7, 5), "repeat_kv of bfloat16 keys")
-    assert out16.dtype == torch.bfloat16, f"bfloat16 in, {out16.dtype} out"
+    what = "repeat_kv of (1, 3, 7, 5) with n_rep=3"
+    float32_and_bfloat16(out, (1, 9, 7, 5), what, "repeat_kv of bfloat16 keys")
 
 
 @probe_check(
@@ -54,43 +53,48 @@ def _(fn, x):
     return [fn(x, 3), fn(x.bfloat16(), 3)]
 
 
-@probe_check(
-    BOTH,
-    "query head h reads key/value head h // n_rep (k0 k0 k1 k1, not k0 k1 k0 k1)",
-    2,
-    "repeat each head in place (repeat_interleave on dim 1, or einops "
-    "'b h t d -> b (h r) t d'), not tile the whole stack (x.repeat(1, n_rep, 1, 1))",
-    inputs=lambda: torch.randn(2, 3, 5, 4),
-    judge=lambda x, out: close(out, reference_repeat_kv(x, 2), "repeat_kv(x, 2)"),
-)
-def _(fn, x):
-    return fn(x, 2)
-
-
-@probe_check(
-    BOTH,
-    "n_rep = 1 returns the input's values",
-    1,
-    "with one query head per key/value head there is nothing to repeat",
-    inputs=lambda: torch.randn(2, 4, 3, 6),
-    judge=lambda x, out: close(out, x, "repeat_kv(x, 1)"),
-)
-def _(fn, x):
-    return fn(x, 1)
-
-
-@probe_check(
-    BOTH,
-    "one key/value head (multi-query attention) serves every query head",
-    1,
-    "H_kv = 1 repeated n_rep times gives n_rep identical heads",
-    inputs=lambda: torch.randn(2, 1, 4, 6),
-    judge=lambda x, out: close(
-        out, x.expand(2, 4, 4, 6), "repeat_kv of one head, n_rep=4"
+for name, points, hint, shape, n_rep, what in (
+    (
+        "query head h reads key/value head h // n_rep (k0 k0 k1 k1, not k0 k1 k0 k1)",
+        2,
+        "repeat each head in place (repeat_interleave on dim 1, or einops "
+        "'b h t d -> b (h r) t d'), not tile the whole stack "
+        "(x.repeat(1, n_rep, 1, 1))",
+        (2, 3, 5, 4),
+        2,
+        "repeat_kv(x, 2)",
     ),
-)
-def _(fn, x):
-    return fn(x, 4)
+    (
+        "n_rep = 1 returns the input's values",
+        1,
+        "with one query head per key/value head there is nothing to repeat",
+        (2, 4, 3, 6),
+        1,
+        "repeat_kv(x, 1)",
+    ),
+    (
+        "one key/value head (multi-query attention) serves every query head",
+        1,
+        "H_kv = 1 repeated n_rep times gives n_rep identical heads",
+        (2, 1, 4, 6),
+        4,
+        "repeat_kv of one head, n_rep=4",
+    ),
+):
+
+    def _judge(x, out, n_rep=n_rep, what=what):
+        close(out, reference_repeat_kv(x, n_rep), what)
+
+    @probe_check(
+        BOTH,
+        name,
+        points,
+        hint,
+        inputs=lambda shape=shape: torch.randn(shape),
+        judge=_judge,
+    )
+    def _(fn, x, n_rep=n_rep):
+        return fn(x, n_rep)
 
 
 def _judge_repeat_grads(x, out):
@@ -123,10 +127,7 @@ def _qkv(B=2, H=6, H_kv=2, T=5, D=4):
 
 
 def _judge_attention_shape(qkv, out):
-    out32, out16 = pair(out, "two results")
-    same_shape(out32, qkv[0].shape, "gqa_attention(q, k, v)")
-    same_shape(out16, qkv[0].shape)
-    assert out16.dtype == torch.bfloat16, f"bfloat16 in, {out16.dtype} out"
+    float32_and_bfloat16(out, qkv[0].shape, "gqa_attention(q, k, v)")
 
 
 @probe_check(

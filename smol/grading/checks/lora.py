@@ -213,7 +213,6 @@ def _judge_kaiming(inputs, out):
     "A is Kaiming-uniform as nn.Linear's weights: U(-1/sqrt(in), 1/sqrt(in))",
     1,
     "nn.init.kaiming_uniform_(A, a=math.sqrt(5)) (the bound is 1/sqrt(fan_in))",
-    inputs=lambda: None,
     judge=_judge_kaiming,
 )
 def _(fn, _):
@@ -231,7 +230,6 @@ def _judge_two_draws(inputs, out):
     1,
     "draw from the generator as it stands: torch.manual_seed inside init_lora_ gives "
     "every adapter of the model the same A",
-    inputs=lambda: None,
     judge=_judge_two_draws,
 )
 def _(fn, _):
@@ -445,18 +443,6 @@ def _sft(fn, inputs):
     return {"out": fn(ids, inputs["prompts"]), "ids": ids}
 
 
-@probe_check(
-    "sft_targets_bug",
-    "inputs and targets are shifted by one, of shape (B, T)",
-    1,
-    "input_ids = ids[:, :-1]; targets start as ids[:, 1:]",
-    inputs=lambda: {"ids": IDS, "prompts": PROMPTS},
-    judge=_judge_shifted,
-)
-def _(fn, inputs):
-    return _sft(fn, inputs)
-
-
 def _judge_prompt_ignored(inputs, out):
     _, targets = _targets(out)
     want = IDS[:, 1:].clone()
@@ -467,13 +453,25 @@ def _judge_prompt_ignored(inputs, out):
     )
 
 
-@probe_check(
-    "sft_targets_bug",
-    "the prompt's tokens are -100: no loss on what the user wrote",
-    2,
-    "targets[b, t] predicts token t + 1: -100 where t + 1 < prompt_lens[b]",
-    inputs=lambda: {"ids": IDS, "prompts": PROMPTS},
-    judge=_judge_prompt_ignored,
-)
-def _(fn, inputs):
-    return _sft(fn, inputs)
+for name, points, hint, judge in (
+    (
+        "inputs and targets are shifted by one, of shape (B, T)",
+        1,
+        "input_ids = ids[:, :-1]; targets start as ids[:, 1:]",
+        _judge_shifted,
+    ),
+    (
+        "the prompt's tokens are -100: no loss on what the user wrote",
+        2,
+        "targets[b, t] predicts token t + 1: -100 where t + 1 < prompt_lens[b]",
+        _judge_prompt_ignored,
+    ),
+):
+    probe_check(
+        "sft_targets_bug",
+        name,
+        points,
+        hint,
+        inputs=lambda: {"ids": IDS, "prompts": PROMPTS},
+        judge=judge,
+    )(_sft)

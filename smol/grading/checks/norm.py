@@ -4,6 +4,7 @@ upcast."""
 import torch
 
 from smol.grading.checks._util import (
+    bfloat16_out,
     close,
     grads,
     is_tensor,
@@ -79,7 +80,6 @@ def _judge_eps(inputs, outs):
     1,
     "sqrt(mean(x^2) + eps): add eps to the mean of squares; clamping the mean at eps "
     "agrees only where the mean is below eps, adding eps after the root nowhere",
-    inputs=lambda: None,
     judge=_judge_eps,
 )
 def _(rms, _):
@@ -128,7 +128,6 @@ def _judge_weight(inputs, out):
     "a learnable weight of ones, shape (dim,)",
     1,
     "self.weight = nn.Parameter(torch.ones(dim))",
-    inputs=lambda: None,
     judge=_judge_weight,
 )
 def _(cls, _):
@@ -203,8 +202,7 @@ def _(cls, inputs):
 
 
 def _judge_dtype(inputs, out):
-    is_tensor(out)
-    assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
+    bfloat16_out(out)
 
 
 @probe_check(

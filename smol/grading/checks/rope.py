@@ -3,7 +3,14 @@ wrong convention."""
 
 import torch
 
-from smol.grading.checks._util import close, is_tensor, pair, same_shape
+from smol.grading.checks._util import (
+    bfloat16_out,
+    close,
+    is_tensor,
+    pair,
+    same_pair,
+    same_shape,
+)
 from smol.grading.core import probe_check, task
 from smol.rope import (
     RotaryEmbedding,
@@ -37,7 +44,6 @@ def _judge_frequency_shape(inputs, out):
     1,
     "one frequency per pair: torch.arange(0, head_dim, 2) has head_dim / 2 entries; "
     "keep float32",
-    inputs=lambda: None,
     judge=_judge_frequency_shape,
 )
 def _(fn, _):
@@ -64,7 +70,6 @@ def _judge_frequencies(inputs, outs):
     2,
     "1 / theta ** (arange(0, head_dim, 2) / head_dim): the first pair turns fastest "
     "(frequency 1)",
-    inputs=lambda: None,
     judge=_judge_frequencies,
 )
 def _(fn, _):
@@ -82,9 +87,8 @@ def _tables(out):
 
 
 def _judge_table_shapes(inputs, out):
-    cos, sin = _tables(out)
-    same_shape(cos, (7, 8), "cos", torch.float32)
-    same_shape(sin, (7, 8), "sin", torch.float32)
+    message = "rope_tables should return (cos, sin)"
+    same_pair(out, message, ("cos", "sin"), (7, 8), torch.float32)
 
 
 @probe_check(
@@ -93,7 +97,6 @@ def _judge_table_shapes(inputs, out):
     1,
     "angles = outer(positions, frequencies) is (length, head_dim/2); concatenate it "
     "with itself",
-    inputs=lambda: None,
     judge=_judge_table_shapes,
 )
 def _(fn, _):
@@ -120,7 +123,6 @@ def _judge_tables(inputs, outs):
     "angles = outer(positions, rope_frequencies(head_dim, theta)), then cat((angles, "
     "angles), dim=-1), not repeat_interleave: feature i pairs with feature i + "
     "head_dim/2",
-    inputs=lambda: None,
     judge=_judge_tables,
 )
 def _(fn, _):
@@ -166,8 +168,7 @@ def _rope(fn, inputs):
 
 
 def _judge_dtype(inputs, out):
-    same_shape(out, inputs["x"].shape)
-    assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
+    bfloat16_out(same_shape(out, inputs["x"].shape))
 
 
 @probe_check(

@@ -10,7 +10,7 @@ import math
 import torch
 
 from smol import SmolLM
-from smol.grading.checks._util import close, pair, same_shape, small_config
+from smol.grading.checks._util import close, pair, same_pair, small_config
 from smol.grading.core import probe_check, task
 
 
@@ -51,22 +51,14 @@ def _split(out):
     return pair(out, "return (input_ids, targets)")
 
 
-def _judge_batch_shapes(tokens, out):
-    inputs, targets = _split(out)
-    same_shape(inputs, (3, 8), "inputs", torch.long)
-    same_shape(targets, (3, 8), "targets", torch.long)
-
-
-@probe_check(
-    "next_token_batch",
-    "shapes: (B, T + 1) tokens give (B, T) inputs and targets, both long",
-    1,
-    "inputs drop the last token, targets drop the first",
-    inputs=lambda: torch.randint(0, 100, (3, 9)),
-    judge=_judge_batch_shapes,
-)
-def _(fn, tokens):
+def _batch(fn, tokens):
+    """Probe side: the student's (inputs, targets) for `tokens`, without a mask."""
     return _split(fn(tokens, None))
+
+
+def _judge_batch_shapes(tokens, out):
+    names = ("inputs", "targets")
+    same_pair(out, "return (input_ids, targets)", names, (3, 8), torch.long)
 
 
 def _judge_shifted(tokens, out):
@@ -75,16 +67,30 @@ def _judge_shifted(tokens, out):
     assert torch.equal(targets, tokens[:, 1:]), "targets are not tokens[:, 1:]"
 
 
-@probe_check(
-    "next_token_batch",
-    "targets[:, t] is the token after inputs[:, t]",
-    2,
-    "inputs = tokens[:, :-1], targets = tokens[:, 1:]",
-    inputs=lambda: torch.randint(0, 100, (2, 7)),
-    judge=_judge_shifted,
-)
-def _(fn, tokens):
-    return _split(fn(tokens, None))
+for name, points, hint, shape, judge in (
+    (
+        "shapes: (B, T + 1) tokens give (B, T) inputs and targets, both long",
+        1,
+        "inputs drop the last token, targets drop the first",
+        (3, 9),
+        _judge_batch_shapes,
+    ),
+    (
+        "targets[:, t] is the token after inputs[:, t]",
+        2,
+        "inputs = tokens[:, :-1], targets = tokens[:, 1:]",
+        (2, 7),
+        _judge_shifted,
+    ),
+):
+    probe_check(
+        "next_token_batch",
+        name,
+        points,
+        hint,
+        inputs=lambda shape=shape: torch.randint(0, 100, shape),
+        judge=judge,
+    )(_batch)
 
 
 def _judge_padding(inputs, out):
@@ -156,7 +162,6 @@ def _judge_warmup(inputs, outs):
     1,
     "max_lr * step / warmup_steps (or (step + 1) / warmup_steps) while step < "
     "warmup_steps",
-    inputs=lambda: None,
     judge=_judge_warmup,
 )
 def _(fn, _):
@@ -191,7 +196,6 @@ def _judge_cosine(inputs, out):
     1,
     "progress = (step - warmup) / (total - warmup); min_lr + (max_lr - min_lr) * 0.5 * "
     "(1 + cos(pi * progress))",
-    inputs=lambda: None,
     judge=_judge_cosine,
 )
 def _(fn, _):
@@ -215,7 +219,6 @@ def _judge_end(inputs, outs):
     "ends at min_lr and stays there after total_steps",
     1,
     "clamp progress to 1 (or return min_lr when step >= total_steps)",
-    inputs=lambda: None,
     judge=_judge_end,
 )
 def _(fn, _):
@@ -260,7 +263,6 @@ def _judge_each_once(inputs, groups):
     1,
     "iterate model.named_parameters() (it lists a shared tensor once) and split it in "
     "two lists",
-    inputs=lambda: None,
     judge=_judge_each_once,
 )
 def _(fn, _):
@@ -287,7 +289,6 @@ def _judge_decay(inputs, groups):
     2,
     "p.dim() >= 2 -> weight_decay, else 0.0: decaying norm gains pulls them towards "
     "zero",
-    inputs=lambda: None,
     judge=_judge_decay,
 )
 def _(fn, _):
@@ -331,6 +332,13 @@ def _(fn, inputs):
     return model.state_dict()
 
 
+def _stepped(fn, inputs, optimizer, lr):
+    """Probe side: the student's train step on the inputs' model and tokens, with a
+    fresh `optimizer` at `lr`: (what it returned, the model after it)."""
+    model = _model(inputs["state"])
+    return fn(model, optimizer(model.parameters(), lr=lr), inputs["tokens"]), model
+
+
 def _judge_float(inputs, out):
     assert isinstance(out, float), f"returned {type(out).__name__}, expected float"
 
@@ -344,9 +352,7 @@ def _judge_float(inputs, out):
     judge=_judge_float,
 )
 def _(fn, inputs):
-    model = _model(inputs["state"])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    return fn(model, opt, inputs["tokens"])
+    return _stepped(fn, inputs, torch.optim.AdamW, 1e-3)[0]
 
 
 def _judge_loss(inputs, out):
@@ -373,9 +379,8 @@ def _judge_loss(inputs, out):
     judge=_judge_loss,
 )
 def _(fn, inputs):
-    model = _model(inputs["state"])
     # a real step (lr > 0): a loss measured after it differs
-    return fn(model, torch.optim.SGD(model.parameters(), lr=0.5), inputs["tokens"])
+    return _stepped(fn, inputs, torch.optim.SGD, 0.5)[0]
 
 
 @probe_check(
@@ -387,9 +392,7 @@ def _(fn, inputs):
     judge=_judge_changed,
 )
 def _(fn, inputs):
-    model = _model(inputs["state"])
-    fn(model, torch.optim.SGD(model.parameters(), lr=0.1), inputs["tokens"])
-    return model.state_dict()
+    return _stepped(fn, inputs, torch.optim.SGD, 0.1)[1].state_dict()
 
 
 def _judge_no_pile_up(inputs, out):
