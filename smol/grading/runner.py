@@ -3,17 +3,15 @@ grading the objects its check cells name.
 
 The notebook runs top to bottom (errors do not stop it) under a time limit of its own.
 After each cell that calls `grade("task", obj)`, the grader grades `obj` itself, in
-processes of its own, one per check (`smol.grading.isolation`). A probe check's probe
-runs in a child forked from the kernel, where `obj` lives, on inputs this process chose,
-and hands back plain data that this process judges: the object is never copied out,
-and nothing of the student's runs here. A plain check needs the object itself: the
-kernel pickles it (`smol.grading.carry`) and the check runs in a child forked from this
-process. What the notebook prints or displays is never read: `collected_results` reads
-it for the student's eyes and the course's tests only, and nothing a notebook does to
-the grading code in its kernel changes its score. The points at stake are every task of
-the notebook's topic (known from its file name) and every task its `grade` calls name
-(`expected_tasks`). Every process the notebook or a check started is killed and reaped
-before its result is returned (`smol.grading.reaper`).
+processes of its own, one per check (`smol.grading.isolation`). A check's probe runs in
+a child forked from the kernel, where `obj` lives, on inputs this process chose, and
+hands back plain data that this process judges: the object is never copied out, and
+nothing of the student's runs here. What the notebook prints or displays is never read:
+`collected_results` reads it for the student's eyes and the course's tests only, and
+nothing a notebook does to the grading code in its kernel changes its score. The points
+at stake are every task of the notebook's topic (known from its file name) and every
+task its `grade` calls name (`expected_tasks`). Every process the notebook or a check
+started is killed and reaped before its result is returned (`smol.grading.reaper`).
 """
 
 from __future__ import annotations
@@ -34,20 +32,10 @@ from typing import Any
 import nbformat
 from nbclient.exceptions import CellTimeoutError
 
-from smol.grading import MIME, NOTEBOOKS, TASKS, reaper
-from smol.grading.core import (
-    DEFAULT_TIMEOUT,
-    DEFERRED,
-    Result,
-    Row,
-    _warm_up,
-    chosen_inputs,
-    exits_refused,
-    judged,
-    run_in_child,
-)
-from smol.grading.isolation import can_isolate, run_here
+from smol.grading import NOTEBOOKS, reaper
+from smol.grading.core import DEFERRED, chosen_inputs, judged
 from smol.grading.plain import MAX_BYTES
+from smol.grading.registry import DEFAULT_TIMEOUT, MIME, TASKS, Result, Row
 
 GRADE_CALL = re.compile(r"""(?<![\w.])grade\(\s*["'](\w+)["']""")
 
@@ -187,20 +175,6 @@ def _failed(task: str, message: str) -> Result:
         [Row(c.name, c.points, 0, False, c.hint, message) for c in checks],
         error="" if checks else message,
     )
-
-
-def _capture(client, cell_index: int, expr: str, target: Path) -> str:
-    """Pickle the object `expr` names in the kernel into `target`; "" or what went
-    wrong."""
-    carry = "__import__('smol.grading.carry').grading.carry"
-    code = f"{carry}.dump(({expr}), {str(target)!r})"
-    error = _execute(client, cell_index, code)
-    failed = f"the grader could not take `{expr}` from the notebook"
-    if error:
-        return f"{failed}: {error}"[:300]
-    if not target.exists() or not target.stat().st_size:
-        return failed
-    return ""
 
 
 def _execute(client, cell_index: int, code: str) -> str:
@@ -351,31 +325,7 @@ class _Run:
     def rows(self, index: int, task: str, expr: str) -> list[Row]:
         """The rows of `task`'s checks on the object `expr` names in the kernel."""
         checks = TASKS[task].checks
-        plain = [i for i, c in enumerate(checks) if c.probe is None]
-        rows = self.probed(
-            index, task, expr, [i for i in range(len(checks)) if i not in plain]
-        )
-        if plain and self.stuck is not None:
-            why = "the notebook's kernel is still busy with this task's probes"
-            rows.update({i: _row(checks[i], why) for i in plain})
-        elif plain:
-            target = self.tmp / f"{task}-{index}.pickle"
-            problem = _capture(self.client, index, expr, target)
-            if problem:
-                rows.update({i: _row(checks[i], problem) for i in plain})
-            else:
-                payload = target.read_bytes()
-
-                def load():
-                    import cloudpickle
-
-                    return cloudpickle.loads(payload)
-
-                _warm_up(TASKS[task])
-                run = run_in_child if can_isolate() else run_here
-                with exits_refused():
-                    for i in plain:
-                        rows[i] = run(checks[i], load, self.check_timeout)
+        rows = self.probed(index, task, expr, list(range(len(checks))))
         return [rows[i] for i in range(len(checks))]
 
     def probed(

@@ -15,7 +15,7 @@ from smol.grading.checks._util import (
     small_config,
     untouched,
 )
-from smol.grading.core import probe_check, task
+from smol.grading.registry import probe_check, task
 from smol.kv_cache import KVCache
 from smol.model import DecoderLayer as Reference
 from smol.rope import RotaryEmbedding

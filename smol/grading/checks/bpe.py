@@ -5,7 +5,7 @@ from collections import Counter
 from functools import lru_cache
 
 from smol.bpe import bytes_to_unicode as reference_byte_map, count_pairs, merge
-from smol.grading.core import probe_check, task
+from smol.grading.registry import probe_check, task
 
 task("byte_map", "bpe", "bytes_to_unicode(): GPT-2's printable byte map")
 task("merge_step", "bpe", "merge_step(word_counts, new_id): one step of BPE training")

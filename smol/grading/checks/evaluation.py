@@ -5,7 +5,7 @@ before it."""
 import torch
 
 from smol.grading.checks._util import close, is_tensor
-from smol.grading.core import probe_check, task
+from smol.grading.registry import probe_check, task
 
 task(
     "answer_logprobs",

@@ -16,7 +16,7 @@ from smol.grading.checks._util import (
     small_config,
     untouched,
 )
-from smol.grading.core import probe_check, task
+from smol.grading.registry import probe_check, task
 from smol.speculative import lookup_draft as reference_lookup
 
 task(

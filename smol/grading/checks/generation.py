@@ -17,7 +17,7 @@ from smol.grading.checks._util import (
     same_shape,
     small_config,
 )
-from smol.grading.core import probe_check, task
+from smol.grading.registry import probe_check, task
 
 task(
     "filter_top_k",

@@ -8,7 +8,7 @@ import torch
 
 from smol import SmolLM
 from smol.grading.checks._util import close, small_config
-from smol.grading.core import probe_check, task
+from smol.grading.registry import probe_check, task
 from smol.norm import RMSNorm
 
 task(

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from smol.grading.checks._util import close, pair, same_shape
-from smol.grading.core import probe_check, task
+from smol.grading.registry import probe_check, task
 
 task("lora_init", "lora", "init_lora_(A, B): A Kaiming-uniform, B zero, and why")
 task(

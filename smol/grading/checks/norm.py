@@ -12,7 +12,7 @@ from smol.grading.checks._util import (
     same_shape,
     untouched,
 )
-from smol.grading.core import probe_check, task
+from smol.grading.registry import probe_check, task
 from smol.norm import RMSNorm as Reference
 
 task("rms", "rmsnorm", "rms(x, eps): the root mean square over the last dimension")

@@ -11,7 +11,7 @@ from smol.grading.checks._util import (
     same_pair,
     same_shape,
 )
-from smol.grading.core import probe_check, task
+from smol.grading.registry import probe_check, task
 from smol.rope import (
     RotaryEmbedding,
     apply_rope as reference_apply_rope,

@@ -16,7 +16,7 @@ from smol.grading.checks._util import (
     small_config,
     without,
 )
-from smol.grading.core import probe_check, task
+from smol.grading.registry import probe_check, task
 from smol.mlp import MLP as Reference
 
 task("silu", "swiglu", "silu(x): the sigmoid linear unit")

@@ -18,7 +18,7 @@ from smol.grading.checks._util import (
     same_shape,
     without,
 )
-from smol.grading.core import probe_check, task
+from smol.grading.registry import probe_check, task
 
 task(
     "merge_stats",
