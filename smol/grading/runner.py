@@ -21,7 +21,6 @@ import copy
 import json
 import os
 import re
-import stat
 import subprocess
 import tempfile
 import time
@@ -34,6 +33,7 @@ from nbclient.exceptions import CellTimeoutError
 
 from smol.grading import NOTEBOOKS, reaper
 from smol.grading.core import DEFERRED, chosen_inputs, judged
+from smol.grading.files import read_notebook, read_regular
 from smol.grading.plain import MAX_BYTES
 from smol.grading.registry import DEFAULT_TIMEOUT, MIME, TASKS, Result, Row
 
@@ -133,41 +133,6 @@ def collected_results(nb) -> dict[str, dict]:
     return results
 
 
-def read_notebook(path: Path) -> nbformat.NotebookNode:
-    """The notebook at `path`; ValueError saying what the file is instead."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"cannot be read ({exc.strerror or exc})") from None
-    if not data.strip():
-        raise ValueError("is empty, not a notebook")
-    try:
-        text = data.decode("utf-8")
-        content = json.loads(text)
-    except UnicodeDecodeError:
-        raise ValueError("is not a notebook (not UTF-8 text)") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"is not a notebook (invalid JSON: {exc.msg} at line {exc.lineno})"
-        ) from None
-    if not isinstance(content, dict) or "nbformat" not in content:
-        raise ValueError("is JSON but not a Jupyter notebook (no nbformat field)")
-    try:
-        nb = nbformat.reads(text, as_version=4)
-        if not isinstance(nb.get("cells"), list) or not all(
-            isinstance(c, dict) and "cell_type" in c for c in nb.cells
-        ):
-            raise ValueError("no list of cells")
-        for cell in nb.cells:
-            if not isinstance(cell.get("source"), str):
-                raise ValueError("a cell without source text")
-    except Exception as exc:  # noqa: BLE001 - nbformat raises many kinds
-        text = str(exc).strip()
-        reason = text.splitlines()[0] if text else type(exc).__name__
-        raise ValueError(f"is not a Jupyter notebook ({reason[:120]})") from None
-    return nb
-
-
 def _failed(task: str, message: str) -> Result:
     checks = TASKS[task].checks if task in TASKS else []
     return Result(
@@ -184,20 +149,6 @@ def _execute(client, cell_index: int, code: str) -> str:
     client.execute_cell(cell, cell_index, store_history=False)
     error = next((o for o in cell.outputs if o.get("output_type") == "error"), None)
     return "" if error is None else f"{error.ename}: {error.evalue}"
-
-
-def _read_file(path: Path, limit: int) -> bytes | None:
-    """A regular file's bytes (None when it is missing, not a regular file or over
-    `limit` bytes): the kernel wrote it, so it may be anything."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = f.read(limit + 1)
-    return data if len(data) <= limit else None
 
 
 def run_notebook(
@@ -366,7 +317,7 @@ class _Run:
         finally:
             self.client.timeout = saved
         for i in inputs:
-            data = _read_file(folder / f"out-{i}", MAX_BYTES + (1 << 20))
+            data = read_regular(folder / f"out-{i}", MAX_BYTES + (1 << 20))
             if data is None and error:
                 why = f"the grader could not run `{expr}` in the notebook: {error}"
                 rows[i] = _row(checks[i], why[:300])
