@@ -10,6 +10,7 @@ called, a parameter's requires_grad, a forward call) the probe reports as data."
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from smol.config import SmolConfig
@@ -67,6 +68,12 @@ def bfloat16_out(out, what="the result") -> torch.Tensor:
     return out
 
 
+def in_float32_and_bfloat16(call, *tensors) -> list:
+    """Probe side: [call(*tensors), call(*tensors in bfloat16)], for
+    float32_and_bfloat16 to judge."""
+    return [call(*tensors), call(*(t.bfloat16() for t in tensors))]
+
+
 def float32_and_bfloat16(out, shape, what32: str, what16="the result"):
     """Judge side: `out` as the results of a float32 and a bfloat16 call, both of
     `shape`, the second in bfloat16."""
@@ -92,6 +99,15 @@ def close(actual, expected, what="the result", atol=1e-5, rtol=1e-5) -> None:
         )
 
 
+def same_std(t, expected: float, name: str, tol=0.1) -> None:
+    """Judge side: the standard deviation of `t` within `tol` (relative) of
+    `expected`."""
+    got = t.detach().float().std().item()
+    assert abs(got / expected - 1) < tol, (
+        f"{name} has std {got:.4f}, expected {expected:.4f}"
+    )
+
+
 def untouched(after, before, what="its input") -> None:
     """Judge side: `after` (an input as the probe saw it after the call) equals
     `before` (as the judge chose it): no in-place writes into the caller's data."""
@@ -111,6 +127,13 @@ def grads(fn, *inputs, upstream):
     )
     (out * upstream).sum().backward()
     return out, [x.grad for x in leaves]
+
+
+def module_grads(module, call, inputs) -> dict:
+    """Probe side: the gradients that sum(call(x) * inputs["up"]) sends to x
+    (inputs["x"]) and to each parameter of `module`, by name."""
+    _, gx = grads(call, inputs["x"], upstream=inputs["up"])
+    return {"x": gx, "params": {n: p.grad for n, p in module.named_parameters()}}
 
 
 def same_grads(grads, want, names, atol=1e-5) -> None:
@@ -152,6 +175,19 @@ def cached_lengths(calls) -> list[int]:
     return [n for n, _ in calls]
 
 
+def qkv_grads(attention, inputs) -> list:
+    """Probe side: the gradients of q, k and v (inputs["qkv"]) through `attention`,
+    with inputs["up"] as the upstream gradient."""
+    return grads(attention, *inputs["qkv"], upstream=inputs["up"])[1]
+
+
+def same_qkv_grads(got, reference, inputs) -> None:
+    """Judge side: the gradients `got` (from qkv_grads) equal those through the
+    `reference` attention."""
+    _, want = grads(reference, *inputs["qkv"], upstream=inputs["up"])
+    same_grads(got, want, "qkv", atol=1e-4)
+
+
 def _not_allowed(name: str) -> str:
     return f"your code calls {name}, which this task asks you not to use"
 
@@ -166,6 +202,9 @@ class _ForbidFunctions(TorchFunctionMode):
             self.called.append(self.names[func])
             raise AssertionError(_not_allowed(self.names[func]))
         return func(*args, **(kwargs or {}))
+
+
+SDPA = {F.scaled_dot_product_attention: "F.scaled_dot_product_attention"}
 
 
 def without(call, functions: dict):

@@ -98,7 +98,7 @@ def _judge_scales(w, out):
     close(scale, w.abs().amax(dim=1) / 127, "the scales", atol=0, rtol=1e-5)
 
 
-@probe_check(
+probe_check(
     BOTH,
     "one scale per output channel: each row's largest |w| maps to 127",
     1,
@@ -106,9 +106,7 @@ def _judge_scales(w, out):
     "precision instead of rounding to zero under the largest row's scale",
     inputs=_weight,
     judge=_judge_scales,
-)
-def _(fn, w):
-    return _quantized(fn, w)
+)(_quantized)
 
 
 def _judge_rounding(w, out):
@@ -122,7 +120,7 @@ def _judge_rounding(w, out):
     )
 
 
-@probe_check(
+probe_check(
     BOTH,
     "rounded to the nearest step: every |w - q * scale| <= scale / 2",
     2,
@@ -130,9 +128,7 @@ def _judge_rounding(w, out):
     "zero, and the error grows to a whole step",
     inputs=lambda: _weight(seed=1),
     judge=_judge_rounding,
-)
-def _(fn, w):
-    return _quantized(fn, w)
+)(_quantized)
 
 
 def _with_zero_row():
@@ -147,16 +143,14 @@ def _judge_zero_row(w, out):
     assert not q[3].any(), f"the zero row quantizes to {q[3].tolist()}"
 
 
-@probe_check(
+probe_check(
     BOTH,
     "an all-zero row gives zeros and a finite scale (no division by zero)",
     1,
     "clamp the scale from below (scale.clamp(min=1e-12)) before dividing by it",
     inputs=_with_zero_row,
     judge=_judge_zero_row,
-)
-def _(fn, w):
-    return _quantized(fn, w)
+)(_quantized)
 
 
 @probe_check(

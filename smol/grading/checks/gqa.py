@@ -6,11 +6,15 @@ import torch.nn.functional as F
 
 from smol.attention import repeat_kv as reference_repeat_kv
 from smol.grading.checks._util import (
+    SDPA,
     close,
     float32_and_bfloat16,
     grads,
+    in_float32_and_bfloat16,
     pair,
+    qkv_grads,
     same_grads,
+    same_qkv_grads,
     same_shape,
     without,
 )
@@ -50,7 +54,7 @@ def _judge_repeat_shape(inputs, out):
     judge=_judge_repeat_shape,
 )
 def _(fn, x):
-    return [fn(x, 3), fn(x.bfloat16(), 3)]
+    return in_float32_and_bfloat16(lambda t: fn(t, 3), x)
 
 
 for name, points, hint, shape, n_rep, what in (
@@ -140,7 +144,7 @@ def _judge_attention_shape(qkv, out):
     judge=_judge_attention_shape,
 )
 def _(fn, qkv):
-    return [fn(*qkv), fn(*(t.bfloat16() for t in qkv))]
+    return in_float32_and_bfloat16(fn, *qkv)
 
 
 def _judge_values(qkv, out, what="gqa_attention(q, k, v)"):
@@ -198,8 +202,7 @@ def _(fn, qkv):
 
 
 def _judge_attention_grads(inputs, out):
-    _, want = grads(_reference, *inputs["qkv"], upstream=inputs["up"])
-    same_grads(out, want, "qkv", atol=1e-4)
+    same_qkv_grads(out, _reference, inputs)
 
 
 @probe_check(
@@ -211,7 +214,7 @@ def _judge_attention_grads(inputs, out):
     judge=_judge_attention_grads,
 )
 def _(fn, inputs):
-    return grads(fn, *inputs["qkv"], upstream=inputs["up"])[1]
+    return qkv_grads(fn, inputs)
 
 
 @probe_check(
@@ -223,7 +226,4 @@ def _(fn, inputs):
     judge=_judge_values,
 )
 def _(fn, qkv):
-    return without(
-        lambda: fn(*qkv),
-        {F.scaled_dot_product_attention: "F.scaled_dot_product_attention"},
-    )
+    return without(lambda: fn(*qkv), SDPA)

@@ -7,7 +7,7 @@ from collections import Counter
 import torch
 
 from smol import SmolLM
-from smol.grading.checks._util import close, small_config
+from smol.grading.checks._util import close, same_std, small_config
 from smol.grading.registry import probe_check, task
 from smol.norm import RMSNorm
 
@@ -205,20 +205,17 @@ class _CountWrites:
 
 
 def _std_ok(name, p, expected, tol=0.1):
-    got = p.detach().float().std().item()
-    assert abs(got / expected - 1) < tol, (
-        f"{name} has std {got:.4f}, expected {expected:.4f}"
-    )
+    same_std(p, expected, name, tol)
     mean = p.detach().float().mean().item()
     assert abs(mean) < 4 * expected / math.sqrt(p.numel()) + 1e-6, (
         f"{name} has mean {mean:.4f}, expected 0"
     )
 
 
-def _parameters(fn, config=CONFIG):
+def _parameters(fn, _=None):
     """Probe side: the parameters of a scrambled model after the student's
     init_weights, by name (a tied head once, as the embedding)."""
-    return dict(_initialised_by(fn, config).named_parameters())
+    return dict(_initialised_by(fn).named_parameters())
 
 
 BOTH = ("init_weights", "init_bug")
@@ -233,15 +230,13 @@ def _judge_norms(inputs, params):
             )
 
 
-@probe_check(
+probe_check(
     BOTH,
     "norm weights start at one",
     1,
     "nn.init.ones_ on every RMSNorm's weight",
     judge=_judge_norms,
-)
-def _(fn, _):
-    return _parameters(fn)
+)(_parameters)
 
 
 def _judge_projections(inputs, params):
@@ -260,15 +255,13 @@ def _judge_projections(inputs, params):
             _std_ok(name, p, std)
 
 
-@probe_check(
+probe_check(
     BOTH,
     "embedding and projections: N(0, initializer_range)",
     1,
     "nn.init.normal_(weight, mean=0.0, std=config.initializer_range)",
     judge=_judge_projections,
-)
-def _(fn, _):
-    return _parameters(fn)
+)(_parameters)
 
 
 def _judge_scaled(inputs, params):
@@ -278,16 +271,14 @@ def _judge_scaled(inputs, params):
             _std_ok(name, p, want)
 
 
-@probe_check(
+probe_check(
     BOTH,
     "o_proj and down_proj: std / sqrt(2 * n_layers)",
     1,
     "modules flagged scaled_init write into the residual stream; divide their std by "
     "sqrt(2 * n_layers)",
     judge=_judge_scaled,
-)
-def _(fn, _):
-    return _parameters(fn)
+)(_parameters)
 
 
 def _judge_no_copies(inputs, params):
@@ -304,16 +295,14 @@ def _judge_no_copies(inputs, params):
             )
 
 
-@probe_check(
+probe_check(
     BOTH,
     "every matrix draws its own random values (no two are copies of each other)",
     1,
     "seed once, outside the loop (or not at all): torch.manual_seed inside the loop "
     "restarts the generator, and every layer gets the same numbers",
     judge=_judge_no_copies,
-)
-def _(fn, _):
-    return _parameters(fn)
+)(_parameters)
 
 
 def _judge_once(inputs, out):

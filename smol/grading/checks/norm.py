@@ -8,6 +8,7 @@ from smol.grading.checks._util import (
     close,
     grads,
     is_tensor,
+    module_grads,
     same_grads,
     same_shape,
     untouched,
@@ -178,8 +179,9 @@ def _(cls, inputs):
 def _judge_grads(inputs, out):
     ref = _reference(inputs["weight"])
     _, (gx,) = grads(ref, inputs["x"], upstream=inputs["up"])
-    same_grads([out["x"]], [gx], ["the input"], atol=1e-4)
-    same_grads([out["weight"]], [ref.weight.grad], ["the weight"], atol=1e-4)
+    same_grads(out["x"], [gx], ["the input"], atol=1e-4)
+    weight = out["params"].get("weight")
+    same_grads([weight], [ref.weight.grad], ["the weight"], atol=1e-4)
 
 
 @probe_check(
@@ -197,8 +199,7 @@ def _judge_grads(inputs, out):
 )
 def _(cls, inputs):
     student = _student(cls, inputs["weight"])
-    _, (gx,) = grads(student, inputs["x"], upstream=inputs["up"])
-    return {"x": gx, "weight": student.weight.grad}
+    return module_grads(student, student, inputs)
 
 
 def _judge_dtype(inputs, out):

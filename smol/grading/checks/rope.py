@@ -171,16 +171,14 @@ def _judge_dtype(inputs, out):
     bfloat16_out(same_shape(out, inputs["x"].shape))
 
 
-@probe_check(
+probe_check(
     BOTH,
     "shape and dtype: a bfloat16 x with float32 tables gives bfloat16",
     1,
     "compute in float32 (the tables' dtype), then cast back with .to(x.dtype)",
     inputs=lambda: _inputs() | {"x": torch.randn(2, 3, 5, 8).bfloat16()},
     judge=_judge_dtype,
-)
-def _(fn, inputs):
-    return _rope(fn, inputs)
+)(_rope)
 
 
 def _judge_position_0(inputs, out):
@@ -189,16 +187,14 @@ def _judge_position_0(inputs, out):
     close(out[:, :, 0], x[:, :, 0], "the rotated vector at position 0")
 
 
-@probe_check(
+probe_check(
     BOTH,
     "position 0 is not rotated",
     1,
     "angle 0: cos = 1 and sin = 0, so x * cos + rotate_half(x) * sin is x",
     inputs=_inputs,
     judge=_judge_position_0,
-)
-def _(fn, inputs):
-    return _rope(fn, inputs)
+)(_rope)
 
 
 def _judge_norms(inputs, out):
@@ -207,16 +203,14 @@ def _judge_norms(inputs, out):
     close(out.norm(dim=-1), x.norm(dim=-1), "the norms after rope", atol=1e-4)
 
 
-@probe_check(
+probe_check(
     BOTH,
     "a rotation: every vector keeps its length",
     1,
     "each pair of features is rotated, never scaled: use cos and sin of the same angle",
     inputs=lambda: _inputs(T=9),
     judge=_judge_norms,
-)
-def _(fn, inputs):
-    return _rope(fn, inputs)
+)(_rope)
 
 
 RELATIVE = [((2, 0), 5), ((7, 3), 4)]  # (m, n), shift: q at m, k at n
@@ -294,7 +288,7 @@ def _judge_convention(inputs, out):
     close(out, want, "apply_rope(x, cos, sin)", atol=1e-5)
 
 
-@probe_check(
+probe_check(
     BOTH,
     "rotates feature i with feature i + D/2 (the split-halves convention of smol and "
     "HF)",
@@ -303,9 +297,7 @@ def _judge_convention(inputs, out):
     "rotate_half(x) * sin",
     inputs=lambda: _inputs(T=7),
     judge=_judge_convention,
-)
-def _(fn, inputs):
-    return _rope(fn, inputs)
+)(_rope)
 
 
 def _judge_gradient(inputs, grad):

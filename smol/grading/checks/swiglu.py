@@ -11,8 +11,10 @@ from smol.grading.checks._util import (
     bfloat16_out,
     close,
     grads,
+    module_grads,
     pair,
     same_grads,
+    same_std,
     small_config,
     without,
 )
@@ -68,19 +70,17 @@ def _silu_and_grads(fn, inputs):
     return {"out": fn(x), "grads": grads(fn, x, upstream=inputs["up"])[1]}
 
 
-@probe_check(
+probe_check(
     "silu",
     "gradients equal F.silu's",
     1,
     "use differentiable torch operations",
     inputs=lambda: {"x": torch.randn(3, 5) * 3, "up": torch.randn(3, 5)},
     judge=_judge_silu,
-)
-def _(fn, inputs):
-    return _silu_and_grads(fn, inputs)
+)(_silu_and_grads)
 
 
-@probe_check(
+probe_check(
     "silu",
     "finite values and gradients for large |x| (+-100)",
     1,
@@ -91,9 +91,7 @@ def _(fn, inputs):
         "up": torch.ones(5),
     },
     judge=lambda inputs, out: _judge_silu(inputs, out, " at large |x|"),
-)
-def _(fn, inputs):
-    return _silu_and_grads(fn, inputs)
+)(_silu_and_grads)
 
 
 @probe_check(
@@ -190,8 +188,7 @@ def _judge_mlp_grads(inputs, out):
 )
 def _(cls, inputs):
     student = _student(cls, inputs["state"])
-    _, gx = grads(student, inputs["x"], upstream=inputs["up"])
-    return {"x": gx, "params": {n: p.grad for n, p in student.named_parameters()}}
+    return module_grads(student, student, inputs)
 
 
 def _judge_scaled_init(inputs, weights):
@@ -200,10 +197,7 @@ def _judge_scaled_init(inputs, weights):
     seen = set()
     for name, p in weights.items():
         expected = want if "down_proj" in name else std
-        got = p.std().item()
-        assert abs(got / expected - 1) < 0.1, (
-            f"{name} has std {got:.4f}, expected {expected:.4f}"
-        )
+        same_std(p, expected, name)
         seen.add(name.rsplit(".", 2)[-2])
     assert seen == {"down_proj", "up_proj"}, (
         "the MLP has no down_proj and up_proj to initialise"

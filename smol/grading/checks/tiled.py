@@ -10,11 +10,13 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from smol.grading.checks._util import (
+    SDPA,
     close,
     float32_and_bfloat16,
-    grads,
+    in_float32_and_bfloat16,
     pair,
-    same_grads,
+    qkv_grads,
+    same_qkv_grads,
     same_shape,
     without,
 )
@@ -161,7 +163,7 @@ def _judge_shape(qkv, out):
     judge=_judge_shape,
 )
 def _(fn, qkv):
-    return [fn(*qkv, 4), fn(*(t.bfloat16() for t in qkv), 4)]
+    return in_float32_and_bfloat16(lambda q, k, v: fn(q, k, v, 4), *qkv)
 
 
 @probe_check(
@@ -255,11 +257,10 @@ def _judge_small(qkv, out):
 )
 def _(fn, qkv):
     spy = _Largest()
-    sdpa = {F.scaled_dot_product_attention: "F.scaled_dot_product_attention"}
     outs = []
     for is_causal in (False, True):
         with spy:
-            outs.append(without(lambda c=is_causal: fn(*qkv, 16, c), sdpa))
+            outs.append(without(lambda c=is_causal: fn(*qkv, 16, c), SDPA))
     return {"outs": outs, "largest": spy.largest, "shape": list(spy.shape)}
 
 
@@ -290,9 +291,7 @@ def _(fn, qkv):
 
 
 def _judge_grads(inputs, out):
-    causal = lambda a, b, c: _reference(a, b, c, True)  # noqa: E731
-    _, want = grads(causal, *inputs["qkv"], upstream=inputs["up"])
-    same_grads(out, want, "qkv", atol=1e-4)
+    same_qkv_grads(out, lambda q, k, v: _reference(q, k, v, True), inputs)
 
 
 @probe_check(
@@ -305,5 +304,4 @@ def _judge_grads(inputs, out):
     judge=_judge_grads,
 )
 def _(fn, inputs):
-    tiled = lambda a, b, c: fn(a, b, c, 4, True)  # noqa: E731
-    return grads(tiled, *inputs["qkv"], upstream=inputs["up"])[1]
+    return qkv_grads(lambda q, k, v: fn(q, k, v, 4, True), inputs)
