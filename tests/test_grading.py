@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from smol.attention import Attention
-from smol.grading import NOTEBOOKS, TASKS, core, grade, preview, run_checks
+from smol.grading import NOTEBOOKS, TASKS, core, grade, preview, registry, run_checks
 from smol.grading.checks._util import close
 from smol.grading.make_exercises import (
     BEGIN,
@@ -55,7 +55,7 @@ def run_in_process(path):
     return nb, namespace, dict(core.RESULTS)
 
 
-def failed(task, obj, timeout=core.DEFAULT_TIMEOUT):
+def failed(task, obj, timeout=registry.DEFAULT_TIMEOUT):
     return {row.check for row in run_checks(task, obj, timeout).rows if not row.passed}
 
 
@@ -870,14 +870,14 @@ def test_isolated_checks_survive_crashes_and_forget_what_the_code_patched():
     assert crash.score == 0 and "SIGSEGV" in crash.rows[0].message
 
     def patching(x, eps):  # tries to make every later check pass
-        core.Result.score = property(lambda self: 99)
+        registry.Result.score = property(lambda self: 99)
         torch.isclose = lambda *a, **k: torch.ones((), dtype=torch.bool)
         return x
 
     isclose = torch.isclose
     result = run_checks("rms", patching, isolate=True)
     assert torch.isclose is isclose and isinstance(
-        core.Result.__dict__["score"], property
+        registry.Result.__dict__["score"], property
     )
     assert result.score == 0 < result.total, result.table()
 
@@ -989,13 +989,15 @@ def rms(x, eps):
     )
     return x[..., :1] * 0 + 1'''
 PATCH = """import smol.grading, smol.grading.core as core
+import smol.grading.registry as registry
 def full_marks(task_name, obj=None, timeout=10.0, **kw):
-    return core.Result(task_name, [core.Row(c.name, c.points, c.points, True, c.hint)
-                                   for c in core.TASKS[task_name].checks])
+    rows = [registry.Row(c.name, c.points, c.points, True, c.hint)
+            for c in registry.TASKS[task_name].checks]
+    return registry.Result(task_name, rows)
 core.run_checks = full_marks
-core.Result.score = property(lambda self: 99)
+registry.Result.score = property(lambda self: 99)
 smol.grading.grade = grade = lambda task, obj=None, **kw: print(task, "full marks")
-for task in core.TASKS.values():
+for task in registry.TASKS.values():
     task.checks.clear()"""
 
 
@@ -1136,7 +1138,7 @@ def test_patching_the_grader_in_the_notebook_gains_nothing(command_line):
 def test_a_notebook_that_tampers_with_its_probes_gains_nothing(command_line):
     """Its code rewrites the comparisons and the reference in the process that runs
     it; the judges run in the command's process, so only the shape (which it gets
-    right) counts. As plain checks, which judge in that process, it scored 4/4."""
+    right) counts."""
     tampered = next(
         r for n, r in command_line[1].items() if n.endswith("/tampers.ipynb")
     )
@@ -1152,19 +1154,6 @@ def test_code_that_tampers_with_its_probe_earns_only_what_it_computes():
     assert all(getattr(torch, name) is f for name, f in saved.items())
     passed = [r.check for r in result.rows if r.passed]
     assert passed == [check_named("rms", "keeps the last dimension")], result.table()
-
-
-def test_every_course_check_is_judged_outside_the_students_process():
-    """Plain checks (`check`) decide in the process that runs the student's code; the
-    course's own checks are all probes."""
-    plain = [
-        f"{t.name}: {c.name}"
-        for t in TASKS.values()
-        if t.notebook in NOTEBOOKS
-        for c in t.checks
-        if c.probe is None
-    ]
-    assert not plain, plain
 
 
 def test_a_deleted_check_cell_still_counts_its_points(command_line):
@@ -2188,29 +2177,14 @@ def test_preview_hides_hints_and_tables_need_no_emoji(capsys):
 
 # --- the grader's own guarantees, on test-only tasks (not the course's checks)
 # ---------------------------------------------------------------------------------
-# "plain_cumsum" is a plain check (it runs the student's code and judges in one
-# process); "probe_cumsum" the same check as probe + judge. `python -m smol.grade
-# --tasks tests.test_grading` registers them in the grader and its kernels.
+# "cumsum" and "probe_cumsum" hold the same checks, so that a notebook can grade two
+# tasks. `python -m smol.grade --tasks tests.test_grading` registers them in the grader
+# and its kernels.
 
-core.task("plain_cumsum", "grader_tests", "cumsum(x) over the last dimension (plain)")
-core.task("probe_cumsum", "grader_tests", "cumsum(x) over the last dimension (probes)")
-
-
-def _cumsum_values(f):
-    x = torch.randn(3, 5)
-    close(f(x), x.cumsum(-1), "cumsum(x)")
-
-
-def _cumsum_dtype(f):
-    out = f(torch.randn(2, 4).to(torch.bfloat16))
-    assert out.dtype == torch.bfloat16, f"bfloat16 in gave {out.dtype} out"
-
-
-core.check("plain_cumsum", "values", 2, "add up along the last dimension")(
-    _cumsum_values
-)
-core.check("plain_cumsum", "bfloat16 in, bfloat16 out", 1, "keep the dtype")(
-    _cumsum_dtype
+TEST_TASKS = ("cumsum", "probe_cumsum")
+registry.task("cumsum", "grader_tests", "cumsum(x) over the last dimension")
+registry.task(
+    "probe_cumsum", "grader_tests", "cumsum(x) over the last dimension, again"
 )
 
 
@@ -2227,8 +2201,8 @@ def _judge_dtype(inputs, out):
     assert out.dtype == torch.bfloat16, f"bfloat16 in gave {out.dtype} out"
 
 
-@core.probe_check(
-    "probe_cumsum",
+@registry.probe_check(
+    TEST_TASKS,
     "values",
     2,
     "add up along the last dimension",
@@ -2239,8 +2213,8 @@ def _probe_values(f, inputs):
     return f(inputs["x"])
 
 
-@core.probe_check(
-    "probe_cumsum",
+@registry.probe_check(
+    TEST_TASKS,
     "bfloat16 in, bfloat16 out",
     1,
     "keep the dtype",
@@ -2249,9 +2223,6 @@ def _probe_values(f, inputs):
 )
 def _probe_dtype(f, inputs):
     return f(inputs["h"])
-
-
-TEST_TASKS = ("plain_cumsum", "probe_cumsum")
 
 
 def test_probe_checks_judge_plain_data_outside_the_students_process():
@@ -2311,28 +2282,26 @@ def _refuse_to_load():
     raise RuntimeError("a module the notebook had")
 
 
-@pytest.mark.parametrize("task_name", TEST_TASKS)
 @pytest.mark.parametrize("isolate", [False, True])
-def test_an_object_that_cannot_be_loaded_says_so(task_name, isolate):
+def test_an_object_that_cannot_be_loaded_says_so(isolate):
     import cloudpickle
 
     payload = cloudpickle.dumps(_FailsToLoad())
-    result = run_checks(task_name, payload=payload, isolate=isolate)
+    result = run_checks("probe_cumsum", payload=payload, isolate=isolate)
     want = "the grader could not load your object: RuntimeError: a module the notebook"
     assert all(r.message.startswith(want) for r in result.rows), result.table()
 
 
-@pytest.mark.parametrize("task_name", TEST_TASKS)
-def test_loading_the_object_is_not_check_time(task_name, monkeypatch):
+def test_loading_the_object_is_not_check_time(monkeypatch):
     import cloudpickle
 
     from smol.grading import isolation
 
     payload = cloudpickle.dumps(_SlowToLoad(_cumsum, 1.0))
-    result = run_checks(task_name, payload=payload, timeout=0.6, isolate=True)
+    result = run_checks("probe_cumsum", payload=payload, timeout=0.6, isolate=True)
     assert result.score == result.total, result.table()
     monkeypatch.setattr(isolation, "LOAD_TIMEOUT", 0.3)
-    result = run_checks(task_name, payload=payload, timeout=0.6, isolate=True)
+    result = run_checks("probe_cumsum", payload=payload, timeout=0.6, isolate=True)
     assert result.score == 0, result.table()
     assert all("could not load your object in 0.3 s" in r.message for r in result.rows)
 
@@ -2358,83 +2327,48 @@ def _holding_what_pickle_refuses(tmp_path, started: bool):
     return cumsum
 
 
-@pytest.mark.parametrize("task_name", TEST_TASKS)
-def test_solutions_holding_locks_files_and_generators_keep_full_marks(
-    task_name, tmp_path
-):
-    """The command line hands a plain check the object pickled by smol.grading.carry
-    (plain cloudpickle refuses a lock), a probe check never copies it: both score as
-    `grade` in the notebook does."""
+def test_solutions_holding_locks_files_and_generators_keep_full_marks(tmp_path):
+    """A probe runs where the object lives and never copies it (cloudpickle refuses a
+    lock): in a forked child, as the command line runs it, such a solution scores as
+    `grade` in the notebook does, its generator started or not."""
     import cloudpickle
 
-    from smol.grading import carry
-
-    fresh = _holding_what_pickle_refuses(tmp_path, started=False)
-    with pytest.raises(TypeError, match="pickle"):
-        cloudpickle.dumps(fresh)
-    in_notebook = run_checks(task_name, fresh)
-    carried = run_checks(task_name, payload=carry.dumps(fresh), isolate=True)
-    assert in_notebook.score == carried.score == carried.total, carried.table()
-    started = _holding_what_pickle_refuses(tmp_path, started=True)
-    carried = run_checks(task_name, payload=carry.dumps(started), isolate=True)
-    if task_name == "probe_cumsum":  # the CLI runs probes where the object is
-        carried = run_checks(task_name, started, isolate=True)
-        assert carried.score == carried.total, carried.table()
-    else:  # a generator half-way through cannot be carried: the message says so
-        assert carried.score == 0, carried.table()
-        assert "could not be carried" in carried.rows[0].message, carried.table()
+    for started in (False, True):
+        solution = _holding_what_pickle_refuses(tmp_path, started)
+        with pytest.raises(TypeError, match="pickle"):
+            cloudpickle.dumps(solution)
+        in_notebook = run_checks("probe_cumsum", solution)
+        forked = run_checks("probe_cumsum", solution, isolate=True)
+        assert in_notebook.score == forked.score == forked.total, forked.table()
 
 
-def test_carried_files_and_locks_work_on_the_other_side(tmp_path):
-    import cloudpickle
-
-    from smol.grading import carry
-
-    out = open(tmp_path / "out.txt", "w")  # noqa: SIM115
-    out.write("kept\n")
-    reader = open(tmp_path / "out.txt")  # noqa: SIM115
-    condition, local = threading.Condition(), threading.local()
-    local.value = 7
-
-    def use():
-        with condition:
-            out.write("more\n")
-            out.flush()
-        return local.value, reader.read()
-
-    copy = cloudpickle.loads(carry.dumps(use))
-    assert copy() == (7, "kept\nmore\n")
-    assert (tmp_path / "out.txt").read_text() == "kept\nmore\n"  # not truncated
-
-
-@pytest.mark.parametrize("task_name", TEST_TASKS)
 @pytest.mark.parametrize("isolate", [False, True])
-def test_out_of_memory_is_not_called_an_endless_loop(task_name, isolate, monkeypatch):
-    from smol.grading import isolation
+def test_out_of_memory_is_not_called_an_endless_loop(isolate, monkeypatch):
+    from smol.grading import memory
 
+    task_name = "probe_cumsum"
     result = run_checks(task_name, lambda x: bytearray(1 << 50), isolate=isolate)
     assert result.score == 0, result.table()
     assert all(r.message.startswith("ran out of memory") for r in result.rows)
     monkeypatch.setattr(
-        isolation, "memory_shortage", lambda pid=None: "12 of 24000 MiB were available"
+        memory, "memory_shortage", lambda pid=None: "12 of 24000 MiB were available"
     )
     stalled = run_checks(task_name, lambda x: time.sleep(30), 0.5, isolate=isolate)
     for row in stalled.rows:
         assert "memory was short (12 of 24000 MiB" in row.message, row.message
         assert "endless loop?" not in row.message, row.message
-    monkeypatch.setattr(isolation, "memory_shortage", lambda pid=None: "")
+    monkeypatch.setattr(memory, "memory_shortage", lambda pid=None: "")
     looping = run_checks(task_name, lambda x: time.sleep(30), 0.5, isolate=isolate)
     assert all("an endless loop" in r.message for r in looping.rows), looping.table()
 
 
-@pytest.mark.parametrize("task_name", TEST_TASKS)
-def test_a_child_killed_from_outside_blames_memory(task_name):
+def test_a_child_killed_from_outside_blames_memory():
     """The out-of-memory killer ends a process with SIGKILL; the grader sends none
     before the time limit, so such a death is not called a timeout or a crash."""
     import signal
 
     result = run_checks(
-        task_name, lambda x: os.kill(os.getpid(), signal.SIGKILL), isolate=True
+        "probe_cumsum", lambda x: os.kill(os.getpid(), signal.SIGKILL), isolate=True
     )
     for row in result.rows:
         assert "SIGKILL, which the grader did not send" in row.message, row.message
@@ -2451,7 +2385,7 @@ def test_an_allocation_that_fails_in_torch_is_out_of_memory():
         resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
         return torch.empty(1 << 32, dtype=torch.float64)
 
-    result = run_checks("plain_cumsum", allocate, isolate=True)
+    result = run_checks("probe_cumsum", allocate, isolate=True)
     assert all(r.message.startswith("ran out of memory") for r in result.rows), (
         result.table()
     )
@@ -2527,20 +2461,16 @@ def escape(tag, folder, target="report.json"):
         os.kill(os.getpid(), 9)
     os.waitpid(pid, 0)
 escape("kernel", FOLDER, TARGET)'''
-PLAIN_ESCAPE = """def cumsum(x):
-    if not os.path.exists(os.path.join(FOLDER, "check.pid")):
-        escape("check", FOLDER)
-    import ctypes
-    try:  # write into the grader's memory (its pid: this process's parent)
-        with open(f"/proc/{os.getppid()}/mem", "r+b"):
-            pass
-        verdict = "opened"
-    except OSError as exc:
-        verdict = type(exc).__name__
-    dumpable = ctypes.CDLL(None).prctl(3, 0, 0, 0, 0)  # PR_GET_DUMPABLE, inherited
-    with open(os.path.join(FOLDER, "grader-memory.txt"), "w") as f:
-        f.write(f"{verdict} {dumpable}")
-    return x.cumsum(-1)"""
+REACH = """with open("/proc/self/stat") as f:  # the grader: this kernel's parent
+    grader = int(f.read().rsplit(")", 1)[1].split()[1])
+try:  # write into the grader's memory
+    with open(f"/proc/{grader}/mem", "r+b"):
+        pass
+    verdict = "opened"
+except OSError as exc:
+    verdict = type(exc).__name__
+with open(os.path.join(FOLDER, "grader-memory.txt"), "w") as f:
+    f.write(verdict)"""
 PROBE_FORGERY = '''import sys, torch
 from smol.grading import plain
 def forger(x):
@@ -2562,12 +2492,12 @@ log = open("calls.log", "w")
 unstarted = (i for i in itertools.count())
 started = (i for i in itertools.count())
 next(started)
-def plain_sol(x):
+def fresh_sol(x):
     with lock:
         event.set()
         log.write(f"call {next(unstarted)}\\n")
         return x.cumsum(-1)
-def probe_sol(x):
+def started_sol(x):
     with lock:
         log.write(f"call {next(started)}\\n")
         return x.cumsum(-1)"""
@@ -2586,8 +2516,7 @@ def hostile_and_fair(tmp_path_factory):
         [
             head,
             ESCAPE,
-            PLAIN_ESCAPE,
-            'grade("plain_cumsum", cumsum)',
+            REACH,
             PROBE_FORGERY,
             'grade("probe_cumsum", forger)',
         ],
@@ -2599,8 +2528,8 @@ def hostile_and_fair(tmp_path_factory):
             "# the setup cell's place (run_in_process skips it)",
             head,
             FAIR,
-            'grade("plain_cumsum", plain_sol)',
-            'grade("probe_cumsum", probe_sol)',
+            'grade("cumsum", fresh_sol)',
+            'grade("probe_cumsum", started_sol)',
         ],
     )
     report = tmp / "report.json"
@@ -2638,25 +2567,47 @@ def test_no_escaped_process_outlives_the_grading(hostile_and_fair):
     proc, tmp, report = hostile_and_fair
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert is_report_file(report), report.read_text()[:300]
-    for tag in ("kernel", "check", "probe"):  # each started, each killed
+    for tag in ("kernel", "probe"):  # each started, each killed
         pid = int((tmp / f"{tag}.pid").read_text())
         assert _pid_is_gone(pid), f"the {tag}'s escaped process {pid} still runs"
 
 
-def test_a_check_cannot_reach_into_the_graders_memory(hostile_and_fair):
-    """The grader is non-dumpable (its check children inherit that): a process of the
-    same user cannot open its memory. Root can, whatever the flag: grade as a user."""
+def test_a_notebook_cannot_reach_into_the_graders_memory(hostile_and_fair):
+    """The grader is non-dumpable: its kernel, a process of the same user, cannot open
+    its memory. Root can, whatever the flag: grade as a user."""
     _, tmp, _ = hostile_and_fair
-    opened, dumpable = (tmp / "grader-memory.txt").read_text().split()
-    assert dumpable == "0"
+    opened = (tmp / "grader-memory.txt").read_text()
+    assert opened in ("opened", "PermissionError"), opened  # the grader was found
     if os.geteuid() != 0:
         assert opened == "PermissionError"
+
+
+def test_the_grader_is_non_dumpable_while_it_grades():
+    """`reaping`, around all that `python -m smol.grade` does, makes its process
+    non-dumpable (children it forks inherit that) and restores the flag after."""
+    code = (
+        "import os\n"
+        "from smol.grading import reaper\n"
+        "def dumpable():\n"
+        "    return reaper._prctl(reaper.PR_GET_DUMPABLE)\n"
+        "with reaper.reaping():\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        os._exit(dumpable())\n"
+        "    inherited = os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1])\n"
+        "    print(dumpable(), inherited)\n"
+        "print(dumpable())\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60
+    )
+    assert proc.stdout.split() == ["0", "0", "1"], proc.stdout + proc.stderr
 
 
 def test_a_probe_that_forges_its_result_scores_nothing(hostile_and_fair):
     _, _, report = hostile_and_fair
     hostile = _report_of(report, "hostile.ipynb")
-    assert hostile == {"plain_cumsum": (3, 3), "probe_cumsum": (0, 3)}, hostile
+    assert hostile == {"probe_cumsum": (0, 3)}, hostile
 
 
 def test_the_command_line_agrees_with_grade_on_code_pickle_refuses(
@@ -2670,7 +2621,7 @@ def test_the_command_line_agrees_with_grade_on_code_pickle_refuses(
         _report_of(report, "fair.ipynb")
         == here
         == {
-            "plain_cumsum": (3, 3),
+            "cumsum": (3, 3),
             "probe_cumsum": (3, 3),
         }
     )
@@ -2721,7 +2672,7 @@ def gradebook(tmp_path_factory):
     _notebook(
         subs / "alice",
         "warmup.ipynb",
-        [HEAD, solve, 'grade("plain_cumsum", cumsum)', 'grade("probe_cumsum", cumsum)'],
+        [HEAD, solve, 'grade("cumsum", cumsum)', 'grade("probe_cumsum", cumsum)'],
     )
     _notebook(
         subs,
@@ -2730,7 +2681,7 @@ def gradebook(tmp_path_factory):
             f"{HEAD}\nFOLDER, TARGET = {str(tmp)!r}, 'grades.csv'",
             ESCAPE,
             "def cumsum(x):\n    return x.float().cumsum(-1)",
-            'grade("plain_cumsum", cumsum)',
+            'grade("cumsum", cumsum)',
             "def hangs(x):\n    while True:\n        pass",
             'grade("probe_cumsum", hangs)',
         ],
@@ -2759,16 +2710,16 @@ def test_a_gradebook_has_a_row_per_student_exercise_and_task(gradebook):
     rows = _rows(tmp / "grades.csv")
     got = {k: (r["exercise"], r["points"], r["max_points"]) for k, r in rows.items()}
     assert got == {
-        ("alice", "plain_cumsum"): ("warmup", "3", "3"),
+        ("alice", "cumsum"): ("warmup", "3", "3"),
         ("alice", "probe_cumsum"): ("warmup", "3", "3"),
-        ("bob", "plain_cumsum"): ("warmup", "2", "3"),  # float32 out
+        ("bob", "cumsum"): ("warmup", "2", "3"),  # float32 out
         ("bob", "probe_cumsum"): ("warmup", "0", "3"),
-        ("carol", "plain_cumsum"): ("warmup", "0", "3"),
+        ("carol", "cumsum"): ("warmup", "0", "3"),
         ("carol", "probe_cumsum"): ("warmup", "0", "3"),
     }
-    assert rows["bob", "plain_cumsum"]["status"] == "graded"
+    assert rows["bob", "cumsum"]["status"] == "graded"
     assert rows["bob", "probe_cumsum"]["status"] == "graded"
-    assert "invalid JSON" in rows["carol", "plain_cumsum"]["status"]
+    assert "invalid JSON" in rows["carol", "cumsum"]["status"]
     pid = int((tmp / "kernel.pid").read_text())
     assert _pid_is_gone(pid), "bob's escaped process outlived the grading"
 

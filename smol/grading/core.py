@@ -3,10 +3,10 @@ never raises; `grade`, `preview` and `summary` show the results in a notebook.
 
 The registry of tasks and checks and the results live in `smol.grading.registry`; how a
 single check runs safely (a time limit, a forked child per check where the platform
-allows it) in `smol.grading.isolation`. Their names stay importable from here. A probe
-check runs in three steps here: `chosen_inputs` (its data), a probe in a child, and
-`judged` (the verdict, in this process); `serve_probes` is the middle step as
-`python -m smol.grade` runs it inside a notebook's kernel.
+allows it) in `smol.grading.isolation`. A probe check runs in three steps here:
+`chosen_inputs` (its data), a probe in a child, and `judged` (the verdict, in this
+process); `serve_probes` is the middle step as `python -m smol.grade` runs it inside a
+notebook's kernel.
 """
 
 from __future__ import annotations
@@ -16,62 +16,17 @@ import sys
 from typing import Any
 
 from smol.grading import plain
+from smol.grading.child import probe_in_child
 from smol.grading.isolation import (
     ISOLATE,
-    CheckTimeout,
-    ExitRefused,
     _describe,
     can_isolate,
     exits_refused,
     outcome,
     probe_here,
-    probe_in_child,
-    run_here,
-    run_in_child,
     timeout_problem,
 )
-from smol.grading.registry import (
-    DEFAULT_TIMEOUT,
-    MIME,
-    NOT_WRITTEN,
-    TASKS,
-    Check,
-    Result,
-    Row,
-    Task,
-    check,
-    probe_check,
-    task,
-)
-
-__all__ = [
-    "CheckTimeout",
-    "Check",
-    "DEFAULT_TIMEOUT",
-    "DEFERRED",
-    "ExitRefused",
-    "ISOLATE",
-    "MIME",
-    "NOT_WRITTEN",
-    "RESULTS",
-    "Result",
-    "Row",
-    "TASKS",
-    "Task",
-    "can_isolate",
-    "check",
-    "check_row",
-    "chosen_inputs",
-    "grade",
-    "judged",
-    "preview",
-    "probe_check",
-    "run_checks",
-    "serve_probes",
-    "summary",
-    "task",
-    "timeout_problem",
-]
+from smol.grading.registry import DEFAULT_TIMEOUT, MIME, TASKS, Check, Result, Row, Task
 
 # set in the kernels that `python -m smol.grade` starts: there `grade` leaves the
 # grading to that command
@@ -126,11 +81,8 @@ def run_checks(
 
 
 def check_row(c: Check, load, timeout: float, isolate: bool) -> Row:
-    """The row one check earns, `load()` giving the student's object: a plain check
-    runs (and judges itself) in a child or here; a probe check's probe runs there, and
-    this process judges what it returned."""
-    if c.probe is None:
-        return (run_in_child if isolate else run_here)(c, load, timeout)
+    """The row one check earns, `load()` giving the student's object: its probe runs
+    in a child (or here), and this process judges what it returned."""
     chosen = chosen_inputs(c)
     if isinstance(chosen, Row):
         return chosen
@@ -140,7 +92,7 @@ def check_row(c: Check, load, timeout: float, isolate: bool) -> Row:
 
 
 def chosen_inputs(c: Check) -> tuple[Any, bytes] | Row:
-    """A probe check's inputs (seeded) as the probe will see them, and as bytes; or a
+    """A check's inputs (seeded) as the probe will see them, and as bytes; or a
     failed row, if the check cannot make them."""
     import torch
 
@@ -155,7 +107,7 @@ def chosen_inputs(c: Check) -> tuple[Any, bytes] | Row:
 
 
 def judged(c: Check, inputs: Any, data: bytes | None) -> Row:
-    """The row of a probe check, from its probe's outcome (`isolation.outcome`): its
+    """The row of a check, from its probe's outcome (`isolation.outcome`): its
     outputs are judged here; an error fails with its message."""
     import torch
 

@@ -1,4 +1,6 @@
-"""Writing what the grader produces: never over a file it did not write (a notebook,
+"""The files the grader reads and writes. It reads a notebook as untrusted input (a file
+that is not one says what it is instead), and a file a kernel wrote without following a
+link or waiting on a pipe. It writes never over a file it did not write (a notebook,
 above all), and atomically (a temporary file in the same folder, then `os.replace`), so
 that a report is either the old one or the whole new one, whatever happens meanwhile.
 """
@@ -7,9 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Callable
+
+import nbformat
 
 
 def is_report(path: Path) -> bool:
@@ -61,3 +66,52 @@ def write_atomic(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def read_notebook(path: Path) -> nbformat.NotebookNode:
+    """The notebook at `path`; ValueError saying what the file is instead."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ValueError(f"cannot be read ({exc.strerror or exc})") from None
+    if not data.strip():
+        raise ValueError("is empty, not a notebook")
+    try:
+        text = data.decode("utf-8")
+        content = json.loads(text)
+    except UnicodeDecodeError:
+        raise ValueError("is not a notebook (not UTF-8 text)") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(
+            f"is not a notebook (invalid JSON: {exc.msg} at line {exc.lineno})"
+        ) from None
+    if not isinstance(content, dict) or "nbformat" not in content:
+        raise ValueError("is JSON but not a Jupyter notebook (no nbformat field)")
+    try:
+        nb = nbformat.reads(text, as_version=4)
+        if not isinstance(nb.get("cells"), list) or not all(
+            isinstance(c, dict) and "cell_type" in c for c in nb.cells
+        ):
+            raise ValueError("no list of cells")
+        for cell in nb.cells:
+            if not isinstance(cell.get("source"), str):
+                raise ValueError("a cell without source text")
+    except Exception as exc:  # noqa: BLE001 - nbformat raises many kinds
+        text = str(exc).strip()
+        reason = text.splitlines()[0] if text else type(exc).__name__
+        raise ValueError(f"is not a Jupyter notebook ({reason[:120]})") from None
+    return nb
+
+
+def read_regular(path: Path, limit: int) -> bytes | None:
+    """A regular file's bytes (None when it is missing, not a regular file or over
+    `limit` bytes): the kernel wrote it, so it may be anything."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        data = f.read(limit + 1)
+    return data if len(data) <= limit else None

@@ -20,10 +20,8 @@ import importlib.util
 import io
 import json
 import re
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,11 +31,8 @@ import torch
 
 from smol.grading import TASKS, reaper
 from smol.grading.registry import NOT_WRITTEN
-from smol.grading.runner import (
-    expected_tasks,
-    read_notebook,
-    score_notebook,
-)
+from smol.grading.files import read_notebook
+from smol.grading.runner import expected_tasks, score_notebook
 
 HEADER = ["student", "exercise", "task", "points", "max_points", "status"]
 MARK = "<!-- feedback written by python -m smol.grade -->"
@@ -122,42 +117,6 @@ def earlier_grades(path: Path, grader: str) -> dict[tuple[str, str, str], dict]:
         return {}
 
 
-class _Workers:
-    """The processes that grade one notebook each. This process keeps them from its
-    sweeps while they run, and sweeps after each one: what a worker's notebook left
-    behind (handed to this process when the worker ended) is killed."""
-
-    def __init__(self):
-        self.lock = threading.Lock()
-
-    def run(self, command: list[str], limit: float, log) -> tuple[bytes, str]:
-        """(its standard output, "") or (what it had written, why it failed)."""
-        with self.lock:
-            proc = subprocess.Popen(
-                command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log
-            )
-            reaper.KEEP.add(proc.pid)
-        why = ""
-        try:
-            out, _ = proc.communicate(timeout=limit)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            with self.lock:
-                reaper.sweep()
-            why = f"its grader ran past {limit:g} s and was stopped"
-            try:
-                out, _ = proc.communicate(timeout=30)
-            except subprocess.TimeoutExpired:
-                out = b""
-        finally:
-            with self.lock:
-                reaper.KEEP.discard(proc.pid)
-                reaper.sweep()
-        if not why and proc.returncode not in (0, 1):
-            why = f"its grader ended with exit status {proc.returncode}"
-        return out, why
-
-
 def _limit(sub: Submission, args) -> float:
     """Seconds the worker of `sub` may take: the notebook's limit, each check's, and
     a margin to start Python and a kernel."""
@@ -171,7 +130,7 @@ def _limit(sub: Submission, args) -> float:
     return args.timeout + checks * (args.check_timeout + 5) + 120
 
 
-def _grade_one(sub: Submission, args, workers: _Workers, logs: Path) -> dict:
+def _grade_one(sub: Submission, args, workers: reaper.Workers, logs: Path) -> dict:
     command = [sys.executable, "-m", "smol.grade", str(sub.path), "--json", "-"]
     command += [
         "--timeout",
@@ -213,7 +172,7 @@ def _grade_one(sub: Submission, args, workers: _Workers, logs: Path) -> dict:
 def grade_class(subs: list[Submission], args, previous: dict) -> list[dict]:
     """Every submission's report: from `previous` where the notebook and the grader
     are unchanged, else graded now, `args.jobs` at a time."""
-    workers = _Workers()
+    workers = reaper.Workers()
     reports: dict[int, dict] = {}
     todo = []
     for i, sub in enumerate(subs):

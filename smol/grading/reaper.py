@@ -22,7 +22,9 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import subprocess
 import sys
+import threading
 import time
 
 PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
@@ -139,3 +141,39 @@ def _reap(pid: int, deadline: float) -> None:
         if done or time.monotonic() > deadline:
             return
         time.sleep(0.002)
+
+
+class Workers:
+    """Processes that work for this one (a class's graders: one notebook each). It
+    keeps them from its sweeps while they run, and sweeps after each one: what a
+    worker left behind (handed to this process when the worker ended) is killed."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+
+    def run(self, command: list[str], limit: float, log) -> tuple[bytes, str]:
+        """(its standard output, "") or (what it had written, why it failed)."""
+        with self.lock:
+            proc = subprocess.Popen(
+                command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log
+            )
+            KEEP.add(proc.pid)
+        why = ""
+        try:
+            out, _ = proc.communicate(timeout=limit)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            with self.lock:
+                sweep()
+            why = f"its grader ran past {limit:g} s and was stopped"
+            try:
+                out, _ = proc.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                out = b""
+        finally:
+            with self.lock:
+                KEEP.discard(proc.pid)
+                sweep()
+        if not why and proc.returncode not in (0, 1):
+            why = f"its grader ended with exit status {proc.returncode}"
+        return out, why

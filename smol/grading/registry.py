@@ -2,17 +2,11 @@
 running a task's checks, as a table for the terminal, HTML for a notebook, and JSON for
 `python -m smol.grade`.
 
-A check comes in one of two kinds. A probe check (`probe_check`), the kind of every
-check of the course, splits running from judging: `inputs()` chooses the data (grader
-side), `probe(obj, inputs)` runs the student's code on it and returns plain data
+A check (`probe_check`) splits running from judging: `inputs()` chooses the data
+(grader side), `probe(obj, inputs)` runs the student's code on it and returns plain data
 (tensors, numbers, strings; `smol.grading.plain`) from a process of its own, and
-`judge(inputs, outputs)` decides (grader side), never touching the student's object. A
-plain check (`check`) is a function of the student's object that returns normally when
-the object passes and raises (usually `AssertionError` with a message for the student)
-when it does not: it runs the student's code and judges it in the same process, so code
-that attacks that process can forge its verdict. It stays for an instructor's quick
-checks of their own. The modules of `smol.grading.checks` register theirs with `task`
-and `probe_check`.
+`judge(inputs, outputs)` decides (grader side), never touching the student's object.
+The modules of `smol.grading.checks` register theirs with `task` and `probe_check`.
 """
 
 from __future__ import annotations
@@ -34,12 +28,11 @@ class Check:
     name: str
     points: int
     hint: str
-    fn: Callable[[Any], None] | None = None  # a plain check: runs and judges
-    # a probe check: inputs() -> plain data; probe(obj, inputs) -> plain data, in the
-    # student's process; judge(inputs, outputs) raises AssertionError on a failure
-    inputs: Callable[[], Any] | None = None
-    probe: Callable[[Any, Any], Any] | None = None
-    judge: Callable[[Any, Any], None] | None = None
+    # inputs() -> plain data; probe(obj, inputs) -> plain data, in the student's
+    # process; judge(inputs, outputs) raises AssertionError on a failure
+    inputs: Callable[[], Any]
+    probe: Callable[[Any, Any], Any]
+    judge: Callable[[Any, Any], None]
 
 
 @dataclass
@@ -70,40 +63,26 @@ def task(
     return TASKS[name]
 
 
-def check(task_names: str | tuple[str, ...], name: str, points: int, hint: str):
-    """Decorator: register `fn(obj)` as a check of one task (or the same check for
-    several)."""
-    names = (task_names,) if isinstance(task_names, str) else task_names
-
-    def register(fn):
-        for t in names:
-            TASKS[t].checks.append(Check(t, name, points, hint, fn))
-        return fn
-
-    return register
-
-
 def probe_check(
     task_names: str | tuple[str, ...],
     name: str,
     points: int,
     hint: str,
     *,
-    inputs: Callable[[], Any],
     judge: Callable[[Any, Any], None],
+    inputs: Callable[[], Any] = lambda: None,
 ):
     """Decorator: register `probe(obj, inputs)` as the half of a check that runs the
-    student's object, with `inputs()` choosing its data and `judge(inputs, outputs)`
-    deciding. Inputs and outputs are plain data (`smol.grading.plain`). The module
-    that registers the check must be importable: `python -m smol.grade` imports it in
-    the notebook's kernel to run the probe there."""
+    student's object, with `inputs()` choosing its data (none by default) and
+    `judge(inputs, outputs)` deciding. Inputs and outputs are plain data
+    (`smol.grading.plain`). The module that registers the check must be importable:
+    `python -m smol.grade` imports it in the notebook's kernel to run the probe
+    there."""
     names = (task_names,) if isinstance(task_names, str) else task_names
 
     def register(probe):
         for t in names:
-            TASKS[t].checks.append(
-                Check(t, name, points, hint, inputs=inputs, probe=probe, judge=judge)
-            )
+            TASKS[t].checks.append(Check(t, name, points, hint, inputs, probe, judge))
         return probe
 
     return register

@@ -3,17 +3,15 @@ grading the objects its check cells name.
 
 The notebook runs top to bottom (errors do not stop it) under a time limit of its own.
 After each cell that calls `grade("task", obj)`, the grader grades `obj` itself, in
-processes of its own, one per check (`smol.grading.isolation`). A probe check's probe
-runs in a child forked from the kernel, where `obj` lives, on inputs this process chose,
-and hands back plain data that this process judges: the object is never copied out,
-and nothing of the student's runs here. A plain check needs the object itself: the
-kernel pickles it (`smol.grading.carry`) and the check runs in a child forked from this
-process. What the notebook prints or displays is never read: `collected_results` reads
-it for the student's eyes and the course's tests only, and nothing a notebook does to
-the grading code in its kernel changes its score. The points at stake are every task of
-the notebook's topic (known from its file name) and every task its `grade` calls name
-(`expected_tasks`). Every process the notebook or a check started is killed and reaped
-before its result is returned (`smol.grading.reaper`).
+processes of its own, one per check (`smol.grading.isolation`). A check's probe runs in
+a child forked from the kernel, where `obj` lives, on inputs this process chose, and
+hands back plain data that this process judges: the object is never copied out, and
+nothing of the student's runs here. What the notebook prints or displays is never read:
+`collected_results` reads it for the student's eyes and the course's tests only, and
+nothing a notebook does to the grading code in its kernel changes its score. The points
+at stake are every task of the notebook's topic (known from its file name) and every
+task its `grade` calls name (`expected_tasks`). Every process the notebook or a check
+started is killed and reaped before its result is returned (`smol.grading.reaper`).
 """
 
 from __future__ import annotations
@@ -23,7 +21,6 @@ import copy
 import json
 import os
 import re
-import stat
 import subprocess
 import tempfile
 import time
@@ -34,20 +31,11 @@ from typing import Any
 import nbformat
 from nbclient.exceptions import CellTimeoutError
 
-from smol.grading import MIME, NOTEBOOKS, TASKS, reaper
-from smol.grading.core import (
-    DEFAULT_TIMEOUT,
-    DEFERRED,
-    Result,
-    Row,
-    _warm_up,
-    chosen_inputs,
-    exits_refused,
-    judged,
-    run_in_child,
-)
-from smol.grading.isolation import can_isolate, run_here
+from smol.grading import NOTEBOOKS, reaper
+from smol.grading.core import DEFERRED, chosen_inputs, judged
+from smol.grading.files import read_notebook, read_regular
 from smol.grading.plain import MAX_BYTES
+from smol.grading.registry import DEFAULT_TIMEOUT, MIME, TASKS, Result, Row
 
 GRADE_CALL = re.compile(r"""(?<![\w.])grade\(\s*["'](\w+)["']""")
 
@@ -145,41 +133,6 @@ def collected_results(nb) -> dict[str, dict]:
     return results
 
 
-def read_notebook(path: Path) -> nbformat.NotebookNode:
-    """The notebook at `path`; ValueError saying what the file is instead."""
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise ValueError(f"cannot be read ({exc.strerror or exc})") from None
-    if not data.strip():
-        raise ValueError("is empty, not a notebook")
-    try:
-        text = data.decode("utf-8")
-        content = json.loads(text)
-    except UnicodeDecodeError:
-        raise ValueError("is not a notebook (not UTF-8 text)") from None
-    except json.JSONDecodeError as exc:
-        raise ValueError(
-            f"is not a notebook (invalid JSON: {exc.msg} at line {exc.lineno})"
-        ) from None
-    if not isinstance(content, dict) or "nbformat" not in content:
-        raise ValueError("is JSON but not a Jupyter notebook (no nbformat field)")
-    try:
-        nb = nbformat.reads(text, as_version=4)
-        if not isinstance(nb.get("cells"), list) or not all(
-            isinstance(c, dict) and "cell_type" in c for c in nb.cells
-        ):
-            raise ValueError("no list of cells")
-        for cell in nb.cells:
-            if not isinstance(cell.get("source"), str):
-                raise ValueError("a cell without source text")
-    except Exception as exc:  # noqa: BLE001 - nbformat raises many kinds
-        text = str(exc).strip()
-        reason = text.splitlines()[0] if text else type(exc).__name__
-        raise ValueError(f"is not a Jupyter notebook ({reason[:120]})") from None
-    return nb
-
-
 def _failed(task: str, message: str) -> Result:
     checks = TASKS[task].checks if task in TASKS else []
     return Result(
@@ -189,20 +142,6 @@ def _failed(task: str, message: str) -> Result:
     )
 
 
-def _capture(client, cell_index: int, expr: str, target: Path) -> str:
-    """Pickle the object `expr` names in the kernel into `target`; "" or what went
-    wrong."""
-    carry = "__import__('smol.grading.carry').grading.carry"
-    code = f"{carry}.dump(({expr}), {str(target)!r})"
-    error = _execute(client, cell_index, code)
-    failed = f"the grader could not take `{expr}` from the notebook"
-    if error:
-        return f"{failed}: {error}"[:300]
-    if not target.exists() or not target.stat().st_size:
-        return failed
-    return ""
-
-
 def _execute(client, cell_index: int, code: str) -> str:
     """Run the grader's `code` in the kernel (not stored in the notebook); "" or the
     error it raised."""
@@ -210,20 +149,6 @@ def _execute(client, cell_index: int, code: str) -> str:
     client.execute_cell(cell, cell_index, store_history=False)
     error = next((o for o in cell.outputs if o.get("output_type") == "error"), None)
     return "" if error is None else f"{error.ename}: {error.evalue}"
-
-
-def _read_file(path: Path, limit: int) -> bytes | None:
-    """A regular file's bytes (None when it is missing, not a regular file or over
-    `limit` bytes): the kernel wrote it, so it may be anything."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None
-        data = f.read(limit + 1)
-    return data if len(data) <= limit else None
 
 
 def run_notebook(
@@ -351,31 +276,7 @@ class _Run:
     def rows(self, index: int, task: str, expr: str) -> list[Row]:
         """The rows of `task`'s checks on the object `expr` names in the kernel."""
         checks = TASKS[task].checks
-        plain = [i for i, c in enumerate(checks) if c.probe is None]
-        rows = self.probed(
-            index, task, expr, [i for i in range(len(checks)) if i not in plain]
-        )
-        if plain and self.stuck is not None:
-            why = "the notebook's kernel is still busy with this task's probes"
-            rows.update({i: _row(checks[i], why) for i in plain})
-        elif plain:
-            target = self.tmp / f"{task}-{index}.pickle"
-            problem = _capture(self.client, index, expr, target)
-            if problem:
-                rows.update({i: _row(checks[i], problem) for i in plain})
-            else:
-                payload = target.read_bytes()
-
-                def load():
-                    import cloudpickle
-
-                    return cloudpickle.loads(payload)
-
-                _warm_up(TASKS[task])
-                run = run_in_child if can_isolate() else run_here
-                with exits_refused():
-                    for i in plain:
-                        rows[i] = run(checks[i], load, self.check_timeout)
+        rows = self.probed(index, task, expr, list(range(len(checks))))
         return [rows[i] for i in range(len(checks))]
 
     def probed(
@@ -416,7 +317,7 @@ class _Run:
         finally:
             self.client.timeout = saved
         for i in inputs:
-            data = _read_file(folder / f"out-{i}", MAX_BYTES + (1 << 20))
+            data = read_regular(folder / f"out-{i}", MAX_BYTES + (1 << 20))
             if data is None and error:
                 why = f"the grader could not run `{expr}` in the notebook: {error}"
                 rows[i] = _row(checks[i], why[:300])

@@ -1,8 +1,8 @@
-"""The checks of every task, one module per exercise notebook; importing registers
-them, in course order (the order of `TASKS`)."""
+"""The checks of every task, one module per exercise notebook (two for a notebook whose
+checks outgrow one: the second holds its last tasks); importing registers them, in
+course order (the order of `TASKS`)."""
 
 from smol.grading.checks import norm, rope, gqa, swiglu, init  # noqa: F401
-from smol.grading.checks import assembled, bpe, generation, fast  # noqa: F401
-from smol.grading.checks import training, tiled, lora  # noqa: F401
-from smol.grading.checks import gguf  # noqa: F401
-from smol.grading.checks import evaluation  # noqa: F401
+from smol.grading.checks import assembled, decoder_layer, bpe, generation  # noqa: F401
+from smol.grading.checks import fast, training, train_step, tiled  # noqa: F401
+from smol.grading.checks import lora, finetune, gguf, evaluation  # noqa: F401

@@ -10,6 +10,7 @@ called, a parameter's requires_grad, a forward call) the probe reports as data."
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from smol.config import SmolConfig
@@ -51,6 +52,37 @@ def same_shape(
     return out
 
 
+def same_pair(out, message: str, names, shape, dtype: torch.dtype | None = None):
+    """`out` as two tensors (AssertionError(message) if it is not a pair), named
+    `names` in messages, each of `shape` (and `dtype`)."""
+    first, second = pair(out, message)
+    same_shape(first, shape, names[0], dtype)
+    same_shape(second, shape, names[1], dtype)
+    return first, second
+
+
+def bfloat16_out(out, what="the result") -> torch.Tensor:
+    """Judge side: `out`, a tensor in bfloat16 (the dtype that went in)."""
+    is_tensor(out, what)
+    assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
+    return out
+
+
+def in_float32_and_bfloat16(call, *tensors) -> list:
+    """Probe side: [call(*tensors), call(*tensors in bfloat16)], for
+    float32_and_bfloat16 to judge."""
+    return [call(*tensors), call(*(t.bfloat16() for t in tensors))]
+
+
+def float32_and_bfloat16(out, shape, what32: str, what16="the result"):
+    """Judge side: `out` as the results of a float32 and a bfloat16 call, both of
+    `shape`, the second in bfloat16."""
+    out32, out16 = pair(out, "two results")
+    same_shape(out32, shape, what32)
+    bfloat16_out(same_shape(out16, shape, what16))
+    return out32, out16
+
+
 def close(actual, expected, what="the result", atol=1e-5, rtol=1e-5) -> None:
     same_shape(actual, expected.shape, what)
     a, e = actual.detach().float(), expected.detach().float()
@@ -65,6 +97,15 @@ def close(actual, expected, what="the result", atol=1e-5, rtol=1e-5) -> None:
             f"{what} differs from the reference: {int((~ok).sum())} of {ok.numel()} "
             f"values off, largest difference {worst}"
         )
+
+
+def same_std(t, expected: float, name: str, tol=0.1) -> None:
+    """Judge side: the standard deviation of `t` within `tol` (relative) of
+    `expected`."""
+    got = t.detach().float().std().item()
+    assert abs(got / expected - 1) < tol, (
+        f"{name} has std {got:.4f}, expected {expected:.4f}"
+    )
 
 
 def untouched(after, before, what="its input") -> None:
@@ -88,6 +129,13 @@ def grads(fn, *inputs, upstream):
     return out, [x.grad for x in leaves]
 
 
+def module_grads(module, call, inputs) -> dict:
+    """Probe side: the gradients that sum(call(x) * inputs["up"]) sends to x
+    (inputs["x"]) and to each parameter of `module`, by name."""
+    _, gx = grads(call, inputs["x"], upstream=inputs["up"])
+    return {"x": gx, "params": {n: p.grad for n, p in module.named_parameters()}}
+
+
 def same_grads(grads, want, names, atol=1e-5) -> None:
     """Judge side: each of `grads` (from the probe) close to the gradient in `want`."""
     assert isinstance(grads, (list, tuple)) and len(grads) == len(want), (
@@ -96,6 +144,48 @@ def same_grads(grads, want, names, atol=1e-5) -> None:
     for name, g, w in zip(names, grads, want):
         assert g is not None, f"no gradient reached {name}"
         close(g, w, f"the gradient of {name}", atol=atol)
+
+
+class _ForwardSpy:
+    """Records, for each forward call, how many tokens came in and whether a cache came
+    along."""
+
+    def __init__(self, model):
+        self.calls, self.forward = [], model.forward
+
+    def __call__(self, input_ids, *args, **kwargs):
+        cache = kwargs.get("kv_cache", args[3] if len(args) > 3 else None)
+        self.calls.append((input_ids.shape[1], cache is not None))
+        return self.forward(input_ids, *args, **kwargs)
+
+
+def forward_calls(fn, model, *args) -> list[tuple[int, bool]]:
+    """Probe side: fn(model, *args) run for its model's forward calls, each as
+    (tokens in, whether a kv_cache came along)."""
+    spy = _ForwardSpy(model)
+    model.forward = spy
+    fn(model, *args)
+    return spy.calls
+
+
+def cached_lengths(calls) -> list[int]:
+    """Judge side: the tokens of each forward call in `calls` (from forward_calls),
+    after checking that there were calls and that each had the cache."""
+    assert calls and all(c for _, c in calls), "the model was called without kv_cache="
+    return [n for n, _ in calls]
+
+
+def qkv_grads(attention, inputs) -> list:
+    """Probe side: the gradients of q, k and v (inputs["qkv"]) through `attention`,
+    with inputs["up"] as the upstream gradient."""
+    return grads(attention, *inputs["qkv"], upstream=inputs["up"])[1]
+
+
+def same_qkv_grads(got, reference, inputs) -> None:
+    """Judge side: the gradients `got` (from qkv_grads) equal those through the
+    `reference` attention."""
+    _, want = grads(reference, *inputs["qkv"], upstream=inputs["up"])
+    same_grads(got, want, "qkv", atol=1e-4)
 
 
 def _not_allowed(name: str) -> str:
@@ -112,6 +202,9 @@ class _ForbidFunctions(TorchFunctionMode):
             self.called.append(self.names[func])
             raise AssertionError(_not_allowed(self.names[func]))
         return func(*args, **(kwargs or {}))
+
+
+SDPA = {F.scaled_dot_product_attention: "F.scaled_dot_product_attention"}
 
 
 def without(call, functions: dict):

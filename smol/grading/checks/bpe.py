@@ -1,10 +1,11 @@
 """07 BPE: GPT-2's byte map, one training step of BPE, encoding with merge ranks, and an
 encoder that applies its merges in the wrong order."""
 
+from collections import Counter
 from functools import lru_cache
 
-from smol.bpe import bytes_to_unicode as reference_byte_map, merge
-from smol.grading.core import probe_check, task
+from smol.bpe import bytes_to_unicode as reference_byte_map, count_pairs, merge
+from smol.grading.registry import probe_check, task
 
 task("byte_map", "bpe", "bytes_to_unicode(): GPT-2's printable byte map")
 task("merge_step", "bpe", "merge_step(word_counts, new_id): one step of BPE training")
@@ -33,7 +34,6 @@ probe_check(
     "256 distinct characters, one per byte",
     1,
     "return a dict {byte (0-255): a one-character str}, no character used twice",
-    inputs=lambda: None,
     judge=_judge_distinct,
 )(_table)
 
@@ -51,7 +51,6 @@ probe_check(
     "printable bytes ('!'-'~', '¡'-'¬', '®'-'ÿ') stand for themselves",
     1,
     "chr(b) for b in 0x21-0x7E, 0xA1-0xAC and 0xAE-0xFF",
-    inputs=lambda: None,
     judge=_judge_printable,
 )(_table)
 
@@ -70,22 +69,19 @@ probe_check(
     "the other 68 bytes take U+0100, U+0101, ... in byte order (space -> 'Ġ')",
     2,
     "count the non-printable bytes in increasing order: the n-th gets chr(256 + n)",
-    inputs=lambda: None,
     judge=_judge_others,
 )(_table)
 
 
 def _reference_step(word_counts, new_id):
-    pairs = {}
-    for word, count in word_counts.items():
-        for pair in zip(word, word[1:]):
-            pairs[pair] = pairs.get(pair, 0) + count
+    """The most frequent pair (ties: the smallest), counted by smol.bpe.count_pairs,
+    and the word counts once it is merged."""
+    pairs, _ = count_pairs([list(w) for w in word_counts], list(word_counts.values()))
     best = min(pairs, key=lambda p: (-pairs[p], p))
-    merged = {}
+    merged = Counter()
     for word, count in word_counts.items():
-        key = tuple(merge(list(word), best, new_id))
-        merged[key] = merged.get(key, 0) + count
-    return best, merged
+        merged[tuple(merge(list(word), best, new_id))] += count
+    return best, dict(merged)
 
 
 def _step(out, word_counts, new_id):

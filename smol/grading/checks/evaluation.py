@@ -5,7 +5,7 @@ before it."""
 import torch
 
 from smol.grading.checks._util import close, is_tensor
-from smol.grading.core import probe_check, task
+from smol.grading.registry import probe_check, task
 
 task(
     "answer_logprobs",
@@ -75,41 +75,31 @@ def judge_values(inputs, outputs) -> None:
         close(answer_part(out, c["n"]), want, f"context of {c['n']}", atol=1e-4)
 
 
-@probe_check(
-    BOTH,
-    "one value per answer token, none for the context",
-    1,
-    "slice the answer's positions only: T - n_context values",
-    inputs=lambda: cases(normalised=True),
-    judge=judge_shapes,
-)
-def _(fn, inputs):
-    return run_all(fn, inputs)
-
-
-@probe_check(
-    BOTH,
-    "each answer token is scored by the position before it",
-    2,
-    "logits[t] predicts ids[t + 1]: the first answer token ids[n] is scored by "
-    "logits[n - 1], the context's last position",
-    inputs=lambda: cases(normalised=True),
-    judge=judge_values,
-)
-def _(fn, inputs):
-    return run_all(fn, inputs)
-
-
-@probe_check(
-    BOTH,
-    "log-probabilities (log_softmax over the vocabulary), not raw logits",
-    1,
-    "take log_softmax(-1) of the logits (in float32) before picking the tokens",
-    inputs=lambda: cases(normalised=False, constant_rows=True),
-    judge=judge_values,
-)
-def _(fn, inputs):
-    return run_all(fn, inputs)
+for name, points, hint, make, judge in (
+    (
+        "one value per answer token, none for the context",
+        1,
+        "slice the answer's positions only: T - n_context values",
+        lambda: cases(normalised=True),
+        judge_shapes,
+    ),
+    (
+        "each answer token is scored by the position before it",
+        2,
+        "logits[t] predicts ids[t + 1]: the first answer token ids[n] is scored by "
+        "logits[n - 1], the context's last position",
+        lambda: cases(normalised=True),
+        judge_values,
+    ),
+    (
+        "log-probabilities (log_softmax over the vocabulary), not raw logits",
+        1,
+        "take log_softmax(-1) of the logits (in float32) before picking the tokens",
+        lambda: cases(normalised=False, constant_rows=True),
+        judge_values,
+    ),
+):
+    probe_check(BOTH, name, points, hint, inputs=make, judge=judge)(run_all)
 
 
 def judge_scores(normalise: bool):
@@ -122,25 +112,26 @@ def judge_scores(normalise: bool):
     return judge
 
 
-@probe_check(
-    "choice_score",
-    "normalise=False: the sum over the answer's tokens",
-    1,
-    "answer_logprobs(...).sum()",
-    inputs=lambda: cases(normalised=False),
-    judge=judge_scores(False),
-)
-def _(fn, inputs):
-    return [fn(c["logits"], c["ids"], c["n"], False) for c in inputs]
+for normalise, name, hint in (
+    (
+        False,
+        "normalise=False: the sum over the answer's tokens",
+        "answer_logprobs(...).sum()",
+    ),
+    (
+        True,
+        "normalise=True: the mean over the answer's tokens only",
+        "divide by the number of answer tokens (T - n_context), not by T",
+    ),
+):
 
-
-@probe_check(
-    "choice_score",
-    "normalise=True: the mean over the answer's tokens only",
-    1,
-    "divide by the number of answer tokens (T - n_context), not by T",
-    inputs=lambda: cases(normalised=False),
-    judge=judge_scores(True),
-)
-def _(fn, inputs):
-    return [fn(c["logits"], c["ids"], c["n"], True) for c in inputs]
+    @probe_check(
+        "choice_score",
+        name,
+        1,
+        hint,
+        inputs=lambda: cases(normalised=False),
+        judge=judge_scores(normalise),
+    )
+    def _(fn, inputs, normalise=normalise):
+        return [fn(c["logits"], c["ids"], c["n"], normalise) for c in inputs]

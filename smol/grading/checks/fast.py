@@ -6,9 +6,17 @@ import torch
 
 from smol import SmolLM
 from smol.generate import generate
-from smol.grading.checks._util import close, is_tensor, pair, small_config, untouched
-from smol.grading.checks.generation import _Spy
-from smol.grading.core import probe_check, task
+from smol.grading.checks._util import (
+    bfloat16_out,
+    cached_lengths,
+    close,
+    forward_calls,
+    is_tensor,
+    pair,
+    small_config,
+    untouched,
+)
+from smol.grading.registry import probe_check, task
 from smol.speculative import lookup_draft as reference_lookup
 
 task(
@@ -90,7 +98,7 @@ def _judge_scales(w, out):
     close(scale, w.abs().amax(dim=1) / 127, "the scales", atol=0, rtol=1e-5)
 
 
-@probe_check(
+probe_check(
     BOTH,
     "one scale per output channel: each row's largest |w| maps to 127",
     1,
@@ -98,9 +106,7 @@ def _judge_scales(w, out):
     "precision instead of rounding to zero under the largest row's scale",
     inputs=_weight,
     judge=_judge_scales,
-)
-def _(fn, w):
-    return _quantized(fn, w)
+)(_quantized)
 
 
 def _judge_rounding(w, out):
@@ -114,7 +120,7 @@ def _judge_rounding(w, out):
     )
 
 
-@probe_check(
+probe_check(
     BOTH,
     "rounded to the nearest step: every |w - q * scale| <= scale / 2",
     2,
@@ -122,9 +128,7 @@ def _judge_rounding(w, out):
     "zero, and the error grows to a whole step",
     inputs=lambda: _weight(seed=1),
     judge=_judge_rounding,
-)
-def _(fn, w):
-    return _quantized(fn, w)
+)(_quantized)
 
 
 def _with_zero_row():
@@ -139,16 +143,14 @@ def _judge_zero_row(w, out):
     assert not q[3].any(), f"the zero row quantizes to {q[3].tolist()}"
 
 
-@probe_check(
+probe_check(
     BOTH,
     "an all-zero row gives zeros and a finite scale (no division by zero)",
     1,
     "clamp the scale from below (scale.clamp(min=1e-12)) before dividing by it",
     inputs=_with_zero_row,
     judge=_judge_zero_row,
-)
-def _(fn, w):
-    return _quantized(fn, w)
+)(_quantized)
 
 
 @probe_check(
@@ -202,8 +204,7 @@ def _bfloat16_inputs():
 def _judge_bfloat16(inputs, outs):
     q, scale = inputs["q"], inputs["scale"]
     for x, out in zip(inputs["xs"], outs, strict=True):
-        is_tensor(out)
-        assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
+        bfloat16_out(out)
         close(
             out.float(),
             _product(x, q, scale),
@@ -378,8 +379,7 @@ def _(fn, inputs):
 
 
 def _judge_passes(inputs, calls):
-    assert calls and all(c for _, c in calls), "the model was called without kv_cache="
-    lengths = [n for n, _ in calls]
+    lengths = cached_lengths(calls)
     assert lengths[0] == 6, f"the first pass took {lengths[0]} tokens, not the prompt"
     assert len(lengths) - 1 <= 30, (
         f"{len(lengths) - 1} passes after the prefill for 40 tokens of a text that "
@@ -397,8 +397,4 @@ def _judge_passes(inputs, calls):
     judge=_judge_passes,
 )
 def _(fn, inputs):
-    model = _model(inputs["state"])
-    spy = _Spy(model)
-    model.forward = spy
-    fn(model, inputs["prompt"], 40)
-    return spy.calls
+    return forward_calls(fn, _model(inputs["state"]), inputs["prompt"], 40)

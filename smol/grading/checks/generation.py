@@ -9,8 +9,15 @@ from smol.generate import (
     filter_top_p as reference_top_p,
     generate,
 )
-from smol.grading.checks._util import close, is_tensor, same_shape, small_config
-from smol.grading.core import probe_check, task
+from smol.grading.checks._util import (
+    cached_lengths,
+    close,
+    forward_calls,
+    is_tensor,
+    same_shape,
+    small_config,
+)
+from smol.grading.registry import probe_check, task
 
 task(
     "filter_top_k",
@@ -171,19 +178,6 @@ def _greedy(fn, inputs, n):
     return fn(_model(inputs["state"]), inputs["prompt"], n)
 
 
-class _Spy:
-    """Records, for each forward call, how many tokens came in and whether a cache came
-    along."""
-
-    def __init__(self, model):
-        self.calls, self.forward = [], model.forward
-
-    def __call__(self, input_ids, *args, **kwargs):
-        cache = kwargs.get("kv_cache", args[3] if len(args) > 3 else None)
-        self.calls.append((input_ids.shape[1], cache is not None))
-        return self.forward(input_ids, *args, **kwargs)
-
-
 def _judge_prompt_kept(inputs, out):
     same_shape(out, (2, 11), "greedy_generate(model, prompt, 6)")
     assert torch.equal(out[:, :5], inputs["prompt"]), (
@@ -228,8 +222,7 @@ def _(fn, inputs):
 
 
 def _judge_cache_used(inputs, calls):
-    lengths = [n for n, _ in calls]
-    assert calls and all(c for _, c in calls), "the model was called without kv_cache="
+    lengths = cached_lengths(calls)
     assert lengths[0] == 6 and all(n == 1 for n in lengths[1:]), (
         f"tokens per call {lengths}, expected [6, 1, 1, ...]"
     )
@@ -245,11 +238,7 @@ def _judge_cache_used(inputs, calls):
     judge=_judge_cache_used,
 )
 def _(fn, inputs):
-    model = _model(inputs["state"])
-    spy = _Spy(model)
-    model.forward = spy
-    fn(model, inputs["prompt"], 5)
-    return spy.calls
+    return forward_calls(fn, _model(inputs["state"]), inputs["prompt"], 5)
 
 
 @probe_check(

@@ -11,7 +11,7 @@ import torch
 from smol.export import pack_tensor_info, pack_value, quantize_q8_0
 from smol.gguf import ARRAY, FLOAT32, INT32, STRING, UINT32, permute_qk
 from smol.grading.checks._util import close, is_tensor
-from smol.grading.core import probe_check, task
+from smol.grading.registry import probe_check, task
 
 task("gguf_value", "gguf", "pack_value(kind, value): a metadata value as GGUF bytes")
 task("q8_0", "gguf", "quantize_q8_0(w): blocks of 32, byte for byte as llama.cpp")

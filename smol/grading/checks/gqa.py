@@ -6,14 +6,19 @@ import torch.nn.functional as F
 
 from smol.attention import repeat_kv as reference_repeat_kv
 from smol.grading.checks._util import (
+    SDPA,
     close,
+    float32_and_bfloat16,
     grads,
+    in_float32_and_bfloat16,
     pair,
+    qkv_grads,
     same_grads,
+    same_qkv_grads,
     same_shape,
     without,
 )
-from smol.grading.core import probe_check, task
+from smol.grading.registry import probe_check, task
 
 task(
     "repeat_kv",
@@ -35,10 +40,8 @@ BOTH = ("repeat_kv", "repeat_kv_bug")
 
 
 def _judge_repeat_shape(inputs, out):
-    out32, out16 = pair(out, "two results")
-    same_shape(out32, (1, 9, 7, 5), "repeat_kv of (1, 3, 7, 5) with n_rep=3")
-    same_shape(out16, (1, 9, 7, 5), "repeat_kv of bfloat16 keys")
-    assert out16.dtype == torch.bfloat16, f"bfloat16 in, {out16.dtype} out"
+    what = "repeat_kv of (1, 3, 7, 5) with n_rep=3"
+    float32_and_bfloat16(out, (1, 9, 7, 5), what, "repeat_kv of bfloat16 keys")
 
 
 @probe_check(
@@ -51,46 +54,51 @@ def _judge_repeat_shape(inputs, out):
     judge=_judge_repeat_shape,
 )
 def _(fn, x):
-    return [fn(x, 3), fn(x.bfloat16(), 3)]
+    return in_float32_and_bfloat16(lambda t: fn(t, 3), x)
 
 
-@probe_check(
-    BOTH,
-    "query head h reads key/value head h // n_rep (k0 k0 k1 k1, not k0 k1 k0 k1)",
-    2,
-    "repeat each head in place (repeat_interleave on dim 1, or einops "
-    "'b h t d -> b (h r) t d'), not tile the whole stack (x.repeat(1, n_rep, 1, 1))",
-    inputs=lambda: torch.randn(2, 3, 5, 4),
-    judge=lambda x, out: close(out, reference_repeat_kv(x, 2), "repeat_kv(x, 2)"),
-)
-def _(fn, x):
-    return fn(x, 2)
-
-
-@probe_check(
-    BOTH,
-    "n_rep = 1 returns the input's values",
-    1,
-    "with one query head per key/value head there is nothing to repeat",
-    inputs=lambda: torch.randn(2, 4, 3, 6),
-    judge=lambda x, out: close(out, x, "repeat_kv(x, 1)"),
-)
-def _(fn, x):
-    return fn(x, 1)
-
-
-@probe_check(
-    BOTH,
-    "one key/value head (multi-query attention) serves every query head",
-    1,
-    "H_kv = 1 repeated n_rep times gives n_rep identical heads",
-    inputs=lambda: torch.randn(2, 1, 4, 6),
-    judge=lambda x, out: close(
-        out, x.expand(2, 4, 4, 6), "repeat_kv of one head, n_rep=4"
+for name, points, hint, shape, n_rep, what in (
+    (
+        "query head h reads key/value head h // n_rep (k0 k0 k1 k1, not k0 k1 k0 k1)",
+        2,
+        "repeat each head in place (repeat_interleave on dim 1, or einops "
+        "'b h t d -> b (h r) t d'), not tile the whole stack "
+        "(x.repeat(1, n_rep, 1, 1))",
+        (2, 3, 5, 4),
+        2,
+        "repeat_kv(x, 2)",
     ),
-)
-def _(fn, x):
-    return fn(x, 4)
+    (
+        "n_rep = 1 returns the input's values",
+        1,
+        "with one query head per key/value head there is nothing to repeat",
+        (2, 4, 3, 6),
+        1,
+        "repeat_kv(x, 1)",
+    ),
+    (
+        "one key/value head (multi-query attention) serves every query head",
+        1,
+        "H_kv = 1 repeated n_rep times gives n_rep identical heads",
+        (2, 1, 4, 6),
+        4,
+        "repeat_kv of one head, n_rep=4",
+    ),
+):
+
+    def _judge(x, out, n_rep=n_rep, what=what):
+        close(out, reference_repeat_kv(x, n_rep), what)
+
+    @probe_check(
+        BOTH,
+        name,
+        points,
+        hint,
+        inputs=lambda shape=shape: torch.randn(shape),
+        judge=_judge,
+    )
+    def _(fn, x, n_rep=n_rep):
+        return fn(x, n_rep)
 
 
 def _judge_repeat_grads(x, out):
@@ -123,10 +131,7 @@ def _qkv(B=2, H=6, H_kv=2, T=5, D=4):
 
 
 def _judge_attention_shape(qkv, out):
-    out32, out16 = pair(out, "two results")
-    same_shape(out32, qkv[0].shape, "gqa_attention(q, k, v)")
-    same_shape(out16, qkv[0].shape)
-    assert out16.dtype == torch.bfloat16, f"bfloat16 in, {out16.dtype} out"
+    float32_and_bfloat16(out, qkv[0].shape, "gqa_attention(q, k, v)")
 
 
 @probe_check(
@@ -139,7 +144,7 @@ def _judge_attention_shape(qkv, out):
     judge=_judge_attention_shape,
 )
 def _(fn, qkv):
-    return [fn(*qkv), fn(*(t.bfloat16() for t in qkv))]
+    return in_float32_and_bfloat16(fn, *qkv)
 
 
 def _judge_values(qkv, out, what="gqa_attention(q, k, v)"):
@@ -197,8 +202,7 @@ def _(fn, qkv):
 
 
 def _judge_attention_grads(inputs, out):
-    _, want = grads(_reference, *inputs["qkv"], upstream=inputs["up"])
-    same_grads(out, want, "qkv", atol=1e-4)
+    same_qkv_grads(out, _reference, inputs)
 
 
 @probe_check(
@@ -210,7 +214,7 @@ def _judge_attention_grads(inputs, out):
     judge=_judge_attention_grads,
 )
 def _(fn, inputs):
-    return grads(fn, *inputs["qkv"], upstream=inputs["up"])[1]
+    return qkv_grads(fn, inputs)
 
 
 @probe_check(
@@ -222,7 +226,4 @@ def _(fn, inputs):
     judge=_judge_values,
 )
 def _(fn, qkv):
-    return without(
-        lambda: fn(*qkv),
-        {F.scaled_dot_product_attention: "F.scaled_dot_product_attention"},
-    )
+    return without(lambda: fn(*qkv), SDPA)

@@ -7,8 +7,8 @@ from collections import Counter
 import torch
 
 from smol import SmolLM
-from smol.grading.checks._util import close, small_config
-from smol.grading.core import probe_check, task
+from smol.grading.checks._util import close, same_std, small_config
+from smol.grading.registry import probe_check, task
 from smol.norm import RMSNorm
 
 task(
@@ -67,7 +67,6 @@ def _judge_one_tensor(inputs, out):
     2,
     "model.lm_head.weight = model.model.embed_tokens.weight (assign the Parameter "
     "itself)",
-    inputs=lambda: None,
     judge=_judge_one_tensor,
 )
 def _(fn, _):
@@ -97,14 +96,38 @@ def _(fn, embedding):
     return model.model.embed_tokens.weight
 
 
-def _judge_tied_runs(ids, out):
-    ref = SmolLM(CONFIG)
-    ref.load_state_dict(out["state"])
-    close(out["logits"], ref(ids[:, :-1])[0], "the tied model's logits")
-    grad = out["grad"]
+def _smol(state):
+    """Judge side: smol's model of CONFIG, holding `state`."""
+    model = SmolLM(CONFIG)
+    model.load_state_dict(state)
+    return model
+
+
+def _ids():
+    """Token ids (2, 9): 8 positions to predict the next token of."""
+    return torch.randint(0, CONFIG.vocab_size, (2, 9))
+
+
+def _finite_grad(grad, what: str) -> None:
+    """Judge side: a gradient reached `what`, and it is finite."""
     assert grad is not None and torch.isfinite(grad).all(), (
-        "no finite gradient reached the shared matrix"
+        f"no finite gradient reached {what}"
     )
+
+
+def _learned(model, ids) -> dict:
+    """Probe side: the model's state, then its next-token logits on `ids`, their loss
+    sent backward (the gradients stay on the model's parameters)."""
+    state = model.state_dict()
+    logits, loss = model(ids[:, :-1], targets=ids[:, 1:])
+    loss.backward()
+    return {"state": state, "logits": logits}
+
+
+def _judge_tied_runs(ids, out):
+    logits = _smol(out["state"])(ids[:, :-1])[0]
+    close(out["logits"], logits, "the tied model's logits")
+    _finite_grad(out["grad"], "the shared matrix")
 
 
 @probe_check(
@@ -114,16 +137,13 @@ def _judge_tied_runs(ids, out):
     "tie the Parameter (lm_head.weight = embed_tokens.weight); replacing lm_head by "
     "the embedding module gives the same weight, and a head that cannot project hidden "
     "states",
-    inputs=lambda: torch.randint(0, CONFIG.vocab_size, (2, 9)),
+    inputs=_ids,
     judge=_judge_tied_runs,
 )
 def _(fn, ids):
     model = _tied_by(fn)
-    state = model.state_dict()
-    logits, loss = model(ids[:, :-1], targets=ids[:, 1:])
-    loss.backward()
-    grad = model.model.embed_tokens.weight.grad
-    return {"state": state, "logits": logits, "grad": grad}
+    out = _learned(model, ids)
+    return {**out, "grad": model.model.embed_tokens.weight.grad}
 
 
 def _judge_untied(inputs, tied):
@@ -135,7 +155,6 @@ def _judge_untied(inputs, tied):
     "an untied config (tie_word_embeddings=False) keeps two matrices",
     1,
     "tie only when model.config.tie_word_embeddings is true",
-    inputs=lambda: None,
     judge=_judge_untied,
 )
 def _(fn, _):
@@ -186,20 +205,17 @@ class _CountWrites:
 
 
 def _std_ok(name, p, expected, tol=0.1):
-    got = p.detach().float().std().item()
-    assert abs(got / expected - 1) < tol, (
-        f"{name} has std {got:.4f}, expected {expected:.4f}"
-    )
+    same_std(p, expected, name, tol)
     mean = p.detach().float().mean().item()
     assert abs(mean) < 4 * expected / math.sqrt(p.numel()) + 1e-6, (
         f"{name} has mean {mean:.4f}, expected 0"
     )
 
 
-def _parameters(fn, config=CONFIG):
+def _parameters(fn, _=None):
     """Probe side: the parameters of a scrambled model after the student's
     init_weights, by name (a tied head once, as the embedding)."""
-    return dict(_initialised_by(fn, config).named_parameters())
+    return dict(_initialised_by(fn).named_parameters())
 
 
 BOTH = ("init_weights", "init_bug")
@@ -214,16 +230,13 @@ def _judge_norms(inputs, params):
             )
 
 
-@probe_check(
+probe_check(
     BOTH,
     "norm weights start at one",
     1,
     "nn.init.ones_ on every RMSNorm's weight",
-    inputs=lambda: None,
     judge=_judge_norms,
-)
-def _(fn, _):
-    return _parameters(fn)
+)(_parameters)
 
 
 def _judge_projections(inputs, params):
@@ -242,16 +255,13 @@ def _judge_projections(inputs, params):
             _std_ok(name, p, std)
 
 
-@probe_check(
+probe_check(
     BOTH,
     "embedding and projections: N(0, initializer_range)",
     1,
     "nn.init.normal_(weight, mean=0.0, std=config.initializer_range)",
-    inputs=lambda: None,
     judge=_judge_projections,
-)
-def _(fn, _):
-    return _parameters(fn)
+)(_parameters)
 
 
 def _judge_scaled(inputs, params):
@@ -261,17 +271,14 @@ def _judge_scaled(inputs, params):
             _std_ok(name, p, want)
 
 
-@probe_check(
+probe_check(
     BOTH,
     "o_proj and down_proj: std / sqrt(2 * n_layers)",
     1,
     "modules flagged scaled_init write into the residual stream; divide their std by "
     "sqrt(2 * n_layers)",
-    inputs=lambda: None,
     judge=_judge_scaled,
-)
-def _(fn, _):
-    return _parameters(fn)
+)(_parameters)
 
 
 def _judge_no_copies(inputs, params):
@@ -288,17 +295,14 @@ def _judge_no_copies(inputs, params):
             )
 
 
-@probe_check(
+probe_check(
     BOTH,
     "every matrix draws its own random values (no two are copies of each other)",
     1,
     "seed once, outside the loop (or not at all): torch.manual_seed inside the loop "
     "restarts the generator, and every layer gets the same numbers",
-    inputs=lambda: None,
     judge=_judge_no_copies,
-)
-def _(fn, _):
-    return _parameters(fn)
+)(_parameters)
 
 
 def _judge_once(inputs, out):
@@ -313,7 +317,6 @@ def _judge_once(inputs, out):
     2,
     "lm_head.weight IS embed_tokens.weight: skip the head when it is tied (if "
     "module.weight is model.model.embed_tokens.weight: continue)",
-    inputs=lambda: None,
     judge=_judge_once,
 )
 def _(fn, _):
@@ -334,7 +337,6 @@ def _judge_still_tied(inputs, out):
     "the head is still tied after init",
     1,
     "initialise in place (nn.init.normal_); assigning new Parameters breaks the tie",
-    inputs=lambda: None,
     judge=_judge_still_tied,
 )
 def _(fn, _):
@@ -348,7 +350,6 @@ def _(fn, _):
     1,
     "the skip applies to the tied head only: an untied lm_head is an ordinary "
     "nn.Linear",
-    inputs=lambda: None,
     judge=lambda inputs, head: _std_ok(
         "lm_head.weight", head, CONFIG.initializer_range
     ),
@@ -363,8 +364,7 @@ def _judge_learns(ids, out):
     assert not frozen, (
         f"{frozen[0]} no longer requires a gradient: training could not change it"
     )
-    model = SmolLM(CONFIG)
-    model.load_state_dict(out["state"])
+    model = _smol(out["state"])
     _, loss = model(ids[:, :-1], targets=ids[:, 1:])
     want = math.log(CONFIG.vocab_size)
     assert torch.isfinite(loss) and abs(loss.item() - want) < 0.5, (
@@ -372,10 +372,7 @@ def _judge_learns(ids, out):
         f"about {want:.3f}"
     )
     for name, _ in model.named_parameters():
-        grad = out["grads"].get(name)
-        assert grad is not None and torch.isfinite(grad).all(), (
-            f"no finite gradient reached {name}"
-        )
+        _finite_grad(out["grads"].get(name), name)
 
 
 @probe_check(
@@ -386,14 +383,14 @@ def _judge_learns(ids, out):
     "initialise values in place and leave the rest alone (requires_grad, dtypes, "
     "modules): a fresh model predicts about uniformly, so its loss is close to "
     "log(vocab_size)",
-    inputs=lambda: torch.randint(0, CONFIG.vocab_size, (2, 9)),
+    inputs=_ids,
     judge=_judge_learns,
 )
 def _(fn, ids):
     model = _initialised_by(fn)
     frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
-    state = model.state_dict()
-    if not frozen:
-        model(ids[:, :-1], targets=ids[:, 1:])[1].backward()
+    if frozen:  # the judge stops there
+        return {"frozen": frozen}
+    out = _learned(model, ids)
     grads = {name: p.grad for name, p in model.named_parameters()}
-    return {"frozen": frozen, "state": state, "grads": grads}
+    return {"frozen": frozen, "state": out["state"], "grads": grads}

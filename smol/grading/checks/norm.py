@@ -4,14 +4,16 @@ upcast."""
 import torch
 
 from smol.grading.checks._util import (
+    bfloat16_out,
     close,
     grads,
     is_tensor,
+    module_grads,
     same_grads,
     same_shape,
     untouched,
 )
-from smol.grading.core import probe_check, task
+from smol.grading.registry import probe_check, task
 from smol.norm import RMSNorm as Reference
 
 task("rms", "rmsnorm", "rms(x, eps): the root mean square over the last dimension")
@@ -79,7 +81,6 @@ def _judge_eps(inputs, outs):
     1,
     "sqrt(mean(x^2) + eps): add eps to the mean of squares; clamping the mean at eps "
     "agrees only where the mean is below eps, adding eps after the root nowhere",
-    inputs=lambda: None,
     judge=_judge_eps,
 )
 def _(rms, _):
@@ -128,7 +129,6 @@ def _judge_weight(inputs, out):
     "a learnable weight of ones, shape (dim,)",
     1,
     "self.weight = nn.Parameter(torch.ones(dim))",
-    inputs=lambda: None,
     judge=_judge_weight,
 )
 def _(cls, _):
@@ -179,8 +179,9 @@ def _(cls, inputs):
 def _judge_grads(inputs, out):
     ref = _reference(inputs["weight"])
     _, (gx,) = grads(ref, inputs["x"], upstream=inputs["up"])
-    same_grads([out["x"]], [gx], ["the input"], atol=1e-4)
-    same_grads([out["weight"]], [ref.weight.grad], ["the weight"], atol=1e-4)
+    same_grads(out["x"], [gx], ["the input"], atol=1e-4)
+    weight = out["params"].get("weight")
+    same_grads([weight], [ref.weight.grad], ["the weight"], atol=1e-4)
 
 
 @probe_check(
@@ -198,13 +199,11 @@ def _judge_grads(inputs, out):
 )
 def _(cls, inputs):
     student = _student(cls, inputs["weight"])
-    _, (gx,) = grads(student, inputs["x"], upstream=inputs["up"])
-    return {"x": gx, "weight": student.weight.grad}
+    return module_grads(student, student, inputs)
 
 
 def _judge_dtype(inputs, out):
-    is_tensor(out)
-    assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
+    bfloat16_out(out)
 
 
 @probe_check(

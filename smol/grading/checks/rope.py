@@ -3,8 +3,15 @@ wrong convention."""
 
 import torch
 
-from smol.grading.checks._util import close, is_tensor, pair, same_shape
-from smol.grading.core import probe_check, task
+from smol.grading.checks._util import (
+    bfloat16_out,
+    close,
+    is_tensor,
+    pair,
+    same_pair,
+    same_shape,
+)
+from smol.grading.registry import probe_check, task
 from smol.rope import (
     RotaryEmbedding,
     apply_rope as reference_apply_rope,
@@ -37,7 +44,6 @@ def _judge_frequency_shape(inputs, out):
     1,
     "one frequency per pair: torch.arange(0, head_dim, 2) has head_dim / 2 entries; "
     "keep float32",
-    inputs=lambda: None,
     judge=_judge_frequency_shape,
 )
 def _(fn, _):
@@ -64,7 +70,6 @@ def _judge_frequencies(inputs, outs):
     2,
     "1 / theta ** (arange(0, head_dim, 2) / head_dim): the first pair turns fastest "
     "(frequency 1)",
-    inputs=lambda: None,
     judge=_judge_frequencies,
 )
 def _(fn, _):
@@ -82,9 +87,8 @@ def _tables(out):
 
 
 def _judge_table_shapes(inputs, out):
-    cos, sin = _tables(out)
-    same_shape(cos, (7, 8), "cos", torch.float32)
-    same_shape(sin, (7, 8), "sin", torch.float32)
+    message = "rope_tables should return (cos, sin)"
+    same_pair(out, message, ("cos", "sin"), (7, 8), torch.float32)
 
 
 @probe_check(
@@ -93,7 +97,6 @@ def _judge_table_shapes(inputs, out):
     1,
     "angles = outer(positions, frequencies) is (length, head_dim/2); concatenate it "
     "with itself",
-    inputs=lambda: None,
     judge=_judge_table_shapes,
 )
 def _(fn, _):
@@ -120,7 +123,6 @@ def _judge_tables(inputs, outs):
     "angles = outer(positions, rope_frequencies(head_dim, theta)), then cat((angles, "
     "angles), dim=-1), not repeat_interleave: feature i pairs with feature i + "
     "head_dim/2",
-    inputs=lambda: None,
     judge=_judge_tables,
 )
 def _(fn, _):
@@ -166,20 +168,17 @@ def _rope(fn, inputs):
 
 
 def _judge_dtype(inputs, out):
-    same_shape(out, inputs["x"].shape)
-    assert out.dtype == torch.bfloat16, f"bfloat16 in, {out.dtype} out"
+    bfloat16_out(same_shape(out, inputs["x"].shape))
 
 
-@probe_check(
+probe_check(
     BOTH,
     "shape and dtype: a bfloat16 x with float32 tables gives bfloat16",
     1,
     "compute in float32 (the tables' dtype), then cast back with .to(x.dtype)",
     inputs=lambda: _inputs() | {"x": torch.randn(2, 3, 5, 8).bfloat16()},
     judge=_judge_dtype,
-)
-def _(fn, inputs):
-    return _rope(fn, inputs)
+)(_rope)
 
 
 def _judge_position_0(inputs, out):
@@ -188,16 +187,14 @@ def _judge_position_0(inputs, out):
     close(out[:, :, 0], x[:, :, 0], "the rotated vector at position 0")
 
 
-@probe_check(
+probe_check(
     BOTH,
     "position 0 is not rotated",
     1,
     "angle 0: cos = 1 and sin = 0, so x * cos + rotate_half(x) * sin is x",
     inputs=_inputs,
     judge=_judge_position_0,
-)
-def _(fn, inputs):
-    return _rope(fn, inputs)
+)(_rope)
 
 
 def _judge_norms(inputs, out):
@@ -206,16 +203,14 @@ def _judge_norms(inputs, out):
     close(out.norm(dim=-1), x.norm(dim=-1), "the norms after rope", atol=1e-4)
 
 
-@probe_check(
+probe_check(
     BOTH,
     "a rotation: every vector keeps its length",
     1,
     "each pair of features is rotated, never scaled: use cos and sin of the same angle",
     inputs=lambda: _inputs(T=9),
     judge=_judge_norms,
-)
-def _(fn, inputs):
-    return _rope(fn, inputs)
+)(_rope)
 
 
 RELATIVE = [((2, 0), 5), ((7, 3), 4)]  # (m, n), shift: q at m, k at n
@@ -293,7 +288,7 @@ def _judge_convention(inputs, out):
     close(out, want, "apply_rope(x, cos, sin)", atol=1e-5)
 
 
-@probe_check(
+probe_check(
     BOTH,
     "rotates feature i with feature i + D/2 (the split-halves convention of smol and "
     "HF)",
@@ -302,9 +297,7 @@ def _judge_convention(inputs, out):
     "rotate_half(x) * sin",
     inputs=lambda: _inputs(T=7),
     judge=_judge_convention,
-)
-def _(fn, inputs):
-    return _rope(fn, inputs)
+)(_rope)
 
 
 def _judge_gradient(inputs, grad):

@@ -8,15 +8,17 @@ import torch.nn.functional as F
 
 from smol import SmolLM
 from smol.grading.checks._util import (
+    bfloat16_out,
     close,
     grads,
-    is_tensor,
+    module_grads,
     pair,
-    small_config,
     same_grads,
+    same_std,
+    small_config,
     without,
 )
-from smol.grading.core import probe_check, task
+from smol.grading.registry import probe_check, task
 from smol.mlp import MLP as Reference
 
 task("silu", "swiglu", "silu(x): the sigmoid linear unit")
@@ -40,8 +42,7 @@ BOTH = ("swiglu", "swiglu_bug")  # the checks that the buggy MLP must pass as we
 def _judge_silu_values(x, out):
     out32, out16 = pair(out, "two results")
     close(out32, F.silu(x), "silu(x)")
-    is_tensor(out16)
-    assert out16.dtype == torch.bfloat16, f"bfloat16 in, {out16.dtype} out"
+    bfloat16_out(out16)
 
 
 @probe_check(
@@ -69,19 +70,17 @@ def _silu_and_grads(fn, inputs):
     return {"out": fn(x), "grads": grads(fn, x, upstream=inputs["up"])[1]}
 
 
-@probe_check(
+probe_check(
     "silu",
     "gradients equal F.silu's",
     1,
     "use differentiable torch operations",
     inputs=lambda: {"x": torch.randn(3, 5) * 3, "up": torch.randn(3, 5)},
     judge=_judge_silu,
-)
-def _(fn, inputs):
-    return _silu_and_grads(fn, inputs)
+)(_silu_and_grads)
 
 
-@probe_check(
+probe_check(
     "silu",
     "finite values and gradients for large |x| (+-100)",
     1,
@@ -92,9 +91,7 @@ def _(fn, inputs):
         "up": torch.ones(5),
     },
     judge=lambda inputs, out: _judge_silu(inputs, out, " at large |x|"),
-)
-def _(fn, inputs):
-    return _silu_and_grads(fn, inputs)
+)(_silu_and_grads)
 
 
 @probe_check(
@@ -140,7 +137,6 @@ def _judge_sizes(inputs, got):
     1,
     "three nn.Linear(..., bias=False) named as Hugging Face's LlamaMLP, of the "
     "config's sizes (hidden_size, intermediate_size): no ratio of your own",
-    inputs=lambda: None,
     judge=_judge_sizes,
 )
 def _(cls, _):
@@ -192,8 +188,7 @@ def _judge_mlp_grads(inputs, out):
 )
 def _(cls, inputs):
     student = _student(cls, inputs["state"])
-    _, gx = grads(student, inputs["x"], upstream=inputs["up"])
-    return {"x": gx, "params": {n: p.grad for n, p in student.named_parameters()}}
+    return module_grads(student, student, inputs)
 
 
 def _judge_scaled_init(inputs, weights):
@@ -202,10 +197,7 @@ def _judge_scaled_init(inputs, weights):
     seen = set()
     for name, p in weights.items():
         expected = want if "down_proj" in name else std
-        got = p.std().item()
-        assert abs(got / expected - 1) < 0.1, (
-            f"{name} has std {got:.4f}, expected {expected:.4f}"
-        )
+        same_std(p, expected, name)
         seen.add(name.rsplit(".", 2)[-2])
     assert seen == {"down_proj", "up_proj"}, (
         "the MLP has no down_proj and up_proj to initialise"
@@ -219,7 +211,6 @@ def _judge_scaled_init(inputs, weights):
     2,
     "SmolLM.reset_parameters reads getattr(module, 'scaled_init', False): the flag "
     "must be spelt exactly `scaled_init` and set on down_proj",
-    inputs=lambda: None,
     judge=_judge_scaled_init,
 )
 def _(cls, _):

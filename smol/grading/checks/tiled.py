@@ -10,14 +10,17 @@ import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
 from smol.grading.checks._util import (
+    SDPA,
     close,
-    grads,
+    float32_and_bfloat16,
+    in_float32_and_bfloat16,
     pair,
-    same_grads,
+    qkv_grads,
+    same_qkv_grads,
     same_shape,
     without,
 )
-from smol.grading.core import probe_check, task
+from smol.grading.registry import probe_check, task
 
 task(
     "merge_stats",
@@ -147,10 +150,8 @@ BOTH = ("tiled_attention", "tiled_attention_bug")
 
 
 def _judge_shape(qkv, out):
-    out32, out16 = pair(out, "two results")
-    same_shape(out32, qkv[0].shape, "tiled_attention(q, k, v, 4)")
-    same_shape(out16, qkv[0].shape, "the bfloat16 output")
-    assert out16.dtype == torch.bfloat16, f"bfloat16 in, {out16.dtype} out"
+    what = "tiled_attention(q, k, v, 4)"
+    float32_and_bfloat16(out, qkv[0].shape, what, "the bfloat16 output")
 
 
 @probe_check(
@@ -162,7 +163,7 @@ def _judge_shape(qkv, out):
     judge=_judge_shape,
 )
 def _(fn, qkv):
-    return [fn(*qkv, 4), fn(*(t.bfloat16() for t in qkv), 4)]
+    return in_float32_and_bfloat16(lambda q, k, v: fn(q, k, v, 4), *qkv)
 
 
 @probe_check(
@@ -256,11 +257,10 @@ def _judge_small(qkv, out):
 )
 def _(fn, qkv):
     spy = _Largest()
-    sdpa = {F.scaled_dot_product_attention: "F.scaled_dot_product_attention"}
     outs = []
     for is_causal in (False, True):
         with spy:
-            outs.append(without(lambda c=is_causal: fn(*qkv, 16, c), sdpa))
+            outs.append(without(lambda c=is_causal: fn(*qkv, 16, c), SDPA))
     return {"outs": outs, "largest": spy.largest, "shape": list(spy.shape)}
 
 
@@ -291,9 +291,7 @@ def _(fn, qkv):
 
 
 def _judge_grads(inputs, out):
-    causal = lambda a, b, c: _reference(a, b, c, True)  # noqa: E731
-    _, want = grads(causal, *inputs["qkv"], upstream=inputs["up"])
-    same_grads(out, want, "qkv", atol=1e-4)
+    same_qkv_grads(out, lambda q, k, v: _reference(q, k, v, True), inputs)
 
 
 @probe_check(
@@ -306,5 +304,4 @@ def _judge_grads(inputs, out):
     judge=_judge_grads,
 )
 def _(fn, inputs):
-    tiled = lambda a, b, c: fn(a, b, c, 4, True)  # noqa: E731
-    return grads(tiled, *inputs["qkv"], upstream=inputs["up"])[1]
+    return qkv_grads(lambda q, k, v: fn(q, k, v, 4, True), inputs)

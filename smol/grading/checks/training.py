@@ -1,5 +1,5 @@
-"""10 Training loop: next-token batches, the learning-rate schedule, weight-decay
-groups, and a train step whose loss is not shifted.
+"""10 Training loop: next-token batches and the learning-rate schedule (the optimizer's
+side: `train_step`).
 
 The checks are properties (warmup ends at max_lr, cosine midpoint, ...) rather than a
 comparison with one implementation, so either off-by-one convention of the warmup
@@ -9,15 +9,8 @@ import math
 
 import torch
 
-from smol import SmolLM
-from smol.grading.checks._util import close, pair, same_shape, small_config
-from smol.grading.core import probe_check, task
-
-
-def _first_adamw():
-    """AdamW's first use imports torch._dynamo (seconds): once, before the checks
-    fork."""
-    torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])
+from smol.grading.checks._util import pair, same_pair, small_config
+from smol.grading.registry import probe_check, task
 
 
 task(
@@ -30,18 +23,6 @@ task(
     "training_loop",
     "lr_schedule(step, ...): linear warmup, cosine decay",
 )
-task(
-    "param_groups",
-    "training_loop",
-    "param_groups(model, weight_decay): decay matrices only",
-    warm_up=_first_adamw,
-)
-task(
-    "train_step_bug",
-    "training_loop",
-    "Find the bug: a train step whose loss goes down and learns nothing useful",
-    warm_up=_first_adamw,
-)
 
 CONFIG = small_config(61)
 
@@ -51,22 +32,14 @@ def _split(out):
     return pair(out, "return (input_ids, targets)")
 
 
-def _judge_batch_shapes(tokens, out):
-    inputs, targets = _split(out)
-    same_shape(inputs, (3, 8), "inputs", torch.long)
-    same_shape(targets, (3, 8), "targets", torch.long)
-
-
-@probe_check(
-    "next_token_batch",
-    "shapes: (B, T + 1) tokens give (B, T) inputs and targets, both long",
-    1,
-    "inputs drop the last token, targets drop the first",
-    inputs=lambda: torch.randint(0, 100, (3, 9)),
-    judge=_judge_batch_shapes,
-)
-def _(fn, tokens):
+def _batch(fn, tokens):
+    """Probe side: the student's (inputs, targets) for `tokens`, without a mask."""
     return _split(fn(tokens, None))
+
+
+def _judge_batch_shapes(tokens, out):
+    names = ("inputs", "targets")
+    same_pair(out, "return (input_ids, targets)", names, (3, 8), torch.long)
 
 
 def _judge_shifted(tokens, out):
@@ -75,16 +48,30 @@ def _judge_shifted(tokens, out):
     assert torch.equal(targets, tokens[:, 1:]), "targets are not tokens[:, 1:]"
 
 
-@probe_check(
-    "next_token_batch",
-    "targets[:, t] is the token after inputs[:, t]",
-    2,
-    "inputs = tokens[:, :-1], targets = tokens[:, 1:]",
-    inputs=lambda: torch.randint(0, 100, (2, 7)),
-    judge=_judge_shifted,
-)
-def _(fn, tokens):
-    return _split(fn(tokens, None))
+for name, points, hint, shape, judge in (
+    (
+        "shapes: (B, T + 1) tokens give (B, T) inputs and targets, both long",
+        1,
+        "inputs drop the last token, targets drop the first",
+        (3, 9),
+        _judge_batch_shapes,
+    ),
+    (
+        "targets[:, t] is the token after inputs[:, t]",
+        2,
+        "inputs = tokens[:, :-1], targets = tokens[:, 1:]",
+        (2, 7),
+        _judge_shifted,
+    ),
+):
+    probe_check(
+        "next_token_batch",
+        name,
+        points,
+        hint,
+        inputs=lambda shape=shape: torch.randint(0, 100, shape),
+        judge=judge,
+    )(_batch)
 
 
 def _judge_padding(inputs, out):
@@ -156,7 +143,6 @@ def _judge_warmup(inputs, outs):
     1,
     "max_lr * step / warmup_steps (or (step + 1) / warmup_steps) while step < "
     "warmup_steps",
-    inputs=lambda: None,
     judge=_judge_warmup,
 )
 def _(fn, _):
@@ -191,7 +177,6 @@ def _judge_cosine(inputs, out):
     1,
     "progress = (step - warmup) / (total - warmup); min_lr + (max_lr - min_lr) * 0.5 * "
     "(1 + cos(pi * progress))",
-    inputs=lambda: None,
     judge=_judge_cosine,
 )
 def _(fn, _):
@@ -215,211 +200,7 @@ def _judge_end(inputs, outs):
     "ends at min_lr and stays there after total_steps",
     1,
     "clamp progress to 1 (or return min_lr when step >= total_steps)",
-    inputs=lambda: None,
     judge=_judge_end,
 )
 def _(fn, _):
     return _lrs(fn, (1000, 1500))
-
-
-def _groups(fn, wd=0.1):
-    """Probe side: the student's groups for a fresh model, each parameter by its name
-    (None for one that is not the model's)."""
-    model = SmolLM(CONFIG)
-    groups = fn(model, wd)
-    assert isinstance(groups, (list, tuple)) and len(groups) == 2, (
-        "return a list of two dicts (decay, no decay)"
-    )
-    for g in groups:
-        assert isinstance(g, dict) and "params" in g, (
-            "each group is a dict with 'params' and 'weight_decay'"
-        )
-    names = {id(p): name for name, p in model.named_parameters()}
-    return [
-        {
-            "params": [names.get(id(p)) for p in g["params"]],
-            "weight_decay": g.get("weight_decay"),
-        }
-        for g in groups
-    ]
-
-
-def _judge_each_once(inputs, groups):
-    names = [n for g in groups for n in g["params"]]
-    want = {name for name, _ in SmolLM(CONFIG).named_parameters()}
-    assert len(names) == len(set(names)), "a parameter appears twice"
-    assert set(names) == want, (
-        f"{len(want - set(names))} parameters are missing, "
-        f"{len(set(names) - want)} are foreign"
-    )
-
-
-@probe_check(
-    "param_groups",
-    "two groups with every parameter exactly once (the tied matrix once)",
-    1,
-    "iterate model.named_parameters() (it lists a shared tensor once) and split it in "
-    "two lists",
-    inputs=lambda: None,
-    judge=_judge_each_once,
-)
-def _(fn, _):
-    return _groups(fn)
-
-
-def _judge_decay(inputs, groups):
-    def with_decay(value):
-        return {n for g in groups if g["weight_decay"] == value for n in g["params"]}
-
-    decay, none = with_decay(0.037), with_decay(0.0)
-    for name, p in SmolLM(CONFIG).named_parameters():
-        want, where = (
-            (decay, "with weight decay 0.037 (the argument)")
-            if p.dim() >= 2
-            else (none, "with weight decay 0.0")
-        )
-        assert name in want, f"{name} ({p.dim()}-D) should be in the group {where}"
-
-
-@probe_check(
-    "param_groups",
-    "weight decay on matrices (>= 2-D) only; norm weights get 0",
-    2,
-    "p.dim() >= 2 -> weight_decay, else 0.0: decaying norm gains pulls them towards "
-    "zero",
-    inputs=lambda: None,
-    judge=_judge_decay,
-)
-def _(fn, _):
-    return _groups(fn, 0.037)  # not 0.1: the argument, not a constant
-
-
-def _model(state):
-    model = SmolLM(CONFIG)
-    model.load_state_dict(state)
-    return model
-
-
-def _model_and_batch():
-    g = torch.Generator().manual_seed(1)
-    tokens = torch.randint(0, CONFIG.vocab_size, (4, 17), generator=g)
-    return {"state": SmolLM(CONFIG).state_dict(), "tokens": tokens}
-
-
-def _judge_changed(inputs, after):
-    before = inputs["state"]
-    assert sorted(after) == sorted(before), "the model's parameters changed names"
-    assert any(not torch.equal(before[k], after[k]) for k in before), (
-        "no parameter changed"
-    )
-
-
-@probe_check(
-    "param_groups",
-    "AdamW accepts the groups and takes a step",
-    1,
-    "torch.optim.AdamW(param_groups(model, 0.1), lr=...) must work: lists of "
-    "Parameters, not names",
-    inputs=_model_and_batch,
-    judge=_judge_changed,
-)
-def _(fn, inputs):
-    model, ids = _model(inputs["state"]), inputs["tokens"]
-    opt = torch.optim.AdamW(fn(model, 0.1), lr=1e-3)
-    model(ids, targets=ids)[1].backward()
-    opt.step()
-    return model.state_dict()
-
-
-def _judge_float(inputs, out):
-    assert isinstance(out, float), f"returned {type(out).__name__}, expected float"
-
-
-@probe_check(
-    "train_step_bug",
-    "returns the loss as a Python float",
-    1,
-    "return loss.item() (a float frees the graph; a tensor keeps it alive)",
-    inputs=_model_and_batch,
-    judge=_judge_float,
-)
-def _(fn, inputs):
-    model = _model(inputs["state"])
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    return fn(model, opt, inputs["tokens"])
-
-
-def _judge_loss(inputs, out):
-    tokens = inputs["tokens"]
-    with torch.no_grad():
-        want = _model(inputs["state"])(tokens[:, :-1], targets=tokens[:, 1:])[1]
-    assert isinstance(out, (float, torch.Tensor)), f"returned {type(out).__name__}"
-    got = float(out)
-    assert abs(got - want.item()) < 1e-4, (
-        f"the step's loss is {got:.4f}; the next-token loss of this batch is "
-        f"{want.item():.4f}"
-    )
-
-
-@probe_check(
-    "train_step_bug",
-    "the loss is next-token prediction (targets shifted by one), of the model before "
-    "the step",
-    2,
-    "the model's targets are already shifted: model(tokens[:, :-1], targets=tokens[:, "
-    "1:]); targets=tokens teaches it to copy its input. Return the loss that the "
-    "gradient came from",
-    inputs=_model_and_batch,
-    judge=_judge_loss,
-)
-def _(fn, inputs):
-    model = _model(inputs["state"])
-    # a real step (lr > 0): a loss measured after it differs
-    return fn(model, torch.optim.SGD(model.parameters(), lr=0.5), inputs["tokens"])
-
-
-@probe_check(
-    "train_step_bug",
-    "takes one optimizer step: the parameters change",
-    1,
-    "loss.backward(), then optimizer.step()",
-    inputs=_model_and_batch,
-    judge=_judge_changed,
-)
-def _(fn, inputs):
-    model = _model(inputs["state"])
-    fn(model, torch.optim.SGD(model.parameters(), lr=0.1), inputs["tokens"])
-    return model.state_dict()
-
-
-def _judge_no_pile_up(inputs, out):
-    first, last = out
-    for g1, g3 in zip(first, last, strict=True):
-        if g3 is None or g1 is None or not g3.abs().sum():
-            continue
-        close(
-            g3,
-            g1,
-            "the gradient after three steps (vs after one)",
-            atol=1e-6,
-            rtol=1e-4,
-        )
-
-
-@probe_check(
-    "train_step_bug",
-    "gradients do not pile up from one step to the next",
-    1,
-    "optimizer.zero_grad() before loss.backward() (or after optimizer.step())",
-    inputs=_model_and_batch,
-    judge=_judge_no_pile_up,
-)
-def _(fn, inputs):
-    model, tokens = _model(inputs["state"]), inputs["tokens"]
-    # lr 0: the same gradient every step
-    opt = torch.optim.SGD(model.parameters(), lr=0.0)
-    fn(model, opt, tokens)
-    first = [None if p.grad is None else p.grad.clone() for p in model.parameters()]
-    fn(model, opt, tokens)
-    fn(model, opt, tokens)
-    return [first, [p.grad for p in model.parameters()]]
