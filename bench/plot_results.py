@@ -19,7 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-# the SVG's element ids from a fixed salt, not a random one: the same CSVs, the same file
+# the SVG's element ids from a fixed salt, not a random one: same CSVs, same file
 matplotlib.rcParams["svg.hashsalt"] = "smol"
 
 ROOT = Path(__file__).resolve().parents[1]
