@@ -15,6 +15,7 @@ from smol.commands.generate import (
     add_model_options,
     add_sampling_options,
     check_options,
+    decide,
     load,
     sampling,
     stream_reply,
@@ -51,13 +52,14 @@ def _parse(argv):
 
 
 def _chat(args) -> None:
-    model, tokenizer, device = load(args)
+    decoding = decide(args)
+    model, tokenizer = load(args, decoding)
     if args.message is None:
-        return interactive(args, model, tokenizer, device)
+        return interactive(args, model, tokenizer, decoding.device)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     messages.append({"role": "user", "content": args.message})
     ids = tokenizer.apply_chat_template(messages, tokenize=True)
-    stream_reply(args, model, tokenizer, ids, skip_special_tokens=True)
+    stream_reply(args, decoding, model, tokenizer, ids, skip_special_tokens=True)
 
 
 def interactive(args, model, tokenizer, device, stdin=None, out=None) -> None:

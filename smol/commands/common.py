@@ -10,10 +10,8 @@ import sys
 import threading
 from collections.abc import Callable
 
-EXIT_STATUS = (
-    "exit status: 0 done; 2 a usage error, found before any work; 1 a failure while "
-    "running; 130 Ctrl-C; 143 SIGTERM. Each error is one line on stderr."
-)
+EXIT_STATUS = """exit status: 0 done; 2 a usage error, found before any work; 1 a
+failure while running; 130 Ctrl-C; 143 SIGTERM. Each error is one line on stderr."""
 # Failures while running: the first line of the message on stderr, exit status 1.
 FAILURES = (OSError, ValueError, RuntimeError, TypeError)
 
@@ -35,14 +33,13 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+# how every command's --help ends, and keeps its docstring's lines
+HELP = dict(epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def parser(verb: str, doc: str) -> Parser:
     """The parser of `smol VERB`: its module's docstring, then the exit statuses."""
-    return Parser(
-        prog=f"smol {verb}",
-        description=doc,
-        epilog=EXIT_STATUS,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
+    return Parser(prog=f"smol {verb}", description=doc, **HELP)
 
 
 def run(

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from smol import evaluate
-from smol.commands.common import Parser, UsageError, parser, run
+from smol.commands.common import HELP, Parser, UsageError, parser, run
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -31,7 +31,7 @@ def build_parser() -> Parser:
     p = parser("eval", __doc__)
     tasks = p.add_subparsers(dest="task", required=True, parser_class=Parser)
     about = "measure a model on MMLU"
-    mmlu = tasks.add_parser("mmlu", help=about, description=about)
+    mmlu = tasks.add_parser("mmlu", help=about, description=about, **HELP)
     mmlu.add_argument(
         "--limit", type=int, help="a stratified subset of N questions (default: all)"
     )
@@ -54,7 +54,7 @@ def build_parser() -> Parser:
         "mmlu_questions.csv (a row per question: its choices' log-likelihoods) here",
     )
     about = "compare two runs' verdicts on the questions both answered"
-    compare = tasks.add_parser("compare", help=about, description=about)
+    compare = tasks.add_parser("compare", help=about, description=about, **HELP)
     compare.add_argument("before", type=Path, help="an --out folder or its CSV")
     compare.add_argument("after", type=Path, help="an --out folder or its CSV")
     compare.add_argument(

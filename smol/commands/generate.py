@@ -15,6 +15,7 @@ import math
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 
 import torch
 
@@ -180,29 +181,62 @@ def _check_device(name: str) -> None:
         )
 
 
-def load(args):
-    """The model and tokenizer, as the options ask -> (model, tokenizer, device)."""
-    import smol.pretrained
-    from smol.quantize import quantize_int8_
+@dataclass(frozen=True)
+class Decoding:
+    """How the command decodes, decided once (decide) from the options and the
+    machine, and said on stderr when the weights are loaded."""
 
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
+    device: str
+    dtype: torch.dtype  # the weights' and activations'
+    int8: bool  # weight-only int8 Linears
+    draft: str | None  # speculative decoding's draft model: "bfloat16", "int4" or none
+    prepack: bool  # speculative float32 checks on weights oneDNN reordered once
+
+    def __str__(self) -> str:
+        return (
+            f"on {self.device}, {self.dtype}"
+            + ", int8 weights" * self.int8
+            + (f", {self.draft} draft" if self.draft else "")
+            + ", prepacked checks" * self.prepack
+        )
+
+
+def decide(args) -> Decoding:
+    """The decoding path for the options on this machine."""
+    from smol import prepack
+
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     # int8 weights want bfloat16 activations: PyTorch's int8 kernel is slow in float32
     half = (device.startswith("cuda") or args.quantize) and not args.draft
     default = torch.bfloat16 if half else torch.float32
     dtype = getattr(torch, args.dtype) if args.dtype else default
+    float32 = dtype == torch.float32 and not args.quantize
+    # speculative checks are of a few rows, where oneDNN's reordered weights pay off
+    prepacked = bool(args.speculative) and float32 and device.startswith("cpu")
+    return Decoding(
+        device,
+        dtype,
+        args.quantize == "int8",
+        args.draft,
+        prepacked and prepack.available(),
+    )
+
+
+def load(args, decoding: Decoding):
+    """The model and tokenizer as `decoding` says -> (model, tokenizer)."""
+    import smol.pretrained
+    from smol.quantize import quantize_int8_
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     start = time.perf_counter()
     model, tokenizer = smol.pretrained.load_pretrained(
-        args.source, device=device, dtype=dtype
+        args.source, device=decoding.device, dtype=decoding.dtype
     )
-    if args.quantize == "int8":
+    if decoding.int8:
         quantize_int8_(model)
     print(
-        f"[loaded in {time.perf_counter() - start:.1f} s on {device}, {dtype}"
-        f"{', int8 weights' if args.quantize else ''}"
-        f"{f', {args.draft} draft' if args.draft else ''}]",
-        file=sys.stderr,
+        f"[loaded in {time.perf_counter() - start:.1f} s {decoding}]", file=sys.stderr
     )
     if args.compile:
         print(
@@ -210,7 +244,7 @@ def load(args):
             "a minute or more on a CPU]",
             file=sys.stderr,
         )
-    return model, tokenizer, device
+    return model, tokenizer
 
 
 def _fit(ids: list[int], args, model) -> int:
@@ -244,27 +278,24 @@ def sampling(args, device) -> dict:
     )
 
 
-def stream_reply(args, model, tokenizer, ids, skip_special_tokens):
+def stream_reply(args, decoding, model, tokenizer, ids, skip_special_tokens):
     """Stream the continuation of ids to stdout -> (the time generation started, the
     stream, which holds the new tokens and when each came)."""
     from smol.generate import generate
 
     n = _fit(ids, args, model)
-    ids = torch.tensor([ids], device=model.model.embed_tokens.weight.device)
+    ids = torch.tensor([ids], device=decoding.device)
     draft = None
-    if args.draft == "bfloat16":
+    if decoding.draft == "bfloat16":
         draft = copy.deepcopy(model).to(torch.bfloat16)
-    elif args.draft == "int4":  # the GGUF file's own 4-bit codes, unchanged
+    elif decoding.draft == "int4":  # the GGUF file's own 4-bit codes, unchanged
         from smol.int4 import load_int4
 
         draft = load_int4(args.source, dtype=torch.bfloat16, fused=True)[0]
-    weight = model.model.embed_tokens.weight  # the model's dtype, as KVCache reads it
-    float32 = weight.dtype == torch.float32 and not args.quantize
-    if args.speculative and float32 and ids.device.type == "cpu":
+    if decoding.prepack:
         from smol import prepack
 
-        if prepack.available():  # checks of a few rows: weights reordered once
-            model = prepack.prepack(model)
+        model = prepack.prepack(model)
     stream = TextStream(tokenizer, skip_special_tokens)
     start = time.perf_counter()
     generate(
@@ -316,11 +347,12 @@ def _parse(argv):
 
 def _generate(args) -> None:
     begin = time.perf_counter()
-    model, tokenizer, _ = load(args)
+    decoding = decide(args)
+    model, tokenizer = load(args, decoding)
     loaded = time.perf_counter() - begin
     ids = tokenizer.encode(args.prompt)
     print(args.prompt, end="", flush=True)
-    start, stream = stream_reply(args, model, tokenizer, ids, skip_special_tokens=False)
+    start, stream = stream_reply(args, decoding, model, tokenizer, ids, False)
     print(speed_report(loaded, start, stream.times), file=sys.stderr)
 
 
