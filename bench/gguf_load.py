@@ -9,8 +9,8 @@ file, shared with the page cache), after the load and after the forward pass. Ev
 file is loaded as float32; a file holding F16 tensors also as float16, which keeps them
 in the mapped pages.
 
-    python -m smol.export smollm2 /tmp/smollm2.f16.gguf --type f16
-    python -m smol.export smollm2 /tmp/smollm2.f32.gguf --type f32
+    smol export smollm2 /tmp/smollm2.f16.gguf --type f16
+    smol export smollm2 /tmp/smollm2.f32.gguf --type f32
     python bench/gguf_load.py /tmp/smollm2.f16.gguf /tmp/smollm2.f32.gguf \
         --csv bench/results/gguf_load.csv
 

@@ -1,4 +1,4 @@
-"""Grade a generated class with `python -m smol.grade --gradebook`, twice, and time it.
+"""Grade a generated class with `smol grade --gradebook`, twice, and time it.
 
     python bench/gradebook.py --csv bench/results/gradebook.csv
 
@@ -116,7 +116,7 @@ def main() -> None:
         tmp = Path(tmp)
         grades, feedback = tmp / "grades.csv", tmp / "feedback"
         notebooks = build(tmp / "submissions", grades)
-        command = [sys.executable, "-m", "smol.grade", str(tmp / "submissions")]
+        command = [sys.executable, "-m", "smol", "grade", str(tmp / "submissions")]
         command += ["--gradebook", str(grades), "--feedback", str(feedback)]
         command += ["--jobs", str(args.jobs), "--cell-timeout", args.cell_timeout]
         times = []

@@ -4,20 +4,15 @@ and transformers read.
 A GGUF file is a header, key/value metadata, a table of tensors (name, shape, type,
 offset) and the tensors' bytes, each at an aligned offset. gguf_metadata says what a
 Llama model needs, gguf_tensors puts the weights in llama.cpp's names, row order and
-types (F32, F16 or Q8_0), write_gguf writes the file, and
-
-    python -m smol.export MODEL OUT.gguf --type f16
-
-does it all for a model folder, a .gguf file or the released weights. smol.gguf reads
-the same format back, with the same constants."""
+types (F32, F16 or Q8_0), write_gguf writes the file, and export_gguf does it all;
+`smol export MODEL OUT.gguf --type f16` does it from the shell. smol.gguf reads the
+same format back, with the same constants."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import struct
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -311,52 +306,3 @@ def export_gguf(
     qtype = TYPES[type]
     metadata = gguf_metadata(config, tokenizer, qtype, name)
     return write_gguf(path, metadata, gguf_tensors(config, state_dict, qtype))
-
-
-RELEASED = "smollm2"  # the command line's name for the bundled released weights
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m smol.export",
-        description="Write a model as a GGUF file for llama.cpp and transformers.",
-    )
-    parser.add_argument(
-        "model",
-        help="a model folder (config.json, model.safetensors, tokenizer.json), a "
-        f".gguf file, or {RELEASED!r} for the released SmolLM2-135M-Instruct",
-    )
-    parser.add_argument("out", help="the GGUF file to write")
-    parser.add_argument("--type", choices=sorted(TYPES), default="f16")
-    parser.add_argument("--name", help="general.name (default: the model's name)")
-    parser.add_argument(
-        "--overwrite", action="store_true", help="replace OUT if it exists"
-    )
-    args = parser.parse_args(argv)
-    from smol.pretrained import read_model
-
-    out = Path(args.out)
-    if out.suffix != ".gguf":
-        parser.error(f"OUT must end in .gguf, got {out}")
-    if out.exists() and not args.overwrite:
-        parser.error(f"{out} exists; pass --overwrite to replace it")
-    if not out.parent.is_dir():
-        parser.error(f"no such folder: {out.parent}")
-    source = None if args.model == RELEASED else args.model
-    if source is not None and Path(source).resolve() == out.resolve():
-        parser.error("OUT is the model being exported")
-    try:
-        config, state_dict, tokenizer = read_model(source)
-        name = args.name or (RELEASED if source is None else Path(source).stem)
-        export_gguf(config, state_dict, tokenizer, out, args.type, name)
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    print(f"wrote {out} ({out.stat().st_size / 2**20:.1f} MiB, {args.type})")
-    return 0
-
-
-# `python -m smol.export` (its __spec__ names the module); not a notebook that shows
-# this file in a cell, where __name__ is "__main__" too but __spec__ is None
-if __name__ == "__main__" and __spec__ is not None:
-    sys.exit(main())

@@ -3,8 +3,8 @@ samples, checkpoints that resume exactly (smol.checkpoint, smol.resume), through
 MFU (smol.flops), clean stops on SIGTERM and Ctrl-C (smol.interrupt), and DDP. The
 settings are smol.train_config's TrainConfig.
 
-    python -m smol.train --preset tiny --steps 300 --out runs/tiny
-    torchrun --nproc_per_node=2 -m smol.train --preset tiny --steps 300 --out runs/ddp
+    smol train --preset tiny --steps 300 --out-dir runs/tiny
+    torchrun --nproc_per_node=2 -m smol train --preset tiny --out-dir runs/ddp
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
-import sys
 import time
 import uuid
 from pathlib import Path
@@ -357,9 +356,3 @@ class Trainer:
         """Final numbers; under DDP also every rank's weights digest (all equal when
         replicas agree)."""
         return train_report.summary(self)
-
-
-if __name__ == "__main__":  # the command line lives in smol.train_cli
-    from smol.train_cli import main
-
-    sys.exit(main())

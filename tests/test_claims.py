@@ -48,9 +48,11 @@ MEASURED = re.compile(
 
 
 def prose_sources() -> list[tuple[str, str]]:
-    """(where, text) of every piece of prose: README, the book's pages, each markdown
-    cell of every chapter."""
-    out = [("README.md", (ROOT / "README.md").read_text())]
+    """(where, text) of every piece of prose: README, CONTRIBUTING.md, the book's pages,
+    each markdown cell of every chapter."""
+    out = [
+        (name, (ROOT / name).read_text()) for name in ("README.md", "CONTRIBUTING.md")
+    ]
     out += [
         (str(p.relative_to(ROOT)), p.read_text())
         for p in sorted(ROOT.glob("book/*.md"))

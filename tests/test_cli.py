@@ -1,4 +1,4 @@
-"""`python -m smol generate|chat`: every bad input gives one clear line and exit status
+"""`smol generate|chat`: every bad input gives one clear line and exit status
 2 (a bad command line) or 1 (anything else); the fast options and the interactive chat
 work."""
 
@@ -12,7 +12,8 @@ import torch
 
 import smol.pretrained
 from smol import prepack, speculative
-from smol.__main__ import main, speed_report
+from smol.commands import main
+from smol.commands.generate import speed_report
 from smol.chat import ChatSession
 from smol.gguf import bundled_gguf_path
 
@@ -109,7 +110,7 @@ def test_usage_errors_exit_2_with_one_line(argv, message, capsys, monkeypatch):
     )
     code, out, err = run(argv, capsys)
     assert code == 2 and out == ""
-    assert err.count("\n") == 1 and message in err and err.startswith("python -m smol")
+    assert err.count("\n") == 1 and message in err and err.startswith("smol ")
 
 
 @pytest.mark.parametrize(
@@ -122,10 +123,9 @@ def test_usage_errors_exit_2_with_one_line(argv, message, capsys, monkeypatch):
     ],
 )
 def test_argparse_errors_are_one_line_too(argv, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(argv)
+    code = main(argv)
     err = capsys.readouterr().err
-    assert e.value.code == 2 and err.count("\n") == 1 and "error:" in err
+    assert code == 2 and err.count("\n") == 1 and "error:" in err
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
@@ -247,9 +247,9 @@ def test_interactive_chat_with_stdin_piped_in_a_subprocess():
 def test_ctrl_c_stops_the_reply_not_the_chat(fake_load, capsys, monkeypatch):
     """Ctrl-C during the first reply (here: in its third token) stops that reply; the
     chat reads the next line and answers it."""
-    import smol.__main__
+    import smol.commands.chat
 
-    class Interrupted(smol.__main__.TextStream):
+    class Interrupted(smol.commands.chat.TextStream):
         replies = 0
 
         def __call__(self, tokens):
@@ -259,7 +259,7 @@ def test_ctrl_c_stops_the_reply_not_the_chat(fake_load, capsys, monkeypatch):
                 raise KeyboardInterrupt
             super().__call__(tokens)
 
-    monkeypatch.setattr(smol.__main__, "TextStream", Interrupted)
+    monkeypatch.setattr(smol.commands.chat, "TextStream", Interrupted)
     monkeypatch.setattr(
         sys, "stdin", io.StringIO("What is the capital of France?\nAnd of Germany?\n")
     )

@@ -12,6 +12,16 @@ from safetensors.torch import load_file
 
 from tests.cli_args import ONE_LAYER, cli_args
 
+# two processes on this machine, each running the module named next
+TORCHRUN = [
+    sys.executable,
+    "-m",
+    "torch.distributed.run",
+    "--standalone",
+    "--nproc_per_node=2",
+    "-m",
+]
+
 ARGS = cli_args(
     ONE_LAYER,
     "--steps 3 --warmup-steps 1 --seq-len 32 --grad-accum 2 --eval-every 3 "
@@ -42,18 +52,11 @@ def final_weights(out_dir):
     reason="needs torch.distributed with gloo",
 )
 def test_two_ranks_match_one_process_with_the_same_global_batch(tmp_path):
-    torchrun = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "smol.train",
-    ]
+    torchrun = [*TORCHRUN, "smol", "train"]
     ddp, ddp_out = run(torchrun + ["--batch-size", "2"], tmp_path / "ddp")
     single, single_out = run(
-        [sys.executable, "-m", "smol.train", "--batch-size", "4"], tmp_path / "single"
+        [sys.executable, "-m", "smol", "train", "--batch-size", "4"],
+        tmp_path / "single",
     )
     assert ddp["world_size"] == 2 and single["world_size"] == 1
     # the global batch: 2 ranks x 2 rows (or 4 rows) x 32 tokens x 2 accumulations
@@ -84,16 +87,7 @@ def test_a_signal_to_one_rank_stops_both_at_the_next_sync(tmp_path):
     a signal to another rank. A rank that stopped alone would leave the other waiting
     in a collective: each rank's alarm ends it. Resuming past a damaged checkpoint,
     both ranks take the newest intact one and only rank 0 warns."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "tests.ddp_signal",
-        str(tmp_path),
-    ]
+    cmd = [*TORCHRUN, "tests.ddp_signal", str(tmp_path)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr

@@ -9,6 +9,7 @@ import pytest
 import torch
 from gguf.constants import GGMLQuantizationType as Q
 
+from smol.commands.export import main
 from smol.data import load_tokenizer
 from smol.export import (
     TYPES,
@@ -16,7 +17,6 @@ from smol.export import (
     export_gguf,
     gguf_metadata,
     gguf_tensors,
-    main,
     pre_tokenizer_name,
     quantize_q8_0,
 )
@@ -301,8 +301,7 @@ def test_command_line_exports_a_saved_model_folder(tmp_path, shakespeare, capsys
     assert config2.num_hidden_layers == cfg.num_hidden_layers
     assert GGUFFile(out).get("general.name") == "model"
     assert GGUFFile(out).tensors["blk.0.attn_q.weight"][0] == Q.Q8_0
-    with pytest.raises(SystemExit):  # exists
-        main([str(tmp_path / "model"), str(out)])
+    assert main([str(tmp_path / "model"), str(out)]) == 2  # exists
     assert "exists; pass --overwrite" in capsys.readouterr().err
     assert main([str(tmp_path / "model"), str(out), "--overwrite"]) == 0
 

@@ -2,22 +2,20 @@
 trainer running it (full and LoRA), and the command line with its errors."""
 
 import json
-import os
 import re
 import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from smol import SmolLM
-from smol.finetune import SFTTrainer, main, read_conversations
+from smol.commands.finetune import main
+from smol.finetune import SFTTrainer, read_conversations
 from smol.lora import apply_lora, lora_layers
 from smol.sft import ConversationBatches, check_messages, collate, encode_conversation
 from smol.train import TrainConfig
+from tests.cli_args import run_smol
 from tests.tiny_models import with_real_vocab
 
 TINY = with_real_vocab()
@@ -447,7 +445,7 @@ def test_usage_errors_exit_2_before_any_work(base, capsys, monkeypatch, options,
     options = [o.format(model=base / "model") for o in options]
     code, out, err = finetune(base, base / "unused", *options, capsys=capsys)
     assert code == 2 and out == "" and err.count("\n") == 1, err
-    assert err.startswith("python -m smol.finetune: error:") and re.search(says, err)
+    assert err.startswith("smol finetune: error:") and re.search(says, err)
     assert not (base / "unused").exists()
 
 
@@ -525,23 +523,19 @@ SIGNAL_OPTIONS = (
 
 
 def run_finetune(base, out, *extra, signal_at=None, sig=signal.SIGTERM):
-    """`python -m smol.finetune` in a subprocess; with signal_at, send `sig` once the
+    """`smol finetune` in a subprocess; with signal_at, send `sig` once the
     checkpoint of that step exists."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    data, model = base / "data.jsonl", base / "model"
-    cmd = [sys.executable, "-m", "smol.finetune", "--data", str(data), "--model"]
-    cmd += [str(model), *SIGNAL_OPTIONS, "--out", str(out), *extra]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
-    if signal_at is not None:
-        mark = out / "training" / "checkpoints" / f"step_{signal_at:07d}"
-        deadline = time.monotonic() + 240
-        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        proc.send_signal(sig)
-    out, err = proc.communicate(timeout=300)
-    return proc.returncode, out, err
+    argv = [
+        "finetune",
+        "--data",
+        str(base / "data.jsonl"),
+        "--model",
+        str(base / "model"),
+    ]
+    argv += [*SIGNAL_OPTIONS, "--out", str(out), *extra]
+    checkpoints = out / "training" / "checkpoints"
+    mark = checkpoints / f"step_{signal_at:07d}" if signal_at is not None else None
+    return run_smol(argv, mark, sig)
 
 
 @pytest.fixture(scope="module")

@@ -899,7 +899,7 @@ def test_a_check_stuck_in_one_long_torch_call_is_killed_at_its_limit():
 
 
 def test_a_timeout_must_be_a_positive_number(capsys):
-    from smol.grade import main
+    from smol.commands.grade import main
     from smol.grading import grade
 
     for bad in (-1, 0, float("nan"), float("inf"), "10", True):
@@ -909,9 +909,7 @@ def test_a_timeout_must_be_a_positive_number(capsys):
     assert "positive" in capsys.readouterr().out
     for option in ("--timeout", "--cell-timeout", "--check-timeout"):
         for value in ("-1", "0", "nan", "abc"):
-            with pytest.raises(SystemExit) as exit_:
-                main(["exercises/", option, value])
-            assert exit_.value.code == 2
+            assert main(["exercises/", option, value]) == 2
             err = capsys.readouterr().err
             assert option in err and "seconds" in err and value in err, err
 
@@ -1003,7 +1001,7 @@ for task in registry.TASKS.values():
 
 @pytest.fixture(scope="module")
 def command_line(tmp_path_factory):
-    """One run of `python -m smol.grade` over good, hostile, forging and broken
+    """One run of `smol grade` over good, hostile, forging and broken
     notebooks."""
     tmp = tmp_path_factory.mktemp("grade")
     dies = _notebook(
@@ -1053,7 +1051,7 @@ def command_line(tmp_path_factory):
     paths = (SOLUTIONS[0], EXERCISES[0], dies, hangs, forges, patches, tampers, folder)
     options = ["--cell-timeout", "15", "--json", str(report), "--strict"]
     proc = subprocess.run(
-        [sys.executable, "-m", "smol.grade", *map(str, paths), *options],
+        [sys.executable, "-m", "smol", "grade", *map(str, paths), *options],
         capture_output=True,
         text=True,
         timeout=300,
@@ -1169,22 +1167,23 @@ def test_a_deleted_check_cell_still_counts_its_points(command_line):
 
 
 def test_an_unwritable_report_path_is_refused_before_grading(tmp_path, capsys):
-    from smol.grade import main
+    from smol.commands.grade import main
 
     empty = tmp_path / "empty.ipynb"
     empty.write_bytes(b"")
     for where in (tmp_path, tmp_path / "missing" / "report.json"):
         start = time.monotonic()
-        with pytest.raises(SystemExit) as exit_:
-            main([str(empty), "--json", str(where)])
-        assert exit_.value.code == 2 and time.monotonic() - start < 5
+        assert (
+            main([str(empty), "--json", str(where)]) == 2
+            and time.monotonic() - start < 5
+        )
         err = capsys.readouterr().err
         assert f"cannot write the report to {where}" in err and "--json" in err, err
     assert not list(tmp_path.glob("missing*"))
 
 
 def test_a_report_that_fails_late_still_shows_the_scores(tmp_path, capsys, monkeypatch):
-    from smol import grade as cli
+    from smol.commands import grade as cli
 
     empty = tmp_path / "empty.ipynb"
     empty.write_bytes(b"")
@@ -2178,8 +2177,8 @@ def test_preview_hides_hints_and_tables_need_no_emoji(capsys):
 # --- the grader's own guarantees, on test-only tasks (not the course's checks)
 # ---------------------------------------------------------------------------------
 # "cumsum" and "probe_cumsum" hold the same checks, so that a notebook can grade two
-# tasks. `python -m smol.grade --tasks tests.test_grading` registers them in the grader
-# and its kernels.
+# tasks. `smol grade --tasks tests.test_grading` registers them in the grader and its
+# kernels.
 
 TEST_TASKS = ("cumsum", "probe_cumsum")
 registry.task("cumsum", "grader_tests", "cumsum(x) over the last dimension")
@@ -2395,7 +2394,7 @@ def test_an_allocation_that_fails_in_torch_is_out_of_memory():
 
 
 def test_a_report_never_replaces_a_notebook_or_a_foreign_file(tmp_path, capsys):
-    from smol.grade import main
+    from smol.commands.grade import main
 
     nb = _notebook(tmp_path, "mine.ipynb", [HEAD])
     before = nb.read_bytes()
@@ -2407,9 +2406,7 @@ def test_a_report_never_replaces_a_notebook_or_a_foreign_file(tmp_path, capsys):
         (other, "it is a notebook"),
         (notes, "not an earlier report"),
     ):
-        with pytest.raises(SystemExit) as exit_:
-            main([str(nb), "--json", str(where)])
-        assert exit_.value.code == 2
+        assert main([str(nb), "--json", str(where)]) == 2
         err = capsys.readouterr().err.strip().splitlines()[-1]
         assert f"cannot write the report to {where}" in err and why in err, err
     assert nb.read_bytes() == before and notes.read_text() == "my notes"
@@ -2505,7 +2502,7 @@ def started_sol(x):
 
 @pytest.fixture(scope="module")
 def hostile_and_fair(tmp_path_factory):
-    """One run of `python -m smol.grade` over a notebook whose code escapes, reaches
+    """One run of `smol grade` over a notebook whose code escapes, reaches
     for the grader's memory and forges a probe's result, and one whose correct code
     holds what pickle refuses; then a wait past the escapes' rewrite."""
     tmp = tmp_path_factory.mktemp("escapes")
@@ -2538,7 +2535,8 @@ def hostile_and_fair(tmp_path_factory):
         [
             sys.executable,
             "-m",
-            "smol.grade",
+            "smol",
+            "grade",
             str(hostile),
             str(fair),
             "--json",
@@ -2583,7 +2581,7 @@ def test_a_notebook_cannot_reach_into_the_graders_memory(hostile_and_fair):
 
 
 def test_the_grader_is_non_dumpable_while_it_grades():
-    """`reaping`, around all that `python -m smol.grade` does, makes its process
+    """`reaping`, around all that `smol grade` does, makes its process
     non-dumpable (children it forks inherit that) and restores the flag after."""
     code = (
         "import os\n"
@@ -2650,7 +2648,7 @@ def _env_with_tests() -> dict:
 
 def _grade_class(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "smol.grade", *args, "--tasks", "tests.test_grading"],
+        [sys.executable, "-m", "smol", "grade", *args, "--tasks", "tests.test_grading"],
         capture_output=True,
         text=True,
         timeout=600,
@@ -2751,7 +2749,7 @@ def test_a_rerun_grades_only_what_changed(gradebook):
 
 
 def test_a_gradebook_refuses_to_replace_what_it_did_not_write(tmp_path, capsys):
-    from smol.grade import main
+    from smol.commands.grade import main
 
     subs = tmp_path / "subs"
     (subs / "alice").mkdir(parents=True)
@@ -2773,13 +2771,10 @@ def test_a_gradebook_refuses_to_replace_what_it_did_not_write(tmp_path, capsys):
         ),
         (["--gradebook", str(tmp_path / "x.ipynb")], "it is a notebook"),
     ):
-        with pytest.raises(SystemExit) as exit_:
-            main([str(subs), *args])
-        assert exit_.value.code == 2
+        assert main([str(subs), *args]) == 2
         assert why in capsys.readouterr().err
     (subs / "stray.ipynb").write_text("{}")  # names no student
-    with pytest.raises(SystemExit):
-        main([str(subs), "--gradebook", str(tmp_path / "new.csv")])
+    assert main([str(subs), "--gradebook", str(tmp_path / "new.csv")]) == 2
     assert "STUDENT__EXERCISE.ipynb" in capsys.readouterr().err
     assert foreign.read_text() == "name,grade\nalice,A\n"
     assert not (tmp_path / "new.csv").exists()

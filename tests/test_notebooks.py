@@ -62,12 +62,12 @@ SHOWN = {
 # Modules of smol that no chapter shows, on purpose; every other module is shown.
 NOT_SHOWN = {
     "smol/__init__.py": "the package's exports",
-    "smol/__main__.py": "the command line around load_pretrained and generate",
+    "smol/__main__.py": "`python -m smol VERB`, the `smol` command",
+    "smol/commands/": "the command lines, one a verb, around the library",
     "smol/int4.py": (
         "the GGUF file's own Q4_1 codes through PyTorch's int4 kernel: chapter 9 reads "
         "those blocks by hand, the Benchmarks page measures this path"
     ),
-    "smol/cli.py": "the usage error and exit status the command lines share",
     "smol/config.py": "a dataclass of the numbers chapter 0 tabulates",
     "smol/data.py": (
         "corpus plumbing; chapter 10 shows what it produces (packed windows, targets)"
@@ -81,15 +81,8 @@ NOT_SHOWN = {
     "smol/interrupt.py": "signal plumbing: a clean stop at a step boundary",
     "smol/resume.py": "file I/O of a Trainer's checkpoints; chapter 10 shows a resume",
     "smol/train_report.py": "the history, progress bar, summary and loss plot of a run",
-    "smol/train_cli.py": "the command line around Trainer",
-    "smol/eval.py": (
-        "python -m smol.eval: the command line around smol/evaluate.py, which chapter "
-        "14 shows"
-    ),
-    "smol/finetune.py": (
-        "the command line, and Trainer on smol.sft's batches; chapter 12 runs it"
-    ),
-    "smol/grade.py": "the grader's command line",
+    "smol/finetune.py": "Trainer on smol.sft's batches; chapter 12 runs it",
+    "smol/grade.py": "`python -m smol.grade`, as smol.grading.gradebook starts it",
     "smol/reference.py": "transformers' twin of a config, for parity tests and bench/",
     "smol/chat.py": "the command line's conversation around generate and its KV cache",
     "smol/grading/": "the grader, which the exercises use",

@@ -351,7 +351,7 @@ def test_config_json_is_a_llama_config(real_model, tmp_path):
 
 def test_command_line_chat_and_generate(real_model, monkeypatch, capsys):
     import smol.pretrained
-    from smol.__main__ import main
+    from smol.commands import main
 
     monkeypatch.setattr(
         smol.pretrained, "load_pretrained", lambda source, device, dtype: real_model
@@ -375,7 +375,7 @@ def test_command_line_chat_and_generate(real_model, monkeypatch, capsys):
 def test_text_stream_keeps_multibyte_characters_whole(real_model):
     import io
 
-    from smol.__main__ import TextStream
+    from smol.commands.generate import TextStream
 
     tokenizer = real_model[1]
     text = "emoji 🤗🚀 and 東京"

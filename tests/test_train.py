@@ -8,9 +8,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
-import time
 import warnings
 import zipfile
 
@@ -21,9 +18,9 @@ from smol import SmolConfig, SmolLM
 from smol.checkpoint import CheckpointError
 from smol.flops import flops_per_token, num_params, peak_flops
 from smol.optim import amp_dtype, lr_schedule, param_groups
+from smol.commands.train import main
 from smol.train import TrainConfig, Trainer, TrainingDiverged
-from smol.train_cli import main
-from tests.cli_args import ONE_LAYER, cli_args
+from tests.cli_args import ONE_LAYER, cli_args, run_smol
 
 SMALL = {
     "vocab_size": 97,
@@ -1043,30 +1040,15 @@ SIGNAL_ARGS = cli_args(
 
 
 def run_train(out_dir, *extra, signal_at=None, sig=signal.SIGTERM):
-    """Run `python -m smol.train` in a subprocess; with signal_at, send `sig` once the
+    """Run `smol train` in a subprocess; with signal_at, send `sig` once the
     checkpoint of that step exists (checkpoints every step make the run slow enough to
     catch mid-way)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "smol.train",
-        *SIGNAL_ARGS,
-        "--out-dir",
-        str(out_dir),
-        *extra,
-    ]
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    mark = (
+        None if signal_at is None else out_dir / "checkpoints" / f"step_{signal_at:07d}"
     )
-    if signal_at is not None:
-        mark = out_dir / "checkpoints" / f"step_{signal_at:07d}"
-        deadline = time.monotonic() + 240
-        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.01)
-        proc.send_signal(sig)
-    out, err = proc.communicate(timeout=300)
-    return proc.returncode, out, err
+    return run_smol(
+        ["train", *SIGNAL_ARGS, "--out-dir", str(out_dir), *extra], mark, sig
+    )
 
 
 def final_weights(out_dir):

@@ -1,15 +1,15 @@
-"""The training command line.
+"""Train a SmolLM (torchrun for DDP); the run's summary.json and loss.png go into its
+out-dir.
 
-    python -m smol.train --preset tiny --steps 300 --out-dir runs/tiny
-    python -m smol.train --preset tiny --steps 300 --out-dir runs/tiny --resume
-    torchrun --nproc_per_node=2 -m smol.train --preset tiny --out-dir runs/ddp
+    smol train --preset tiny --steps 300 --out-dir runs/tiny
+    smol train --preset tiny --steps 300 --out-dir runs/tiny --resume
+    torchrun --nproc_per_node=2 -m smol train --preset tiny --out-dir runs/ddp
 
-Every error is one line on stderr, never a traceback. Exit status: 0 when training
-finished; 2 for a usage error (a bad flag or setting), found before any work; 1 for a
-failure while running (an unwritable or occupied out-dir, a damaged checkpoint,
-divergence); 143 (SIGTERM) or 130 (SIGINT, Ctrl-C) when a signal stopped training after
-saving a checkpoint, as a process stopped by that signal reports it, so that a scheduler
-knows the run is not finished and can start it again with --resume."""
+A usage error (a bad flag or setting) is found before any work. A failure while running
+is an unwritable or occupied out-dir, a damaged checkpoint, divergence. SIGTERM or
+Ctrl-C stops training after saving a checkpoint, with the status of a process stopped by
+that signal, so that a scheduler knows the run is not finished and can start it again
+with --resume."""
 
 from __future__ import annotations
 
@@ -21,32 +21,15 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import torch.distributed as dist
-
 from smol.checkpoint import CheckpointError
+from smol.commands.common import Parser, UsageError, parser, run
 from smol.config import SmolConfig
-from smol.train import (
-    TrainConfig,
-    Trainer,
-    TrainingDiverged,
-    TrainingInterrupted,
-    plot_history,
-)
+from smol.interrupt import TrainingInterrupted
+from smol.train import TrainConfig, Trainer
+from smol.train_report import TrainingDiverged, plot_history
 
-PROG = "python -m smol.train"
 # Failures while running: one line on stderr, exit status 1.
 FAILURES = (ValueError, OSError, CheckpointError, TrainingDiverged)
-
-
-class UsageError(ValueError):
-    """A bad flag or setting: exit status 2."""
-
-
-class Parser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are UsageErrors, reported in one line."""
-
-    def error(self, message):
-        raise UsageError(message)
 
 
 def _parse_bool(text: str) -> bool:
@@ -76,22 +59,15 @@ def _model_override(item: str) -> tuple[str, object]:
         )
 
 
-def _parse_args(argv) -> TrainConfig:
-    p = Parser(prog=PROG, description="Train a SmolLM (torchrun for DDP).")
+def build_parser() -> Parser:
+    """The parser of `smol train`: a flag for each TrainConfig field, and --set."""
+    p = parser("train", __doc__)
     defaults = TrainConfig()
     for f in dataclasses.fields(TrainConfig):
         if f.name == "model_overrides":
             continue
         if f.name == "resume":
-            p.add_argument(
-                "--resume",
-                nargs="?",
-                const="latest",
-                default=False,
-                metavar="PATH",
-                help="continue the run in out-dir from its newest intact checkpoint "
-                "(--resume or --resume latest), or from the checkpoint folder PATH",
-            )
+            add_resume_option(p, "out-dir")
             continue
         flag, value = "--" + f.name.replace("_", "-"), getattr(defaults, f.name)
         if isinstance(value, bool):
@@ -105,7 +81,11 @@ def _parse_args(argv) -> TrainConfig:
         metavar="FIELD=VALUE",
         help="override a model config field, e.g. --set num_hidden_layers=2",
     )
-    args = vars(p.parse_args(argv))
+    return p
+
+
+def _parse_args(argv) -> TrainConfig:
+    args = vars(build_parser().parse_args(argv))
     overrides = dict(_model_override(item) for item in args.pop("set"))
     try:
         return TrainConfig(**args, model_overrides=overrides)
@@ -113,32 +93,21 @@ def _parse_args(argv) -> TrainConfig:
         raise UsageError(str(e)) from None
 
 
-def main(argv=None) -> int:
-    return run_command(PROG, lambda: _parse_args(argv), _train, FAILURES)
+def add_resume_option(p: argparse.ArgumentParser, out: str) -> None:
+    """--resume [PATH]: False without it, "latest" alone, else the PATH given."""
+    p.add_argument(
+        "--resume",
+        nargs="?",
+        const="latest",
+        default=False,
+        metavar="PATH",
+        help=f"continue the run in {out} from its newest intact checkpoint "
+        "(--resume or --resume latest), or from the checkpoint folder PATH",
+    )
 
 
-def run_command(
-    prog: str,
-    parse: Callable[[], object],
-    work: Callable[[object], int],
-    failures: tuple[type[Exception], ...],
-) -> int:
-    """A command's exit status: 2 after one line on stderr for a UsageError from
-    `parse`; else `work(settings)`'s, or 1 after one line for an error of `failures`;
-    either way this process leaves the process group, if it joined one."""
-    try:
-        settings = parse()
-    except UsageError as e:
-        print(f"{prog}: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    try:
-        return work(settings)
-    except failures as e:
-        print(f"error: {e}", file=sys.stderr, flush=True)
-        return 1
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+def main(argv: list[str] | None = None) -> int:
+    return run("smol train", lambda: _parse_args(argv), _train, FAILURES)
 
 
 def _train(cfg: TrainConfig) -> int:
@@ -209,7 +178,3 @@ def _write_results(trainer: Trainer, history: dict, summary: dict) -> None:
     )
     if cfg.sample_tokens:
         print("sample:", repr(trainer.sample()), flush=True)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

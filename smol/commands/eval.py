@@ -1,14 +1,13 @@
-"""Command line: measure a model on MMLU (smol/evaluate.py).
+"""Measure a model on MMLU (smol/evaluate.py), or compare two runs question by
+question; prints the accuracy with its 95% interval.
 
-    python -m smol.eval mmlu --limit 570          # 10 questions of each subject
-    python -m smol.eval mmlu                      # all 14,042, the bundled weights
-    python -m smol.eval mmlu --formulation letters --shots 5 --model path/to/folder
-    python -m smol.eval mmlu --out results/       # mmlu.csv, mmlu_subjects.csv and
-                                                  # mmlu_questions.csv in results/
-    python -m smol.eval compare base/ tuned/      # two runs, question by question
-
-Prints the accuracy with its 95% interval. Exit status 2 for a bad command line, 1 for
-anything else."""
+    smol eval mmlu --limit 570          # 10 questions of each subject
+    smol eval mmlu                      # all 14,042, the bundled weights
+    smol eval mmlu --formulation letters --shots 5 --model path/to/folder
+    smol eval mmlu --out results/       # mmlu.csv, mmlu_subjects.csv and
+                                        # mmlu_questions.csv in results/
+    smol eval compare base/ tuned/      # two runs, question by question
+"""
 
 from __future__ import annotations
 
@@ -22,38 +21,50 @@ from pathlib import Path
 import torch
 
 from smol import evaluate
-from smol.cli import UsageError, exit_status
+from smol.commands.common import HELP, Parser, UsageError, parser, run
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m smol.eval", description="Measure a model on MMLU."
-    )
-    parser.add_argument("task", choices=["mmlu"])
-    parser.add_argument(
+def build_parser() -> Parser:
+    """The parser of `smol eval`."""
+    p = parser("eval", __doc__)
+    tasks = p.add_subparsers(dest="task", required=True, parser_class=Parser)
+    about = "measure a model on MMLU"
+    mmlu = tasks.add_parser("mmlu", help=about, description=about, **HELP)
+    mmlu.add_argument(
         "--limit", type=int, help="a stratified subset of N questions (default: all)"
     )
-    parser.add_argument("--shots", type=int, default=0, help="worked examples (0)")
-    parser.add_argument("--formulation", choices=evaluate.FORMULATIONS, default="cloze")
-    parser.add_argument(
+    mmlu.add_argument("--shots", type=int, default=0, help="worked examples (0)")
+    mmlu.add_argument("--formulation", choices=evaluate.FORMULATIONS, default="cloze")
+    mmlu.add_argument(
         "--model", help="a .gguf file or a model folder (default: the bundled GGUF)"
     )
-    parser.add_argument("--dtype", choices=list(DTYPES), default="float32")
-    parser.add_argument("--device", help="default: cuda when available, else cpu")
-    parser.add_argument("--threads", type=int, help="PyTorch's CPU threads")
-    parser.add_argument(
+    mmlu.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    mmlu.add_argument("--device", help="default: cuda when available, else cpu")
+    mmlu.add_argument("--threads", type=int, help="PyTorch's CPU threads")
+    mmlu.add_argument(
         "--token-budget", type=int, default=4096, help="tokens per batch (4096)"
     )
-    parser.add_argument("--seed", type=int, default=0, help="the subset's seed (0)")
-    parser.add_argument(
+    mmlu.add_argument("--seed", type=int, default=0, help="the subset's seed (0)")
+    mmlu.add_argument(
         "--out",
         type=Path,
         help="write mmlu.csv (the summary), mmlu_subjects.csv (a row per subject) and "
         "mmlu_questions.csv (a row per question: its choices' log-likelihoods) here",
     )
-    return parser
+    about = "compare two runs' verdicts on the questions both answered"
+    compare = tasks.add_parser("compare", help=about, description=about, **HELP)
+    compare.add_argument("before", type=Path, help="an --out folder or its CSV")
+    compare.add_argument("after", type=Path, help="an --out folder or its CSV")
+    compare.add_argument(
+        "--by",
+        choices=["normalised", "sum"],
+        default="normalised",
+        help="the verdict: best sum per character (normalised) or best sum",
+    )
+    compare.add_argument("--csv", type=Path, help="append the comparison as a row here")
+    return p
 
 
 def check_args(args) -> None:
@@ -148,7 +159,7 @@ def bfloat16_warning(float32_seconds: float, bfloat16_seconds: float) -> str | N
     )
 
 
-def run(args) -> None:
+def run_mmlu(args) -> None:
     from smol.pretrained import load_pretrained
 
     questions = pool = evaluate.load_mmlu()
@@ -213,23 +224,6 @@ def run(args) -> None:
         )
 
 
-def build_compare_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m smol.eval compare",
-        description="Compare two runs' verdicts on the questions both answered.",
-    )
-    parser.add_argument("before", type=Path, help="an --out folder or its CSV")
-    parser.add_argument("after", type=Path, help="an --out folder or its CSV")
-    parser.add_argument(
-        "--by",
-        choices=["normalised", "sum"],
-        default="normalised",
-        help="the verdict: best sum per character (normalised) or best sum",
-    )
-    parser.add_argument("--csv", type=Path, help="append the comparison as a row here")
-    return parser
-
-
 def verdicts(path: Path, by: str) -> dict[int, bool]:
     """question number -> right or not, from a run's mmlu_questions.csv."""
     if path.is_dir():
@@ -264,23 +258,20 @@ def compare(args) -> None:
         write_csv(args.csv, [row], append=True)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["compare"]:
-        parser = build_compare_parser()
-        args = parser.parse_args(argv[1:])
-        return exit_status(parser.prog, lambda: compare(args))
-    parser = build_parser()
-    args = parser.parse_args(argv)
-
-    def work():
+def _parse(argv) -> argparse.Namespace:
+    args = build_parser().parse_args(argv)
+    if args.task == "mmlu":
         check_args(args)
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        run(args)
-
-    return exit_status(parser.prog, work)
+    return args
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+def _work(args) -> None:
+    if args.task == "compare":
+        return compare(args)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    run_mmlu(args)
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run("smol eval", lambda: _parse(argv), _work)

@@ -1,0 +1,100 @@
+"""What every command shares: one UsageError, a parser whose errors are UsageErrors,
+and how a command's outcome becomes one line on stderr and an exit status."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import signal
+import sys
+import threading
+from collections.abc import Callable
+
+EXIT_STATUS = """exit status: 0 done; 2 a usage error, found before any work; 1 a
+failure while running; 130 Ctrl-C; 143 SIGTERM. Each error is one line on stderr."""
+# Failures while running: the first line of the message on stderr, exit status 1.
+FAILURES = (OSError, ValueError, RuntimeError, TypeError)
+
+
+class UsageError(Exception):
+    """A command line that cannot work: exit status 2."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command runs as Ctrl-C raises KeyboardInterrupt (so
+    that what cleans up after Ctrl-C cleans up after it too): exit status 143."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are UsageErrors (argparse would print its usage
+    too, and exit by itself)."""
+
+    def error(self, message):
+        raise UsageError(message)
+
+
+# how every command's --help ends, and keeps its docstring's lines
+HELP = dict(epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def parser(verb: str, doc: str) -> Parser:
+    """The parser of `smol VERB`: its module's docstring, then the exit statuses."""
+    return Parser(prog=f"smol {verb}", description=doc, **HELP)
+
+
+def run(
+    prog: str,
+    parse: Callable[[], object],
+    work: Callable[[object], int | None],
+    failures: tuple[type[BaseException], ...] = FAILURES,
+) -> int:
+    """A command's exit status: `parse()`'s settings go to `work`, whose status it
+    is (None: 0); 2 after a UsageError, 1 after one of `failures`, 130 after Ctrl-C
+    and 143 after SIGTERM, each with one line on stderr. `--help` gives 0. Either way
+    this process leaves its torch.distributed group, if it joined one."""
+    try:
+        try:
+            settings = parse()
+        except SystemExit as e:  # --help
+            return e.code if isinstance(e.code, int) else 0
+        with _sigterm_raises():
+            status = work(settings)
+        return 0 if status is None else status
+    except UsageError as e:
+        return _error(prog, e, 2)
+    except Terminated:
+        print(f"\n{prog}: stopped by SIGTERM", file=sys.stderr, flush=True)
+        return 128 + signal.SIGTERM
+    except KeyboardInterrupt:
+        print(f"\n{prog}: interrupted", file=sys.stderr, flush=True)
+        return 128 + signal.SIGINT
+    except failures as e:
+        return _error(prog, e, 1)
+    finally:
+        dist = sys.modules.get("torch.distributed")  # imported only where it is used
+        if dist is not None and dist.is_available() and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _error(prog: str, e: BaseException, status: int) -> int:
+    text = str(e).strip()
+    message = text.splitlines()[0] if text else type(e).__name__
+    print(f"{prog}: error: {message}", file=sys.stderr, flush=True)
+    return status
+
+
+@contextlib.contextmanager
+def _sigterm_raises():
+    """While the block runs, SIGTERM raises Terminated (on the main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminated(signum, frame):
+        raise Terminated("SIGTERM")
+
+    previous = signal.signal(signal.SIGTERM, terminated)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

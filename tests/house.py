@@ -1,0 +1,84 @@
+"""The shape of the package: each module's size and what it imports of smol, read from
+the source (nothing is imported), and any circle among those imports.
+
+    python -m tests.house            # sizes, largest first; the import graph; circles
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def modules() -> dict[str, Path]:
+    """Dotted name -> file of every module of smol."""
+    out = {}
+    for path in sorted((ROOT / "smol").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        out[".".join(parts).removesuffix(".__init__")] = path
+    return out
+
+
+def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
+    """The modules of smol that `name` imports anywhere in its file (a function's
+    imports too: they make a circle as well, only later)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for alias in node.names:
+                child = f"{node.module}.{alias.name}"
+                found.add(child if child in known else node.module)
+    return {m for m in found if m in known and m != name}
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(name, path, known) for name, path in known.items()}
+
+
+def circles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Each circle that a depth-first walk meets, as [a, b, ..., a]."""
+    state: dict[str, str] = {}
+    found = []
+
+    def walk(node: str, path: list[str]) -> None:
+        state[node] = "open"
+        path.append(node)
+        for nxt in sorted(edges[node]):
+            if state.get(nxt) == "open":
+                found.append(path[path.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                walk(nxt, path)
+        path.pop()
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            walk(node, [])
+    return found
+
+
+def main() -> None:
+    sizes = {
+        name: len(path.read_text(encoding="utf-8").splitlines())
+        for name, path in modules().items()
+    }
+    print("lines  module")
+    for name, n in sorted(sizes.items(), key=lambda item: -item[1]):
+        print(f"{n:5}  {name}")
+    edges = graph()
+    print("\nimports of smol, module by module")
+    for name in sorted(edges):
+        print(f"{name} -> {', '.join(sorted(edges[name])) or '-'}")
+    found = circles(edges)
+    print(f"\n{len(found)} circle{'s' * (len(found) != 1)}")
+    for circle in found:
+        print("  " + " -> ".join(circle))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,37 @@
+"""The package's shape (tests/house.py): no import circle, and the command lines in
+smol/commands/ only, so that the library's modules hold none."""
+
+import ast
+
+from tests import house
+
+# Modules beside smol/commands/ that run as a program: `python -m smol`, the grader's
+# own processes (`python -m smol.grade`), the exercises' generator, and the rebuild of
+# the shipped tokenizer that smol/assets/NOTICE.md describes.
+PROGRAMS = {"smol.__main__", "smol.grade", "smol.grading.make_exercises", "smol.data"}
+
+
+def test_no_module_of_smol_imports_itself_back():
+    assert house.circles(house.graph()) == []
+
+
+def test_circles_are_found():
+    edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert house.circles(edges) == [["a", "b", "c", "a"]]
+    assert house.circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_only_the_commands_parse_command_lines_or_run_as_programs():
+    for name, path in house.modules().items():
+        if name.startswith("smol.commands") or name in PROGRAMS:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        imported = {
+            a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names
+        }
+        imported |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert "argparse" not in imported, f"{name} parses a command line"
+        assert not any(str(m).startswith("smol.commands") for m in imported), name
+        assert "__main__" not in path.read_text(encoding="utf-8"), (
+            f"{name} runs as a program: its command belongs in smol/commands/"
+        )
