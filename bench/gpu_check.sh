@@ -21,7 +21,7 @@
 #   mutants     tests/gpu_mutants.py: the mutants only a GPU kills: gpu_mutants_cuda.csv
 #   weights     the chapters that load the released weights (7-9, 12-14; chapter 14
 #               scores all of MMLU)
-#   mmlu        smol.eval mmlu on the whole set, bfloat16: mmlu_cuda.csv
+#   mmlu        smol eval mmlu on the whole set, bfloat16: mmlu_cuda.csv
 #   generate    bench/generate.py --device cuda (eager paths): generate_cuda.csv
 # bench/store_gpu_outputs.py then stores the executed chapters' GPU-only cells.
 set -euo pipefail
@@ -71,7 +71,7 @@ if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
     wait
     part weights 220 "${NOTEBOOKS[@]}" --csv "$WORK/notebooks_3.csv" \
         --only 7,8,9,12,13,14 --jobs 6
-    part mmlu 60 bash -c "'$PY' -m smol.eval mmlu --dtype bfloat16 --device cuda \
+    part mmlu 60 bash -c "'$PY' -m smol eval mmlu --dtype bfloat16 --device cuda \
         --token-budget 32768 --out '$WORK/mmlu' && cp '$WORK/mmlu/mmlu.csv' '$RESULTS/mmlu_cuda.csv'"
     # (chapter 9 times the compiled paths on the GPU: compiling them again here would
     # take most of this part's minute)

@@ -202,3 +202,14 @@ def test_every_documented_command_s_help_runs_through_the_script():
     for command, result in zip(shown, _each_verb([[*c, "--help"] for c in shown])):
         usage = f"usage: smol {' '.join(command)}"
         assert result.returncode == 0 and result.stdout.startswith(usage), command
+
+
+def test_a_feedback_page_of_either_marker_is_the_graders(tmp_path):
+    """Feedback pages written as `python -m smol.grade` (before the one entry point)
+    are still the grader's to rewrite; a page an instructor wrote is not."""
+    from smol.grading.gradebook import EARLIER_MARK, MARK, is_feedback
+
+    for i, first in enumerate([MARK, EARLIER_MARK, "# notes on ada"]):
+        page = tmp_path / f"{i}.md"
+        page.write_text(f"{first}\n# ada: 3/4 points\n", encoding="utf-8")
+        assert is_feedback(page) is (i < 2), first

@@ -5,10 +5,10 @@ import ast
 
 from tests import house
 
-# Modules beside smol/commands/ that run as a program: `python -m smol`, the grader's
-# own processes (`python -m smol.grade`), the exercises' generator, and the rebuild of
-# the shipped tokenizer that smol/assets/NOTICE.md describes.
-PROGRAMS = {"smol.__main__", "smol.grade", "smol.grading.make_exercises", "smol.data"}
+# Modules beside smol/commands/ that run as a program: `python -m smol`, the exercises'
+# generator, and the rebuild of the shipped tokenizer that smol/assets/NOTICE.md
+# describes.
+PROGRAMS = {"smol.__main__", "smol.grading.make_exercises", "smol.data"}
 
 
 def test_no_module_of_smol_imports_itself_back():

@@ -82,7 +82,6 @@ NOT_SHOWN = {
     "smol/resume.py": "file I/O of a Trainer's checkpoints; chapter 10 shows a resume",
     "smol/train_report.py": "the history, progress bar, summary and loss plot of a run",
     "smol/finetune.py": "Trainer on smol.sft's batches; chapter 12 runs it",
-    "smol/grade.py": "`python -m smol.grade`, as smol.grading.gradebook starts it",
     "smol/reference.py": "transformers' twin of a config, for parity tests and bench/",
     "smol/chat.py": "the command line's conversation around generate and its KV cache",
     "smol/grading/": "the grader, which the exercises use",

@@ -3,21 +3,21 @@
 In a notebook: ``grade("rope", apply_rope)`` runs the checks of task "rope" against your
 function and shows a table (check, points, pass/fail, a hint for each failure); it never
 raises. ``preview`` does the same without counting, and ``summary("rope")`` shows a
-notebook's total. From the shell, ``python -m smol.grade exercises/`` runs whole
+notebook's total. From the shell, ``smol grade exercises/`` runs whole
 notebooks in fresh kernels and scores them.
 
 Where things are: `registry` holds the tasks, their checks and the results; `isolation`
 runs one check's probe safely (a time limit; `child` forks a process per probe, and
 `memory` tells when memory ran short); `core` runs a task's checks and shows them
 (`grade`, `preview`, `summary`); `runner` executes a notebook in a kernel for
-`python -m smol.grade`, and `gradebook` grades a class with it; `plain` carries probe
+`smol grade`, and `gradebook` grades a class with it; `plain` carries probe
 data across processes, `reaper` ends every process grading started, `files` writes
 reports; `checks` holds the checks of each exercise, and `make_exercises` writes
 exercises/ from solutions/.
 
 What a score can be trusted for. In a notebook, `grade` is feedback: it runs in the
 student's own kernel, where their code may change anything. The score that counts comes
-from `python -m smol.grade`, which assumes that the notebook's code may print or display
+from `smol grade`, which assumes that the notebook's code may print or display
 anything (a forged result included), monkeypatch `smol.grading`, `torch` or anything
 else in its kernel, read its own process's memory, start processes that leave their
 group and their parent, and write the files the grader writes. So the command reads

@@ -5,7 +5,7 @@ The registry of tasks and checks and the results live in `smol.grading.registry`
 single check runs safely (a time limit, a forked child per check where the platform
 allows it) in `smol.grading.isolation`. A probe check runs in three steps here:
 `chosen_inputs` (its data), a probe in a child, and `judged` (the verdict, in this
-process); `serve_probes` is the middle step as `python -m smol.grade` runs it inside a
+process); `serve_probes` is the middle step as `smol grade` runs it inside a
 notebook's kernel.
 """
 
@@ -28,7 +28,7 @@ from smol.grading.isolation import (
 )
 from smol.grading.registry import DEFAULT_TIMEOUT, MIME, TASKS, Check, Result, Row, Task
 
-# set in the kernels that `python -m smol.grade` starts: there `grade` leaves the
+# set in the kernels that `smol grade` starts: there `grade` leaves the
 # grading to that command
 DEFERRED = "SMOL_GRADE_DEFERRED"
 _WARM: set = set()  # the warm-up functions already run in this process
@@ -139,7 +139,7 @@ def serve_probes(
     timeout: float,
     modules: tuple[str, ...] = (),
 ) -> None:
-    """For `python -m smol.grade`, inside a notebook's kernel: run the probes of
+    """For `smol grade`, inside a notebook's kernel: run the probes of
     `task_name`'s checks `indices` on `obj`, each on the inputs in `folder`/in-<i>,
     writing its outcome to `folder`/out-<i>. `modules` register the task. The grader
     judges what this writes; nothing here decides a score."""
@@ -215,11 +215,11 @@ def grade(
 
     Never raises: a check that fails, raises, hangs or exits costs its own points only.
     Returns None (so a notebook shows only the table); the result is kept in
-    `RESULTS[task_name]`. In a kernel started by `python -m smol.grade` it only says so:
+    `RESULTS[task_name]`. In a kernel started by `smol grade` it only says so:
     that command grades `obj` itself, in processes of its own, right after this cell.
     """
     if os.environ.get(DEFERRED):
-        print(f"{task_name}: graded by python -m smol.grade after this cell")
+        print(f"{task_name}: graded by smol grade after this cell")
         return
     try:
         result = run_checks(task_name, obj, timeout)

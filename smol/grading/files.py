@@ -18,7 +18,7 @@ import nbformat
 
 
 def is_report(path: Path) -> bool:
-    """Whether `path` holds a JSON report of `python -m smol.grade`."""
+    """Whether `path` holds a JSON report of `smol grade`."""
     try:
         if path.stat().st_size > 1 << 30:
             return False

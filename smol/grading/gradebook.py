@@ -1,10 +1,10 @@
-"""Grading a class: `python -m smol.grade submissions/ --gradebook grades.csv
+"""Grading a class: `smol grade submissions/ --gradebook grades.csv
 --feedback feedback/` grades every student's notebooks and writes one gradebook (a CSV
 row per student, exercise and task) and one feedback page per student.
 
 A submissions folder holds one sub-folder per student (`alice/02_rope.ipynb`), or
 notebooks named with the student in front (`alice__02_rope.ipynb`), or both. Each
-notebook is graded by a process of its own (`python -m smol.grade NOTEBOOK --json -`),
+notebook is graded by a process of its own (`smol grade NOTEBOOK --json -`),
 `--jobs` of them at once: a notebook that breaks, hangs or attacks its grader costs its
 own rows only, and whatever such a process leaves behind is killed before anything is
 written. The JSON report of the class keeps each notebook's content hash (SHA-256) and
@@ -35,7 +35,9 @@ from smol.grading.files import read_notebook
 from smol.grading.runner import expected_tasks, score_notebook
 
 HEADER = ["student", "exercise", "task", "points", "max_points", "status"]
-MARK = "<!-- feedback written by python -m smol.grade -->"
+MARK = "<!-- feedback written by smol grade -->"
+# what the grader wrote as `python -m smol.grade`: its feedback files are its own too
+EARLIER_MARK = "<!-- feedback written by python -m smol.grade -->"
 SAFE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
@@ -131,7 +133,7 @@ def _limit(sub: Submission, args) -> float:
 
 
 def _grade_one(sub: Submission, args, workers: reaper.Workers, logs: Path) -> dict:
-    command = [sys.executable, "-m", "smol.grade", str(sub.path), "--json", "-"]
+    command = [sys.executable, "-m", "smol", "grade", str(sub.path), "--json", "-"]
     command += [
         "--timeout",
         str(args.timeout),
@@ -343,7 +345,7 @@ def is_feedback(path: Path) -> bool:
     """Whether `path` holds a feedback page this command wrote (its first line)."""
     try:
         with open(path, encoding="utf-8") as f:
-            return f.readline().rstrip("\n") == MARK
+            return f.readline().rstrip("\n") in (MARK, EARLIER_MARK)
     except (OSError, UnicodeDecodeError):
         return False
 

@@ -2,7 +2,7 @@
 
 A check's child runs in a process group of its own, and killing the group ends what it
 started; but code can leave the group (`setsid`) and its parent (a double fork), and
-would then live on to rewrite a report. So `python -m smol.grade` makes its process a
+would then live on to rewrite a report. So `smol grade` makes its process a
 *child subreaper* (Linux's `prctl(PR_SET_CHILD_SUBREAPER)`): a process whose parent dies
 is handed to it instead of to init, wherever it went. `sweep` then kills every
 descendant outside the processes it is told to keep (the notebook's kernel while the

@@ -1,6 +1,6 @@
 """What the grader knows: the registry of tasks and their checks, and the result of
 running a task's checks, as a table for the terminal, HTML for a notebook, and JSON for
-`python -m smol.grade`.
+`smol grade`.
 
 A check (`probe_check`) splits running from judging: `inputs()` chooses the data
 (grader side), `probe(obj, inputs)` runs the student's code on it and returns plain data
@@ -15,7 +15,7 @@ import html
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-# the machine-readable result that `python -m smol.grade` reads
+# the machine-readable result that `smol grade` reads
 MIME = "application/vnd.smol.grade+json"
 DEFAULT_TIMEOUT = 10.0  # seconds per check
 # the message of a stub that was called; its hint stays hidden
@@ -76,7 +76,7 @@ def probe_check(
     student's object, with `inputs()` choosing its data (none by default) and
     `judge(inputs, outputs)` deciding. Inputs and outputs are plain data
     (`smol.grading.plain`). The module that registers the check must be importable:
-    `python -m smol.grade` imports it in the notebook's kernel to run the probe
+    `smol grade` imports it in the notebook's kernel to run the probe
     there."""
     names = (task_names,) if isinstance(task_names, str) else task_names
 

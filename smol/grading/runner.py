@@ -1,4 +1,4 @@
-"""Running an exercise notebook in a fresh kernel for `python -m smol.grade`, and
+"""Running an exercise notebook in a fresh kernel for `smol grade`, and
 grading the objects its check cells name.
 
 The notebook runs top to bottom (errors do not stop it) under a time limit of its own.
@@ -116,7 +116,7 @@ def expected_tasks(nb, path: Path | None = None) -> list[str]:
 
 def collected_results(nb) -> dict[str, dict]:
     """The grade results a notebook's stored outputs show (the last one per task). For
-    the student's eyes and the course's tests: `python -m smol.grade` never counts them.
+    the student's eyes and the course's tests: `smol grade` never counts them.
     """
     results = {}
     for cell in nb.cells:
