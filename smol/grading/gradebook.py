@@ -93,7 +93,8 @@ def fingerprint(args) -> str:
     modules of extra tasks), torch's version and the time limits."""
     digest = hashlib.sha256()
     package = Path(__file__).resolve().parents[1]
-    files = sorted((package / "grading").rglob("*.py")) + [package / "grade.py"]
+    files = sorted((package / "grading").rglob("*.py"))
+    files += [package / "commands" / name for name in ("grade.py", "common.py")]
     for name in args.tasks:
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.origin:
