@@ -7,7 +7,8 @@ reads the question as one row, the context once and every choice after it, each 
 seeing the context and itself only (question_rows). A choice's
 score is the sum of its tokens' log-probabilities; the prediction is the best-scoring
 choice (accuracy), or the best score per character of the choice (normalised
-accuracy, lm-evaluation-harness's acc_norm)."""
+accuracy, lm-evaluation-harness's acc_norm). score() serves the model card's other
+benchmarks too (smol.benchmarks)."""
 
 from __future__ import annotations
 
@@ -269,7 +270,8 @@ def row_batches(items: list, length, budget: int, max_padding: float = 0.25):
 @dataclass
 class Result:
     """One question's outcome: the summed log-probability of each choice and the
-    length of each in characters."""
+    length of each in characters. question: a Question, or any item with an answer
+    (the index of the right choice), as smol.benchmarks' Item."""
 
     question: Question
     logprobs: list[float]
@@ -302,12 +304,8 @@ def evaluate(
     pool: list[Question] | None = None,
 ) -> list[Result]:
     """Score every question (in its own order in the returned list), with `shots`
-    worked examples from pool (default: questions; see shots_for). Questions are
-    sorted by the length of their rows and batched so that each batch's padded
-    tokens stay within token_budget and its padding within a quarter of its tokens
-    (row_batches; one longer row goes alone)."""
-    from tqdm.auto import tqdm
-
+    worked examples from pool (default: questions; see shots_for), in batches of
+    at most token_budget tokens (score)."""
     if formulation not in FORMULATIONS:
         raise ValueError(
             f"formulation must be one of {FORMULATIONS}, got {formulation!r}"
@@ -315,27 +313,44 @@ def evaluate(
     if not isinstance(shots, int) or shots < 0:
         raise ValueError(f"shots must be an int >= 0, got {shots!r}")
     examples = shots_for(questions, shots, pool) if shots else [[] for _ in questions]
-    items = []
-    for i, (q, ex) in enumerate(zip(questions, examples)):
+    requests, lengths = [], []
+    for q, ex in zip(questions, examples):
         context, continuations = prompt(q, formulation, ex)
-        ctx, conts = encode(tokenizer, context, continuations)
-        items.append((i, ctx, conts, [len(c) for c in continuations]))
+        requests.append(encode(tokenizer, context, continuations))
+        lengths.append([len(c) for c in continuations])
+    scores = score(model, requests, token_budget, progress, f"MMLU {formulation}")
+    return [Result(q, s.tolist(), n) for q, s, n in zip(questions, scores, lengths)]
 
-    def length(it):  # the question's row: its context and every choice
-        return len(it[1]) + sum(map(len, it[2]))
 
-    items.sort(key=length)
-    results = [None] * len(questions)
-    bar = tqdm(total=len(items), disable=not progress, desc=f"MMLU {formulation}")
-    for batch in row_batches(items, length, token_budget):
-        scores = choice_logprobs(
-            model, [it[1] for it in batch], [it[2] for it in batch]
+def score(
+    model,
+    requests: list[tuple[list[int], list[list[int]]]],
+    token_budget: int = 4096,
+    progress: bool = False,
+    desc: str = "scoring",
+) -> list[torch.Tensor]:
+    """choice_logprobs of every request (context ids, [continuation ids]), one
+    tensor (choices,) each, in the requests' order. Requests are sorted by the
+    length of their rows and batched so that each batch's padded tokens stay within
+    token_budget and its padding within a quarter of its tokens (row_batches; one
+    longer row goes alone)."""
+    from tqdm.auto import tqdm
+
+    def length(i):  # the request's row: its context and every choice
+        return len(requests[i][0]) + sum(map(len, requests[i][1]))
+
+    order = sorted(range(len(requests)), key=length)
+    scores = [None] * len(requests)
+    bar = tqdm(total=len(requests), disable=not progress, desc=desc)
+    for batch in row_batches(order, length, token_budget):
+        found = choice_logprobs(
+            model, [requests[i][0] for i in batch], [requests[i][1] for i in batch]
         )
-        for (i, _, _, lengths), s in zip(batch, scores):
-            results[i] = Result(questions[i], s.tolist(), lengths)
+        for i, s in zip(batch, found):
+            scores[i] = s
         bar.update(len(batch))
     bar.close()
-    return results
+    return scores
 
 
 def wilson_interval(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
