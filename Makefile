@@ -83,9 +83,10 @@ gpu-check: setup
 colab-check: setup
 	nice -n 10 $(PY) -m tests.colab_sim $(NOTEBOOKS)
 
-# smol's MMLU scores against lm-evaluation-harness (tests/test_evaluate.py, skipped where
-# lm-eval is missing). lm-eval and its many dependencies go into a venv of their own,
-# .venv-lmeval, which sees .venv's packages (a .pth file) and leaves them as they are.
+# smol's MMLU and card benchmark scores against lm-evaluation-harness (tests/test_evaluate.py
+# and tests/test_benchmarks.py, skipped where lm-eval is missing). lm-eval and its many
+# dependencies go into a venv of their own, .venv-lmeval, which sees .venv's packages (a .pth
+# file) and leaves them as they are.
 LMEVAL := .venv-lmeval
 lm-eval: setup
 	test -x $(LMEVAL)/bin/python || $(PY) -m venv $(LMEVAL)
@@ -93,7 +94,8 @@ lm-eval: setup
 		"$$($(LMEVAL)/bin/python -c 'import site; print(site.getsitepackages()[0])')/smol-venv.pth"
 	$(LMEVAL)/bin/python -m pip install -q lm-eval==0.4.13
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
-		$(LMEVAL)/bin/python -m pytest tests/test_evaluate.py -k lm_eval -p no:randomly
+		$(LMEVAL)/bin/python -m pytest tests/test_evaluate.py tests/test_benchmarks.py -k lm_eval \
+		-p no:randomly
 
 # Mutation testing (not part of `make test`: it runs for hours on 2 cores): mutmut breaks the
 # modules named in pyproject.toml's [tool.mutmut] one small change at a time and runs their fast

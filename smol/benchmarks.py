@@ -146,21 +146,26 @@ def data_path(task: str) -> Path:
     return root / FOLDERS[task] / "data-00000-of-00001.arrow"
 
 
-def load(task: str, path: str | Path | None = None) -> list[Item]:
-    """The task's questions in file order, rendered (RENDER). A row the renderer
-    cannot read is an error naming it."""
+def read_rows(task: str, path: str | Path | None = None) -> list[dict]:
+    """The task's split as it ships: one dict per row, in file order."""
     import pyarrow as pa
 
     path = data_path(task) if path is None else Path(path)
     with pa.memory_map(str(path)) as source:
-        rows = pa.ipc.open_stream(source).read_all().to_pylist()
+        return pa.ipc.open_stream(source).read_all().to_pylist()
+
+
+def load(task: str, path: str | Path | None = None) -> list[Item]:
+    """The task's questions in file order, rendered (RENDER). A row the renderer
+    cannot read is an error naming it."""
     items = []
-    for i, row in enumerate(rows):
+    for i, row in enumerate(read_rows(task, path)):
         try:
             subject, contexts, continuations, answer = RENDER[task](row, task)
         except (KeyError, ValueError, TypeError, AttributeError) as e:
             raise ValueError(
-                f"{path}: row {i} is not a {task} question ({e!r}): {row}"
+                f"{path or data_path(task)}: row {i} is not a {task} question "
+                f"({e!r}): {row}"
             ) from None
         items.append(Item(subject, i, contexts, continuations, answer))
     return items
@@ -222,18 +227,20 @@ def summarize(task: str, results: list[evaluate.Result], seconds: float) -> dict
     return row | {"seconds": seconds}
 
 
-def write_summary(path: str | Path, rows: list[dict], extra: dict | None = None):
-    """One row per task: the extra columns (e.g. model, shots, machine), then its
-    summarize() in percent (two decimals) and seconds (to 0.1)."""
+def table_row(summary: dict) -> dict:
+    """A summarize() for a table: its fractions in percent (two decimals), seconds
+    to 0.1."""
     keys = ("acc", "acc low", "acc high", "acc_norm", "acc_norm low", "acc_norm high")
-    table = [
-        dict(extra or {})
-        | {"task": r["task"], "questions": r["questions"]}
-        | {f"{k} (%)": round(100 * r[k], 2) for k in keys}
-        | {"seconds": round(r["seconds"], 1)}
-        for r in rows
-    ]
-    write_csv(path, table)
+    return (
+        {"task": summary["task"], "questions": summary["questions"]}
+        | {f"{k} (%)": round(100 * summary[k], 2) for k in keys}
+        | {"seconds": round(summary["seconds"], 1)}
+    )
+
+
+def write_summary(path: str | Path, rows: list[dict], extra: dict | None = None):
+    """One row per task: the extra columns (e.g. model, shots), then table_row()."""
+    write_csv(path, [dict(extra or {}) | table_row(r) for r in rows])
 
 
 def write_questions(path: str | Path, task: str, results: list[evaluate.Result]):
@@ -277,6 +284,8 @@ def run(
     the subjects), score them with `shots` examples from the whole split, and
     return (summarize(), results); with out, write out/{task}.csv (the summary) and
     out/{task}_questions.csv (write_questions)."""
+    if limit is not None and (not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be None or an int >= 1, got {limit!r}")
     pool = load(task)
     items = pool if limit is None else evaluate.subset(pool, limit, seed)
     start = time.perf_counter()

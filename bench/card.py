@@ -1,0 +1,80 @@
+"""The model card's other benchmarks on the bundled weights: every task of
+smol.benchmarks on a seeded subset (--limit per task, 0-shot), accuracy and
+normalised accuracy with 95% intervals, seconds (wall and CPU), and each task's
+full validation set's time estimated from this run's wall seconds per row token
+(the tokens of every context and choice the scorer reads).
+
+    python bench/card.py --limit 100 --threads 2 --csv bench/results/card.csv"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from smol import benchmarks, evaluate, load_pretrained
+
+
+def row_tokens(tokenizer, items) -> int:
+    """The tokens the scorer reads for these items: every context and choice."""
+    return sum(
+        len(c) + sum(map(len, ks))
+        for it in items
+        for c, ks in benchmarks.requests(tokenizer, it)
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, default=100, help="questions per task")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--tasks", nargs="+", default=list(benchmarks.TASKS))
+    parser.add_argument("--csv", help="write the table here")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    model, tokenizer = load_pretrained(device="cpu", dtype=torch.float32)
+    rows = []
+    for task in args.tasks:
+        pool = benchmarks.load(task)
+        sub = evaluate.subset(pool, args.limit)
+        start, cpu_start = time.perf_counter(), time.process_time()
+        results = benchmarks.score(model, tokenizer, sub, pool=pool, desc=task)
+        s = benchmarks.summarize(task, results, time.perf_counter() - start)
+        s["cpu seconds"] = time.process_time() - cpu_start
+        rate = s["seconds"] / row_tokens(tokenizer, sub)
+        s["full"] = rate * row_tokens(tokenizer, pool)
+        print(
+            f"{task}: {s['questions']} questions, acc {100 * s['acc']:.1f}% "
+            f"({100 * s['acc low']:.1f} to {100 * s['acc high']:.1f}), acc_norm "
+            f"{100 * s['acc_norm']:.1f}% ({100 * s['acc_norm low']:.1f} to "
+            f"{100 * s['acc_norm high']:.1f}), {s['seconds']:.1f} s "
+            f"({s['cpu seconds']:.1f} s of CPU); all "
+            f"{len(pool)}: about {s['full'] / 60:.0f} min",
+            flush=True,
+        )
+        rows.append(s)
+    total = sum(s["full"] for s in rows)
+    print(f"all {len(rows)} tasks' full sets: about {total / 60:.0f} min")
+    if args.csv:
+        extra = {
+            "model": "bundled Q4_1 GGUF",
+            "dtype": "float32",
+            "shots": 0,
+            "device": "cpu",
+            "threads": args.threads,
+            "cpu": torch.backends.cpu.get_cpu_capability(),
+        }
+        table = [
+            extra
+            | benchmarks.table_row(s)
+            | {"cpu seconds": round(s["cpu seconds"], 1)}
+            | {"full set estimate (s)": round(s["full"])}
+            for s in rows
+        ]
+        benchmarks.write_csv(args.csv, table)
+        print("wrote", args.csv)
+
+
+if __name__ == "__main__":
+    main()
