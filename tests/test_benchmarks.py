@@ -120,7 +120,7 @@ def test_hellaswag_and_winogrande_render_as_lm_eval_renders_them(sets):
 
 
 def test_hellaswag_without_its_bracket_clean_up_is_rejected(monkeypatch):
-    def no_brackets_removed(text):
+    def no_brackets_removed(text):  # wrong: WikiHow's [tags] kept
         return text.strip().replace(" [title]", ". ").replace("  ", " ")
 
     monkeypatch.setattr(benchmarks, "preprocess", no_brackets_removed)
@@ -129,6 +129,8 @@ def test_hellaswag_without_its_bracket_clean_up_is_rejected(monkeypatch):
 
 
 def option_as_continuation(row, task):
+    """Wrong: Winogrande as a cloze, the options scored after the words before the
+    blank."""
     blank = row["sentence"].index("_")
     options = (row["option1"], row["option2"])
     return task, (row["sentence"][:blank].rstrip(),), options, int(row["answer"]) - 1
@@ -212,6 +214,8 @@ def check_acc_norm(result=evaluate.Result):
 
 
 class TwiceNormalised(evaluate.Result):
+    """Wrong: each sum divided by its choice's length twice."""
+
     @property
     def correct_norm(self):
         per = [lp / n / n for lp, n in zip(self.logprobs, self.lengths)]
@@ -272,11 +276,13 @@ def test_scores_equal_plain_forward_passes_over_the_continuation(real_model, sco
 
 
 def context_in_the_continuation(tokenizer, context, continuations):
+    """Wrong: the context's tokens (all but the first) scored with the choice's."""
     whole = [tokenizer.encode(context + c) for c in continuations]
     return whole[0][:1], [w[1:] for w in whole]
 
 
 def boundary_one_late(contexts, continuations, T, found=evaluate.predicting_positions):
+    """Wrong: each choice token read from the logits one position late (its own)."""
     rows, source, targets, choice = found(contexts, continuations, T)
     return [r + 1 for r in rows], source, targets, choice
 
