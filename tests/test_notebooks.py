@@ -64,6 +64,10 @@ NOT_SHOWN = {
     "smol/__init__.py": "the package's exports",
     "smol/__main__.py": "`python -m smol VERB`, the `smol` command",
     "smol/commands/": "the command lines, one a verb, around the library",
+    "smol/benchmarks.py": (
+        "the model card's other benchmarks: lm-evaluation-harness's prompt for each "
+        "set, scored by chapter 14's evaluate.score"
+    ),
     "smol/int4.py": (
         "the GGUF file's own Q4_1 codes through PyTorch's int4 kernel: chapter 9 reads "
         "those blocks by hand, the Benchmarks page measures this path"
