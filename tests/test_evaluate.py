@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from smol import SmolLM, evaluate
+from smol import SmolLM, benchmarks, evaluate
 from smol.commands import eval as eval_cli
 from tests.tiny_models import config, peaked
 
@@ -391,6 +391,36 @@ def test_the_command_line_writes_accuracy_and_a_row_per_subject(
         assert int(r["correct"]) == (evaluate.argmax(scores) == q.answer)
 
 
+def test_the_card_benchmarks_run_from_the_command_line(tiny_load, tmp_path, capsys):
+    """`smol eval all` scores MMLU and the seven others with one model load and writes
+    each task's CSVs and all.csv; a second run keeps the first one's results unless
+    told --overwrite; an --out that is a file is refused before any work."""
+    out = tmp_path / "run"
+    assert eval_cli.main(["all", "--limit", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    for task in benchmarks.TASKS:
+        assert f"{task}, 0-shot, 2 questions: accuracy" in printed, task
+        with open(out / f"{task}_questions.csv", encoding="utf-8") as f:
+            assert len(list(csv.DictReader(f))) == 2, task
+    with open(out / "all.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    assert [r["task"] for r in rows] == ["mmlu", *benchmarks.TASKS]
+    assert all(r["questions"] == "2" for r in rows)
+    before = (out / "hellaswag.csv").read_text(encoding="utf-8")
+    assert eval_cli.main(["hellaswag", "--limit", "3", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already holds hellaswag.csv" in err
+    assert "--overwrite" in err
+    assert (out / "hellaswag.csv").read_text(encoding="utf-8") == before
+    argv = ["hellaswag", "--limit", "3", "--out", str(out), "--overwrite"]
+    assert eval_cli.main(argv) == 0
+    with open(out / "hellaswag_questions.csv", encoding="utf-8") as f:
+        assert len(list(csv.DictReader(f))) == 3
+    (tmp_path / "file").write_text("x", encoding="utf-8")
+    assert eval_cli.main(["piqa", "--out", str(tmp_path / "file")]) == 2
+    assert "--out must be a folder" in capsys.readouterr().err
+
+
 def test_bfloat16_on_a_cpu_without_its_instructions_is_warned_about(
     tiny_load, tmp_path, capsys, monkeypatch
 ):
@@ -401,7 +431,7 @@ def test_bfloat16_on_a_cpu_without_its_instructions_is_warned_about(
     the CPU's kind."""
     seconds = {torch.float32: 1.0, torch.bfloat16: 6.0}
     monkeypatch.setattr(eval_cli, "matmul_seconds", lambda dtype: seconds[dtype])
-    argv = ["mmlu", "--limit", "2", "--out", str(tmp_path)]
+    argv = ["mmlu", "--limit", "2", "--out", str(tmp_path), "--overwrite"]
     assert eval_cli.main([*argv, "--dtype", "bfloat16"]) == 0
     err = " ".join(capsys.readouterr().err.split())
     assert "warning: a bfloat16 matrix product takes 6.0 times as long" in err

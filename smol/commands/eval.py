@@ -1,11 +1,15 @@
-"""Measure a model on MMLU (smol/evaluate.py), or compare two runs question by
-question; prints the accuracy with its 95% interval.
+"""Measure a model on MMLU (smol/evaluate.py) or the model card's other benchmarks
+(smol/benchmarks.py: hellaswag, arc-easy, arc-challenge, piqa, winogrande, openbookqa,
+commonsenseqa), or compare two runs question by question; prints each accuracy with
+its 95% interval.
 
     smol eval mmlu --limit 570          # 10 questions of each subject
     smol eval mmlu                      # all 14,042, the bundled weights
     smol eval mmlu --formulation letters --shots 5 --model path/to/folder
     smol eval mmlu --out results/       # mmlu.csv, mmlu_subjects.csv and
                                         # mmlu_questions.csv in results/
+    smol eval hellaswag --limit 200     # a seeded subset, spread over its activities
+    smol eval all --limit 200 --out results/   # MMLU and the seven others, all.csv
     smol eval compare base/ tuned/      # two runs, question by question
 """
 
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import os
 import re
 import sys
 import time
@@ -20,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from smol import evaluate
+from smol import benchmarks, evaluate
 from smol.commands.common import HELP, Parser, UsageError, parser, run
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -32,27 +37,25 @@ def build_parser() -> Parser:
     tasks = p.add_subparsers(dest="task", required=True, parser_class=Parser)
     about = "measure a model on MMLU"
     mmlu = tasks.add_parser("mmlu", help=about, description=about, **HELP)
-    mmlu.add_argument(
-        "--limit", type=int, help="a stratified subset of N questions (default: all)"
-    )
-    mmlu.add_argument("--shots", type=int, default=0, help="worked examples (0)")
-    mmlu.add_argument("--formulation", choices=evaluate.FORMULATIONS, default="cloze")
-    mmlu.add_argument(
-        "--model", help="a .gguf file or a model folder (default: the bundled GGUF)"
-    )
-    mmlu.add_argument("--dtype", choices=list(DTYPES), default="float32")
-    mmlu.add_argument("--device", help="default: cuda when available, else cpu")
-    mmlu.add_argument("--threads", type=int, help="PyTorch's CPU threads")
-    mmlu.add_argument(
-        "--token-budget", type=int, default=4096, help="tokens per batch (4096)"
-    )
-    mmlu.add_argument("--seed", type=int, default=0, help="the subset's seed (0)")
-    mmlu.add_argument(
-        "--out",
-        type=Path,
-        help="write mmlu.csv (the summary), mmlu_subjects.csv (a row per subject) and "
+    scoring_options(
+        mmlu,
+        "write mmlu.csv (the summary), mmlu_subjects.csv (a row per subject) and "
         "mmlu_questions.csv (a row per question: its choices' log-likelihoods) here",
     )
+    mmlu.add_argument("--formulation", choices=evaluate.FORMULATIONS, default="cloze")
+    for task in (*benchmarks.TASKS, "all"):
+        about = (
+            f"measure a model on {task}, as lm-evaluation-harness prompts it"
+            if task != "all"
+            else "measure a model on MMLU and the seven other benchmarks"
+        )
+        card = tasks.add_parser(task, help=about, description=about, **HELP)
+        scoring_options(
+            card,
+            "write TASK.csv (the summary) and TASK_questions.csv (a row per question: "
+            "its choices' log-likelihoods) here"
+            + ("; all.csv holds every task's summary" if task == "all" else ""),
+        )
     about = "compare two runs' verdicts on the questions both answered"
     compare = tasks.add_parser("compare", help=about, description=about, **HELP)
     compare.add_argument("before", type=Path, help="an --out folder or its CSV")
@@ -65,6 +68,56 @@ def build_parser() -> Parser:
     )
     compare.add_argument("--csv", type=Path, help="append the comparison as a row here")
     return p
+
+
+def scoring_options(p: Parser, out: str) -> None:
+    """The options every benchmark takes."""
+    p.add_argument(
+        "--limit", type=int, help="a stratified subset of N questions (default: all)"
+    )
+    p.add_argument("--shots", type=int, default=0, help="worked examples (0)")
+    p.add_argument(
+        "--model", help="a .gguf file or a model folder (default: the bundled GGUF)"
+    )
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32")
+    p.add_argument("--device", help="default: cuda when available, else cpu")
+    p.add_argument("--threads", type=int, help="PyTorch's CPU threads")
+    p.add_argument(
+        "--token-budget", type=int, default=4096, help="tokens per batch (4096)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="the subset's seed (0)")
+    p.add_argument("--out", type=Path, help=out)
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace the results an earlier run wrote in --out",
+    )
+
+
+def written(task: str) -> list[str]:
+    """The files `--out` receives for task."""
+    if task == "mmlu":
+        return ["mmlu.csv", "mmlu_subjects.csv", "mmlu_questions.csv"]
+    if task == "all":
+        return ["all.csv"] + [
+            f for t in ("mmlu", *benchmarks.TASKS) for f in written(t)
+        ]
+    return [f"{task}.csv", f"{task}_questions.csv"]
+
+
+def check_out(args) -> None:
+    """--out before any work: a folder (or a path to make one), whose earlier results
+    stay unless --overwrite."""
+    if args.out is None:
+        return
+    if args.out.exists() and not args.out.is_dir():
+        raise UsageError(f"--out must be a folder, got the file {args.out}")
+    found = [name for name in written(args.task) if (args.out / name).exists()]
+    if found and not args.overwrite:
+        raise UsageError(
+            f"{args.out} already holds {found[0]} from an earlier run: give another "
+            "--out, or --overwrite to replace it"
+        )
 
 
 def check_args(args) -> None:
@@ -159,12 +212,10 @@ def bfloat16_warning(float32_seconds: float, bfloat16_seconds: float) -> str | N
     )
 
 
-def run_mmlu(args) -> None:
+def load_model(args):
+    """(model, tokenizer, device) as the options ask, with the bfloat16 warning."""
     from smol.pretrained import load_pretrained
 
-    questions = pool = evaluate.load_mmlu()
-    if args.limit is not None:
-        questions = evaluate.subset(pool, args.limit, args.seed)
     model, tokenizer = load_pretrained(
         args.model, device=args.device, dtype=DTYPES[args.dtype]
     )
@@ -175,6 +226,14 @@ def run_mmlu(args) -> None:
         )
         if warning is not None:
             print(warning, file=sys.stderr, flush=True)
+    return model, tokenizer, device
+
+
+def run_mmlu(args, loaded=None) -> list[evaluate.Result]:
+    questions = pool = evaluate.load_mmlu()
+    if args.limit is not None:
+        questions = evaluate.subset(pool, args.limit, args.seed)
+    model, tokenizer, device = loaded or load_model(args)
     start, cpu_start = time.perf_counter(), time.process_time()
     results = evaluate.evaluate(
         model,
@@ -222,6 +281,47 @@ def run_mmlu(args) -> None:
             args.out / "mmlu_questions.csv",
             [question_row(number[id(r.question)], r) for r in results],
         )
+    return results
+
+
+def run_card(args) -> None:
+    """One benchmark of the card, or (all) MMLU's cloze and every other one; with
+    --out, all.csv holds each task's summary."""
+    loaded = load_model(args)
+    model, tokenizer, _ = loaded
+    tasks = benchmarks.TASKS if args.task == "all" else (args.task,)
+    summaries = []
+    if args.task == "all":
+        args.formulation = "cloze"
+        start = time.perf_counter()
+        results = run_mmlu(args, loaded)
+        summaries.append(
+            benchmarks.summarize("mmlu", results, time.perf_counter() - start)
+        )
+    for task in tasks:
+        s, _ = benchmarks.run(
+            task,
+            model,
+            tokenizer,
+            args.limit,
+            args.shots,
+            args.token_budget,
+            args.out,
+            args.seed,
+            progress=True,
+        )
+        summaries.append(s)
+        print(
+            f"{task}, {args.shots}-shot, {s['questions']} questions: accuracy "
+            f"{100 * s['acc']:.1f}% ({100 * s['acc low']:.1f} to "
+            f"{100 * s['acc high']:.1f}), normalised {100 * s['acc_norm']:.1f}% "
+            f"({100 * s['acc_norm low']:.1f} to {100 * s['acc_norm high']:.1f}), "
+            f"in {s['seconds']:.0f} s",
+            flush=True,
+        )
+    if args.task == "all" and args.out is not None:
+        extra = {"model": args.model or "bundled Q4_1 GGUF", "shots": args.shots}
+        benchmarks.write_summary(args.out / "all.csv", summaries, extra)
 
 
 def verdicts(path: Path, by: str) -> dict[int, bool]:
@@ -260,8 +360,9 @@ def compare(args) -> None:
 
 def _parse(argv) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
-    if args.task == "mmlu":
+    if args.task != "compare":
         check_args(args)
+        check_out(args)
     return args
 
 
@@ -270,7 +371,14 @@ def _work(args) -> None:
         return compare(args)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    run_mmlu(args)
+    if args.out is not None:  # made before the hours of work, not after
+        args.out.mkdir(parents=True, exist_ok=True)
+        if not os.access(args.out, os.W_OK):
+            raise UsageError(f"--out {args.out} is not writable")
+    if args.task == "mmlu":
+        run_mmlu(args)
+    else:
+        run_card(args)
 
 
 def main(argv: list[str] | None = None) -> int:
