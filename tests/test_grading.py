@@ -449,11 +449,23 @@ def truncating_quantize(weight):  # .to(torch.int8) rounds towards zero
     return (w / scale[:, None]).to(torch.int8), scale
 
 
-def tiled_attention_by(q, k, v, block_size, is_causal=False, rescale=True):
+def tiled_attention_by(
+    q,
+    k,
+    v,
+    block_size,
+    is_causal=False,
+    rescale=True,
+    last_key_aligned=False,
+    max_start=-math.inf,
+):
     """Attention over blocks of keys with an online softmax; rescale=False forgets to
-    rescale the output summed so far when the running maximum grows."""
+    rescale the output summed so far when the running maximum grows,
+    last_key_aligned=True lets the last query see the last key (not query i key i),
+    max_start=0.0 starts the running maximum at 0 instead of -inf."""
     B, H, Tq, D = q.shape
-    m = torch.full((B, H, Tq), -math.inf)
+    shift = k.shape[2] - Tq if last_key_aligned else 0
+    m = torch.full((B, H, Tq), max_start)
     total, acc = torch.zeros(B, H, Tq), torch.zeros(B, H, Tq, D)
     for start in range(0, k.shape[2], block_size):
         kb, vb = (
@@ -463,7 +475,8 @@ def tiled_attention_by(q, k, v, block_size, is_causal=False, rescale=True):
         s = q.float() @ kb.float().mT / math.sqrt(D)
         if is_causal:
             future = (
-                torch.arange(start, start + kb.shape[2]) > torch.arange(Tq)[:, None]
+                torch.arange(start, start + kb.shape[2])
+                > torch.arange(Tq)[:, None] + shift
             )
             s = s.masked_fill(future, -math.inf)
         new = torch.maximum(m, s.amax(-1))
@@ -2004,6 +2017,54 @@ class InPlaceResidualDecoderLayer(KeywordDecoderLayer):  # x += writes into the 
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def forward_with_the_embedding_as_head(model, input_ids):  # right while tied
+    cos, sin = model.model.rotary_emb(input_ids.shape[1], input_ids.device)
+    x = model.model.embed_tokens(input_ids)
+    for layer in model.model.layers:
+        x = layer(x, cos, sin)
+    return model.model.norm(x) @ model.model.embed_tokens.weight.T
+
+
+class LayerIdxDroppedDecoderLayer(KeywordDecoderLayer):  # every layer writes slot 0
+    def __init__(self, config, layer_idx=0):
+        super().__init__(config)
+
+
+def tiled_attention_aligned_to_the_last_key(q, k, v, block_size, is_causal=False):
+    return tiled_attention_by(q, k, v, block_size, is_causal, last_key_aligned=True)
+
+
+def tiled_attention_max_from_zero(q, k, v, block_size, is_causal=False):
+    return tiled_attention_by(q, k, v, block_size, is_causal, max_start=0.0)
+
+
+def answer_logprobs_in_the_logits_dtype(logits, ids, n_context):  # no float32 upcast
+    logp = logits[n_context - 1 : -1].log_softmax(-1)
+    return logp.gather(-1, ids[n_context:, None]).squeeze(-1)
+
+
+def choice_score_in_the_logits_dtype(logits, ids, n_context, normalise):
+    logp = answer_logprobs_in_the_logits_dtype(logits, ids, n_context)
+    return logp.mean() if normalise else logp.sum()
+
+
+def permute_qk_in_place(w, n_heads):  # the exporter's w is the model's parameter
+    from smol.gguf import permute_qk
+
+    return w.copy_(permute_qk(w, n_heads))
+
+
+def q8_0_scaling_w_in_place(w):  # blocks is a view of a float32 w
+    rows = w.shape[0]
+    blocks = w.float().reshape(-1, 32)
+    d = blocks.abs().amax(dim=1, keepdim=True) / 127
+    blocks *= torch.where(d == 0, 0.0, 1 / d)
+    q = round_half_away(blocks).to(torch.int8)
+    return torch.cat([d.half().view(torch.uint8), q.view(torch.uint8)], 1).view(
+        rows, -1
+    )
+
+
 HOLES = {  # hole class: [(task, mutant, the check made for it)]
     "dtype: float32 out for bfloat16 in": [
         ("repeat_kv", repeat_kv_into_float32, "shape (B, H_kv * n_rep"),
@@ -2044,7 +2105,22 @@ HOLES = {  # hole class: [(task, mutant, the check made for it)]
         ("decoder_layer_bug", DetachedResidualDecoderLayer, "gradients for x"),
         ("tiled_attention", tiled_attention_detached_keys, "gradients for q, k and v"),
     ],
+    "configurations: one only (tied, layer 0, Tq == Tk, float32, mixed signs)": [
+        ("forward_logits", forward_with_the_embedding_as_head, "an untied head"),
+        ("decoder_layer_bug", LayerIdxDroppedDecoderLayer, "layer_idx reaches"),
+        ("tiled_attention", tiled_attention_aligned_to_the_last_key, "causal"),
+        ("tiled_attention", tiled_attention_max_from_zero, "large scores"),
+        ("answer_logprobs", answer_logprobs_in_the_logits_dtype, "log-probabilities"),
+        (
+            "answer_logprobs_bug",
+            answer_logprobs_in_the_logits_dtype,
+            "log-probabilities",
+        ),
+        ("choice_score", choice_score_in_the_logits_dtype, "bfloat16 logits"),
+    ],
     "state: copies and in-place writes": [
+        ("permute_qk", permute_qk_in_place, "w is left unchanged"),
+        ("q8_0", q8_0_scaling_w_in_place, "w is left unchanged"),
         ("init_weights", init_with_a_seed_per_matrix, "every matrix draws"),
         ("lora_init", init_lora_seeded, "two adapters get different A"),
         ("filter_top_p", top_p_in_place, "leaves its input unchanged"),
@@ -2116,7 +2192,17 @@ HOLE_VARIANTS = {  # hole class: tasks whose correct variant (_variants) written
         "decoder_layer_bug",
         "tiled_attention",
     ],
+    "configurations: one only (tied, layer 0, Tq == Tk, float32, mixed signs)": [
+        "forward_logits",
+        "decoder_layer_bug",
+        "tiled_attention",
+        "answer_logprobs",
+        "answer_logprobs_bug",
+        "choice_score",
+    ],
     "state: copies and in-place writes": [
+        "permute_qk",
+        "q8_0",
         "init_weights",
         "init_bug",
         "lora_init",
