@@ -823,6 +823,9 @@ def test_a_mutant_loses_exactly_the_points_of_its_check(bug):
 # ------------------------------------------------------------------------
 
 
+ROTATE_POINTS = TASKS["rotate_half"].points  # what good_rotate_half and ROTATE earn
+
+
 def good_rotate_half(x):
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -957,7 +960,7 @@ def test_grade_prints_a_table_and_never_raises(capsys):
     out = capsys.readouterr().out
     assert (
         "unknown task" in out
-        and "rotate_half: 3/3 points" in out
+        and f"rotate_half: {ROTATE_POINTS}/{ROTATE_POINTS} points" in out
         and "rms: 0/4 points" in out
     )
     assert "hint:" in out and "(not graded yet)" in out
@@ -1099,8 +1102,10 @@ def test_command_line_grades_fresh_kernels_and_survives_hostile_notebooks(comman
         exercise["total"],
     ) == (full, full, 0, full)
     assert solution["status"] == "ok" and exercise["status"] == "ok"
-    assert (died["score"], died["total"]) == (3, 7) and "died" in died["status"]
-    assert (hung["score"], hung["total"]) == (3, 11) and "time limit" in hung["status"]
+    rms, rope = TASKS["rms"].points, TASKS["rope"].points  # never reached: zero
+    assert (died["score"], died["total"]) == (ROTATE_POINTS, ROTATE_POINTS + rms)
+    assert (hung["score"], hung["total"]) == (ROTATE_POINTS, ROTATE_POINTS + rope)
+    assert "died" in died["status"] and "time limit" in hung["status"]
     assert all(c["passed"] for t in solution["tasks"] for c in t["checks"])
 
 
@@ -1122,7 +1127,7 @@ def test_invalid_notebooks_are_reported_and_the_rest_graded(command_line):
     )  # its tasks score zero
     assert all(r["status"].startswith("error: ") for r in (empty, cut, other))
     swiglu = notebooks["submissions/04_swiglu.ipynb"]  # graded after the broken ones
-    assert swiglu["score"] == 3 and "error" not in swiglu
+    assert swiglu["score"] == ROTATE_POINTS and "error" not in swiglu
     assert (
         "3 files could not be graded" in proc.stdout and "Traceback" not in proc.stderr
     )
@@ -1140,7 +1145,7 @@ def test_patching_the_grader_in_the_notebook_gains_nothing(command_line):
         r for n, r in command_line[1].items() if n.endswith("/patches.ipynb")
     )
     scores = {t["task"]: (t["score"], t["total"]) for t in patched["tasks"]}
-    assert scores == {"rms": (0, 4), "rotate_half": (0, 3)}, patched
+    assert scores == {"rms": (0, 4), "rotate_half": (0, ROTATE_POINTS)}, patched
     rotate = next(t for t in patched["tasks"] if t["task"] == "rotate_half")
     assert all(
         c["message"].startswith("the notebook's kernel could not run the check")
@@ -1402,8 +1407,7 @@ def merge_step_with_a_counter(word_counts, new_id):
     return best, dict(merged)
 
 
-def encode_one_pair_at_a_time(ids, ranks):  # merges only the lowest-ranked occurrence
-    ids = list(ids)
+def encode_in_the_callers_list(ids, ranks):  # merges only the lowest-ranked occurrence
     while True:
         ranked = [
             (ranks[p][0], i) for i, p in enumerate(zip(ids, ids[1:])) if p in ranks
@@ -1412,6 +1416,10 @@ def encode_one_pair_at_a_time(ids, ranks):  # merges only the lowest-ranked occu
             return ids
         _, i = min(ranked)
         ids[i : i + 2] = [ranks[ids[i], ids[i + 1]][1]]
+
+
+def encode_one_pair_at_a_time(ids, ranks):  # the same, on a list of its own
+    return encode_in_the_callers_list(list(ids), ranks)
 
 
 def init_lora_by_bound(A, B):  # Kaiming-uniform with a = sqrt(5) is U(+-1/sqrt(in))
@@ -2065,6 +2073,14 @@ def q8_0_scaling_w_in_place(w):  # blocks is a view of a float32 w
     )
 
 
+def rotate_half_in_place(x):  # the halves swapped inside the caller's x
+    half = x.shape[-1] // 2
+    first = x[..., :half].clone()
+    x[..., :half] = -x[..., half:]
+    x[..., half:] = first
+    return x
+
+
 HOLES = {  # hole class: [(task, mutant, the check made for it)]
     "dtype: float32 out for bfloat16 in": [
         ("repeat_kv", repeat_kv_into_float32, "shape (B, H_kv * n_rep"),
@@ -2121,6 +2137,9 @@ HOLES = {  # hole class: [(task, mutant, the check made for it)]
     "state: copies and in-place writes": [
         ("permute_qk", permute_qk_in_place, "w is left unchanged"),
         ("q8_0", q8_0_scaling_w_in_place, "w is left unchanged"),
+        ("rotate_half", rotate_half_in_place, "x is left unchanged"),
+        ("bpe_encode", encode_in_the_callers_list, "the caller's ids"),
+        ("bpe_bug", encode_in_the_callers_list, "the caller's ids"),
         ("init_weights", init_with_a_seed_per_matrix, "every matrix draws"),
         ("lora_init", init_lora_seeded, "two adapters get different A"),
         ("filter_top_p", top_p_in_place, "leaves its input unchanged"),
@@ -2203,6 +2222,9 @@ HOLE_VARIANTS = {  # hole class: tasks whose correct variant (_variants) written
     "state: copies and in-place writes": [
         "permute_qk",
         "q8_0",
+        "rotate_half",
+        "bpe_encode",
+        "bpe_bug",
         "init_weights",
         "init_bug",
         "lora_init",
