@@ -2081,6 +2081,25 @@ def rotate_half_in_place(x):  # the halves swapped inside the caller's x
     return x
 
 
+def lr_warmup_through_its_last_step(step, **schedule):  # step <= warmup_steps
+    if step <= schedule["warmup_steps"]:
+        return schedule["max_lr"] * step / schedule["warmup_steps"]
+    return lr_warmup_from_step_one(step, **schedule)
+
+
+@torch.no_grad()
+def generate_from_the_prefill_first(model, ids, n):  # one token before the loop
+    from smol.kv_cache import KVCache
+
+    cache = KVCache(model.config, ids.shape[0], ids.shape[1] + n)
+    step = model(ids, kv_cache=cache)[0][:, -1:].argmax(-1)  # (B, 1)
+    out = torch.cat([ids, step], 1)
+    for _ in range(n - 1):
+        step = model(step, kv_cache=cache)[0][:, -1:].argmax(-1)
+        out = torch.cat([out, step], 1)
+    return out
+
+
 HOLES = {  # hole class: [(task, mutant, the check made for it)]
     "dtype: float32 out for bfloat16 in": [
         ("repeat_kv", repeat_kv_into_float32, "shape (B, H_kv * n_rep"),
@@ -2106,6 +2125,10 @@ HOLES = {  # hole class: [(task, mutant, the check made for it)]
         ("lookup_draft", lookup_draft_of_trigrams, "the longest n-gram first"),
         ("tiled_attention", attention_in_one_block, "never holds a Tq x Tk"),
         ("int8_linear", int8_linear_scaling_inputs, "values: x @ (q * scale)"),
+    ],
+    "boundaries: nothing asked for (no warmup, no new tokens)": [
+        ("lr_schedule", lr_warmup_through_its_last_step, "no warmup"),
+        ("kv_generate", generate_from_the_prefill_first, "max_new_tokens = 0"),
     ],
     "one side only": [
         ("next_token_batch", batch_right_padding_only, "targets that are padding"),
@@ -2202,6 +2225,10 @@ HOLE_VARIANTS = {  # hole class: tasks whose correct variant (_variants) written
         "lookup_draft",
         "tiled_attention",
         "int8_linear",
+    ],
+    "boundaries: nothing asked for (no warmup, no new tokens)": [
+        "lr_schedule",
+        "kv_generate",
     ],
     "one side only": ["next_token_batch", "attention_mask_bug", "lookup_draft"],
     "gradients: a detached input": [

@@ -253,6 +253,24 @@ def _(fn, inputs):
     return _greedy(fn, inputs, 4)
 
 
+def _judge_nothing_new(inputs, out):
+    same_shape(out, inputs["prompt"].shape, "greedy_generate(model, prompt, 0)")
+    assert torch.equal(out, inputs["prompt"]), "the output is not the prompt itself"
+
+
+@probe_check(
+    "kv_generate",
+    "max_new_tokens = 0 returns the prompt itself",
+    1,
+    "generate inside the loop over range(max_new_tokens), prefill included: a token "
+    "taken from the prefill before the loop is one too many when none is asked for",
+    inputs=lambda: _model_and_prompt(2, 5),
+    judge=_judge_nothing_new,
+)
+def _(fn, inputs):
+    return _greedy(fn, inputs, 0)
+
+
 def _reference_mask(attention_mask, T, offset=0):
     Tk = offset + T
     q = torch.arange(offset, Tk)[:, None]
