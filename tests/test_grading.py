@@ -1282,10 +1282,13 @@ def zero_after_step(model, optimizer, tokens):
     return loss.item()
 
 
-def generate_without_no_grad(model, ids, n):
+def generate_without_no_grad(model, ids, n, make_cache=None):
+    """Greedy decoding with a cache from make_cache(model, B, length), by default
+    KVCache.for_model's (the model's dtype and device)."""
     from smol.kv_cache import KVCache
 
-    cache, out, step = KVCache(model.config, ids.shape[0], ids.shape[1] + n), ids, ids
+    cache = (make_cache or KVCache.for_model)(model, ids.shape[0], ids.shape[1] + n)
+    out, step = ids, ids
     for _ in range(n):
         step = model(step, kv_cache=cache)[0][:, -1:].argmax(-1)
         out = torch.cat([out, step], 1)
@@ -1776,6 +1779,14 @@ def merge_into_float32(layer):  # nn.Linear's default dtype
     return out
 
 
+def generate_with_a_float32_cache(model, ids, n):  # KVCache's default dtype
+    from smol.kv_cache import KVCache
+
+    return generate_without_no_grad(
+        model, ids, n, lambda m, B, length: KVCache(m.config, B, length)
+    )
+
+
 def rope_tables_theta_ignored(length, head_dim, theta):  # 10000 whatever theta says
     freqs = 1.0 / 10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim)
     angles = torch.outer(torch.arange(length).float(), freqs)
@@ -2091,13 +2102,17 @@ def lr_warmup_through_its_last_step(step, **schedule):  # step <= warmup_steps
 def generate_from_the_prefill_first(model, ids, n):  # one token before the loop
     from smol.kv_cache import KVCache
 
-    cache = KVCache(model.config, ids.shape[0], ids.shape[1] + n)
+    cache = KVCache.for_model(model, ids.shape[0], ids.shape[1] + n)
     step = model(ids, kv_cache=cache)[0][:, -1:].argmax(-1)  # (B, 1)
     out = torch.cat([ids, step], 1)
     for _ in range(n - 1):
         step = model(step, kv_cache=cache)[0][:, -1:].argmax(-1)
         out = torch.cat([out, step], 1)
     return out
+
+
+def speculative_with_a_token_unasked(model, ids, n):  # the prefill's token always
+    return speculative_by_smols_pieces(model, ids, max(n, 1))
 
 
 HOLES = {  # hole class: [(task, mutant, the check made for it)]
@@ -2110,6 +2125,7 @@ HOLES = {  # hole class: [(task, mutant, the check made for it)]
         ("quantize_int8", quantize_in_the_weights_dtype, "q is int8"),
         ("int8_linear", int8_linear_in_float32, "bfloat16 activations"),
         ("tiled_attention", tiled_attention_in_float32, "shape (B, H, Tq, D)"),
+        ("kv_generate", generate_with_a_float32_cache, "a bfloat16 model"),
     ],
     "sweep: sizes and values that cannot tell formulas apart": [
         ("rope_tables", rope_tables_theta_ignored, "values equal smol's"),
@@ -2129,6 +2145,7 @@ HOLES = {  # hole class: [(task, mutant, the check made for it)]
     "boundaries: nothing asked for (no warmup, no new tokens)": [
         ("lr_schedule", lr_warmup_through_its_last_step, "no warmup"),
         ("kv_generate", generate_from_the_prefill_first, "max_new_tokens = 0"),
+        ("speculative_greedy", speculative_with_a_token_unasked, "returns (1, T"),
     ],
     "one side only": [
         ("next_token_batch", batch_right_padding_only, "targets that are padding"),
@@ -2213,6 +2230,7 @@ HOLE_VARIANTS = {  # hole class: tasks whose correct variant (_variants) written
         "quantize_int8",
         "int8_linear",
         "tiled_attention",
+        "kv_generate",
     ],
     "sweep: sizes and values that cannot tell formulas apart": [
         "rope_tables",
@@ -2229,6 +2247,7 @@ HOLE_VARIANTS = {  # hole class: tasks whose correct variant (_variants) written
     "boundaries: nothing asked for (no warmup, no new tokens)": [
         "lr_schedule",
         "kv_generate",
+        "speculative_greedy",
     ],
     "one side only": ["next_token_batch", "attention_mask_bug", "lookup_draft"],
     "gradients: a detached input": [
