@@ -449,11 +449,23 @@ def truncating_quantize(weight):  # .to(torch.int8) rounds towards zero
     return (w / scale[:, None]).to(torch.int8), scale
 
 
-def tiled_attention_by(q, k, v, block_size, is_causal=False, rescale=True):
+def tiled_attention_by(
+    q,
+    k,
+    v,
+    block_size,
+    is_causal=False,
+    rescale=True,
+    last_key_aligned=False,
+    max_start=-math.inf,
+):
     """Attention over blocks of keys with an online softmax; rescale=False forgets to
-    rescale the output summed so far when the running maximum grows."""
+    rescale the output summed so far when the running maximum grows,
+    last_key_aligned=True lets the last query see the last key (not query i key i),
+    max_start=0.0 starts the running maximum at 0 instead of -inf."""
     B, H, Tq, D = q.shape
-    m = torch.full((B, H, Tq), -math.inf)
+    shift = k.shape[2] - Tq if last_key_aligned else 0
+    m = torch.full((B, H, Tq), max_start)
     total, acc = torch.zeros(B, H, Tq), torch.zeros(B, H, Tq, D)
     for start in range(0, k.shape[2], block_size):
         kb, vb = (
@@ -463,7 +475,8 @@ def tiled_attention_by(q, k, v, block_size, is_causal=False, rescale=True):
         s = q.float() @ kb.float().mT / math.sqrt(D)
         if is_causal:
             future = (
-                torch.arange(start, start + kb.shape[2]) > torch.arange(Tq)[:, None]
+                torch.arange(start, start + kb.shape[2])
+                > torch.arange(Tq)[:, None] + shift
             )
             s = s.masked_fill(future, -math.inf)
         new = torch.maximum(m, s.amax(-1))
@@ -810,6 +823,9 @@ def test_a_mutant_loses_exactly_the_points_of_its_check(bug):
 # ------------------------------------------------------------------------
 
 
+ROTATE_POINTS = TASKS["rotate_half"].points  # what good_rotate_half and ROTATE earn
+
+
 def good_rotate_half(x):
     x1, x2 = x.chunk(2, dim=-1)
     return torch.cat((-x2, x1), dim=-1)
@@ -942,7 +958,7 @@ def test_grade_prints_a_table_and_never_raises(capsys):
     out = capsys.readouterr().out
     assert (
         "unknown task" in out
-        and "rotate_half: 3/3 points" in out
+        and f"rotate_half: {ROTATE_POINTS}/{ROTATE_POINTS} points" in out
         and "rms: 0/4 points" in out
     )
     assert "hint:" in out and "(not graded yet)" in out
@@ -1084,8 +1100,10 @@ def test_command_line_grades_fresh_kernels_and_survives_hostile_notebooks(comman
         exercise["total"],
     ) == (full, full, 0, full)
     assert solution["status"] == "ok" and exercise["status"] == "ok"
-    assert (died["score"], died["total"]) == (3, 7) and "died" in died["status"]
-    assert (hung["score"], hung["total"]) == (3, 11) and "time limit" in hung["status"]
+    rms, rope = TASKS["rms"].points, TASKS["rope"].points  # never reached: zero
+    assert (died["score"], died["total"]) == (ROTATE_POINTS, ROTATE_POINTS + rms)
+    assert (hung["score"], hung["total"]) == (ROTATE_POINTS, ROTATE_POINTS + rope)
+    assert "died" in died["status"] and "time limit" in hung["status"]
     assert all(c["passed"] for t in solution["tasks"] for c in t["checks"])
 
 
@@ -1107,7 +1125,7 @@ def test_invalid_notebooks_are_reported_and_the_rest_graded(command_line):
     )  # its tasks score zero
     assert all(r["status"].startswith("error: ") for r in (empty, cut, other))
     swiglu = notebooks["submissions/04_swiglu.ipynb"]  # graded after the broken ones
-    assert swiglu["score"] == 3 and "error" not in swiglu
+    assert swiglu["score"] == ROTATE_POINTS and "error" not in swiglu
     assert (
         "3 files could not be graded" in proc.stdout and "Traceback" not in proc.stderr
     )
@@ -1125,7 +1143,7 @@ def test_patching_the_grader_in_the_notebook_gains_nothing(command_line):
         r for n, r in command_line[1].items() if n.endswith("/patches.ipynb")
     )
     scores = {t["task"]: (t["score"], t["total"]) for t in patched["tasks"]}
-    assert scores == {"rms": (0, 4), "rotate_half": (0, 3)}, patched
+    assert scores == {"rms": (0, 4), "rotate_half": (0, ROTATE_POINTS)}, patched
     rotate = next(t for t in patched["tasks"] if t["task"] == "rotate_half")
     assert all(
         c["message"].startswith("the notebook's kernel could not run the check")
@@ -1263,10 +1281,13 @@ def zero_after_step(model, optimizer, tokens):
     return loss.item()
 
 
-def generate_without_no_grad(model, ids, n):
+def generate_without_no_grad(model, ids, n, make_cache=None):
+    """Greedy decoding with a cache from make_cache(model, B, length), by default
+    KVCache.for_model's (the model's dtype and device)."""
     from smol.kv_cache import KVCache
 
-    cache, out, step = KVCache(model.config, ids.shape[0], ids.shape[1] + n), ids, ids
+    cache = (make_cache or KVCache.for_model)(model, ids.shape[0], ids.shape[1] + n)
+    out, step = ids, ids
     for _ in range(n):
         step = model(step, kv_cache=cache)[0][:, -1:].argmax(-1)
         out = torch.cat([out, step], 1)
@@ -1388,8 +1409,7 @@ def merge_step_with_a_counter(word_counts, new_id):
     return best, dict(merged)
 
 
-def encode_one_pair_at_a_time(ids, ranks):  # merges only the lowest-ranked occurrence
-    ids = list(ids)
+def encode_in_the_callers_list(ids, ranks):  # merges only the lowest-ranked occurrence
     while True:
         ranked = [
             (ranks[p][0], i) for i, p in enumerate(zip(ids, ids[1:])) if p in ranks
@@ -1398,6 +1418,10 @@ def encode_one_pair_at_a_time(ids, ranks):  # merges only the lowest-ranked occu
             return ids
         _, i = min(ranked)
         ids[i : i + 2] = [ranks[ids[i], ids[i + 1]][1]]
+
+
+def encode_one_pair_at_a_time(ids, ranks):  # the same, on a list of its own
+    return encode_in_the_callers_list(list(ids), ranks)
 
 
 def init_lora_by_bound(A, B):  # Kaiming-uniform with a = sqrt(5) is U(+-1/sqrt(in))
@@ -1754,6 +1778,14 @@ def merge_into_float32(layer):  # nn.Linear's default dtype
     return out
 
 
+def generate_with_a_float32_cache(model, ids, n):  # KVCache's default dtype
+    from smol.kv_cache import KVCache
+
+    return generate_without_no_grad(
+        model, ids, n, lambda m, B, length: KVCache(m.config, B, length)
+    )
+
+
 def rope_tables_theta_ignored(length, head_dim, theta):  # 10000 whatever theta says
     freqs = 1.0 / 10000.0 ** (torch.arange(0, head_dim, 2).float() / head_dim)
     angles = torch.outer(torch.arange(length).float(), freqs)
@@ -2003,6 +2035,85 @@ class InPlaceResidualDecoderLayer(KeywordDecoderLayer):  # x += writes into the 
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
+def forward_with_the_embedding_as_head(model, input_ids):  # right while tied
+    cos, sin = model.model.rotary_emb(input_ids.shape[1], input_ids.device)
+    x = model.model.embed_tokens(input_ids)
+    for layer in model.model.layers:
+        x = layer(x, cos, sin)
+    return model.model.norm(x) @ model.model.embed_tokens.weight.T
+
+
+class LayerIdxDroppedDecoderLayer(KeywordDecoderLayer):  # every layer writes slot 0
+    def __init__(self, config, layer_idx=0):
+        super().__init__(config)
+
+
+def tiled_attention_aligned_to_the_last_key(q, k, v, block_size, is_causal=False):
+    return tiled_attention_by(q, k, v, block_size, is_causal, last_key_aligned=True)
+
+
+def tiled_attention_max_from_zero(q, k, v, block_size, is_causal=False):
+    return tiled_attention_by(q, k, v, block_size, is_causal, max_start=0.0)
+
+
+def answer_logprobs_in_the_logits_dtype(logits, ids, n_context):  # no float32 upcast
+    logp = logits[n_context - 1 : -1].log_softmax(-1)
+    return logp.gather(-1, ids[n_context:, None]).squeeze(-1)
+
+
+def choice_score_in_the_logits_dtype(logits, ids, n_context, normalise):
+    logp = answer_logprobs_in_the_logits_dtype(logits, ids, n_context)
+    return logp.mean() if normalise else logp.sum()
+
+
+def permute_qk_in_place(w, n_heads):  # the exporter's w is the model's parameter
+    from smol.gguf import permute_qk
+
+    return w.copy_(permute_qk(w, n_heads))
+
+
+def q8_0_scaling_w_in_place(w):  # blocks is a view of a float32 w
+    rows = w.shape[0]
+    blocks = w.float().reshape(-1, 32)
+    d = blocks.abs().amax(dim=1, keepdim=True) / 127
+    blocks *= torch.where(d == 0, 0.0, 1 / d)
+    q = round_half_away(blocks).to(torch.int8)
+    return torch.cat([d.half().view(torch.uint8), q.view(torch.uint8)], 1).view(
+        rows, -1
+    )
+
+
+def rotate_half_in_place(x):  # the halves swapped inside the caller's x
+    half = x.shape[-1] // 2
+    first = x[..., :half].clone()
+    x[..., :half] = -x[..., half:]
+    x[..., half:] = first
+    return x
+
+
+def lr_warmup_through_its_last_step(step, **schedule):  # step <= warmup_steps
+    if step <= schedule["warmup_steps"]:
+        return schedule["max_lr"] * step / schedule["warmup_steps"]
+    return lr_warmup_from_step_one(step, **schedule)
+
+
+@torch.no_grad()
+def generate_from_the_prefill_first(model, ids, n):  # one token before the loop
+    from smol.kv_cache import KVCache
+
+    cache = KVCache.for_model(model, ids.shape[0], ids.shape[1] + n)
+    step = model(ids, kv_cache=cache)[0][:, -1:].argmax(-1)  # (B, 1)
+    out = torch.cat([ids, step], 1)
+    for _ in range(n - 1):
+        step = model(step, kv_cache=cache)[0][:, -1:].argmax(-1)
+        out = torch.cat([out, step], 1)
+    return out
+
+
+def speculative_with_a_token_unasked(model, ids, n):  # the prefill's token always
+    return speculative_by_smols_pieces(model, ids, max(n, 1))
+
+
 HOLES = {  # hole class: [(task, mutant, the check made for it)]
     "dtype: float32 out for bfloat16 in": [
         ("repeat_kv", repeat_kv_into_float32, "shape (B, H_kv * n_rep"),
@@ -2013,6 +2124,7 @@ HOLES = {  # hole class: [(task, mutant, the check made for it)]
         ("quantize_int8", quantize_in_the_weights_dtype, "q is int8"),
         ("int8_linear", int8_linear_in_float32, "bfloat16 activations"),
         ("tiled_attention", tiled_attention_in_float32, "shape (B, H, Tq, D)"),
+        ("kv_generate", generate_with_a_float32_cache, "a bfloat16 model"),
     ],
     "sweep: sizes and values that cannot tell formulas apart": [
         ("rope_tables", rope_tables_theta_ignored, "values equal smol's"),
@@ -2029,6 +2141,11 @@ HOLES = {  # hole class: [(task, mutant, the check made for it)]
         ("tiled_attention", attention_in_one_block, "never holds a Tq x Tk"),
         ("int8_linear", int8_linear_scaling_inputs, "values: x @ (q * scale)"),
     ],
+    "boundaries: nothing asked for (no warmup, no new tokens)": [
+        ("lr_schedule", lr_warmup_through_its_last_step, "no warmup"),
+        ("kv_generate", generate_from_the_prefill_first, "max_new_tokens = 0"),
+        ("speculative_greedy", speculative_with_a_token_unasked, "returns (1, T"),
+    ],
     "one side only": [
         ("next_token_batch", batch_right_padding_only, "targets that are padding"),
         ("attention_mask_bug", mask_left_padding_only, "real tokens see every"),
@@ -2043,7 +2160,25 @@ HOLES = {  # hole class: [(task, mutant, the check made for it)]
         ("decoder_layer_bug", DetachedResidualDecoderLayer, "gradients for x"),
         ("tiled_attention", tiled_attention_detached_keys, "gradients for q, k and v"),
     ],
+    "configurations: one only (tied, layer 0, Tq == Tk, float32, mixed signs)": [
+        ("forward_logits", forward_with_the_embedding_as_head, "an untied head"),
+        ("decoder_layer_bug", LayerIdxDroppedDecoderLayer, "layer_idx reaches"),
+        ("tiled_attention", tiled_attention_aligned_to_the_last_key, "causal"),
+        ("tiled_attention", tiled_attention_max_from_zero, "large scores"),
+        ("answer_logprobs", answer_logprobs_in_the_logits_dtype, "log-probabilities"),
+        (
+            "answer_logprobs_bug",
+            answer_logprobs_in_the_logits_dtype,
+            "log-probabilities",
+        ),
+        ("choice_score", choice_score_in_the_logits_dtype, "bfloat16 logits"),
+    ],
     "state: copies and in-place writes": [
+        ("permute_qk", permute_qk_in_place, "w is left unchanged"),
+        ("q8_0", q8_0_scaling_w_in_place, "w is left unchanged"),
+        ("rotate_half", rotate_half_in_place, "x is left unchanged"),
+        ("bpe_encode", encode_in_the_callers_list, "the caller's ids"),
+        ("bpe_bug", encode_in_the_callers_list, "the caller's ids"),
         ("init_weights", init_with_a_seed_per_matrix, "every matrix draws"),
         ("lora_init", init_lora_seeded, "two adapters get different A"),
         ("filter_top_p", top_p_in_place, "leaves its input unchanged"),
@@ -2094,6 +2229,7 @@ HOLE_VARIANTS = {  # hole class: tasks whose correct variant (_variants) written
         "quantize_int8",
         "int8_linear",
         "tiled_attention",
+        "kv_generate",
     ],
     "sweep: sizes and values that cannot tell formulas apart": [
         "rope_tables",
@@ -2107,6 +2243,11 @@ HOLE_VARIANTS = {  # hole class: tasks whose correct variant (_variants) written
         "tiled_attention",
         "int8_linear",
     ],
+    "boundaries: nothing asked for (no warmup, no new tokens)": [
+        "lr_schedule",
+        "kv_generate",
+        "speculative_greedy",
+    ],
     "one side only": ["next_token_batch", "attention_mask_bug", "lookup_draft"],
     "gradients: a detached input": [
         "rms",
@@ -2115,7 +2256,20 @@ HOLE_VARIANTS = {  # hole class: tasks whose correct variant (_variants) written
         "decoder_layer_bug",
         "tiled_attention",
     ],
+    "configurations: one only (tied, layer 0, Tq == Tk, float32, mixed signs)": [
+        "forward_logits",
+        "decoder_layer_bug",
+        "tiled_attention",
+        "answer_logprobs",
+        "answer_logprobs_bug",
+        "choice_score",
+    ],
     "state: copies and in-place writes": [
+        "permute_qk",
+        "q8_0",
+        "rotate_half",
+        "bpe_encode",
+        "bpe_bug",
         "init_weights",
         "init_bug",
         "lora_init",

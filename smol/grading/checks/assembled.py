@@ -118,9 +118,10 @@ def _(fn, _):
 CONFIG = small_config(53, intermediate_size=80)
 
 
-def _model(state=None):
-    """A small SmolLM with random weights, norm gains included (or `state`)."""
-    model = SmolLM(CONFIG)
+def _model(state=None, config=CONFIG):
+    """A small SmolLM of `config` with random weights, norm gains included (or
+    `state`)."""
+    model = SmolLM(config)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -225,3 +226,30 @@ def _(fn, inputs):
     assert logits.requires_grad, "the logits are not connected to the parameters"
     (logits * inputs["up"]).sum().backward()
     return {name: p.grad for name, p in model.named_parameters()}
+
+
+# the model above ties its head to the embedding: here the head is a matrix of its own
+UNTIED_HEAD = CONFIG.replace(tie_word_embeddings=False)
+
+
+def _judge_untied_logits(inputs, out):
+    model, ids = _model(inputs["state"], UNTIED_HEAD), inputs["ids"]
+    with torch.no_grad():
+        close(_logits(out, ids), model(ids)[0], "the untied model's logits")
+
+
+@probe_check(
+    "forward_logits",
+    "an untied head (tie_word_embeddings=False): the logits come from lm_head",
+    1,
+    "the head is model.lm_head, which holds its own matrix when the weights are not "
+    "tied: apply it, do not read the embedding's weight",
+    inputs=lambda: {
+        "state": _model(config=UNTIED_HEAD).state_dict(),
+        "ids": torch.randint(0, CONFIG.vocab_size, (2, 5)),
+    },
+    judge=_judge_untied_logits,
+)
+def _(fn, inputs):
+    with torch.no_grad():
+        return fn(_model(inputs["state"], UNTIED_HEAD), inputs["ids"])

@@ -200,6 +200,29 @@ _encoding_check(
 )
 
 
+LEFT_ALONE = [1, 2, 3, 1, 2]  # merged twice in place by ids[i : i + 2] = [new_id]
+
+
+def _judge_left_alone(inputs, after):
+    assert list(after) == LEFT_ALONE, (
+        f"encode_ids changed the caller's list {LEFT_ALONE} into {after}"
+    )
+
+
+@probe_check(
+    BOTH,
+    "the caller's ids are left unchanged",
+    1,
+    "build new lists (merge returns one; or ids = list(ids) first): ids[i : i + 2] = "
+    "[new_id] rewrites the list the caller passed",
+    judge=_judge_left_alone,
+)
+def _(fn, _):
+    ids = list(LEFT_ALONE)
+    fn(ids, {(1, 2): (0, 9), (9, 3): (1, 10)})
+    return ids
+
+
 def _lowest_rank_inputs():
     bpe, words = _small_bpe()
     return {

@@ -44,9 +44,10 @@ def _layer_state(gains=False):
     return ref.state_dict()
 
 
-def _student(cls, state):
-    """Probe side: the student's layer holding smol's layer's weights `state`."""
-    student = cls(CONFIG, 0)
+def _student(cls, state, layer_idx=0):
+    """Probe side: the student's layer `layer_idx` holding smol's layer's weights
+    `state`."""
+    student = cls(CONFIG, layer_idx)
     assert isinstance(student, torch.nn.Module), (
         f"DecoderLayer(config, layer_idx) should be an nn.Module, got "
         f"{type(student).__name__}"
@@ -145,6 +146,49 @@ def _judge_padded_and_cached(inputs, out):
 )
 def _(cls, inputs):
     return _padded_and_cached(_student(cls, inputs["state"]), inputs)
+
+
+def _stacked_and_cached(layers, inputs):
+    """The output of one cached step through `layers` (layer 0, then layer 1, sharing
+    one KV cache) after a prefill of 6 tokens (run on both sides)."""
+    x, cos, sin = inputs["x"], inputs["cos"], inputs["sin"]
+    cache = KVCache(CONFIG, 2, 7)  # a slot for each of CONFIG's two layers
+    with torch.no_grad():
+        h = x.clone()  # (2, 6, C)
+        for layer in layers:
+            h = layer(h, cos[:6], sin[:6], None, True, cache)
+        cache.advance(6)
+        h = x[:, -1:] * 2  # (2, 1, C)
+        for layer in layers:
+            h = layer(h, cos[6:], sin[6:], None, False, cache)
+    return h
+
+
+def _judge_stacked(inputs, out):
+    layers = []
+    for i, state in enumerate(inputs["states"]):
+        layers.append(Reference(CONFIG, i))
+        layers[-1].load_state_dict(state)
+    want = _stacked_and_cached(layers, inputs)
+    close(is_tensor(out), want, "the cached step through layers 0 and 1")
+
+
+@probe_check(
+    "decoder_layer_bug",
+    "layer_idx reaches the attention: two layers stacked on one KV cache decode as "
+    "smol's",
+    1,
+    "build self.self_attn = Attention(config, layer_idx): each layer keeps its keys "
+    "and values in its own slot of the cache, layer 1 must not overwrite layer 0's",
+    inputs=lambda: (
+        _layer_inputs(6, tables=7)
+        | {"states": [Reference(CONFIG, i).state_dict() for i in (0, 1)]}
+    ),
+    judge=_judge_stacked,
+)
+def _(cls, inputs):
+    layers = [_student(cls, s, i) for i, s in enumerate(inputs["states"])]
+    return _stacked_and_cached(layers, inputs)
 
 
 def _judge_layer_grads(inputs, out):

@@ -49,6 +49,19 @@ def cases(normalised: bool, constant_rows: bool = False) -> list[dict]:
     return out
 
 
+def in_bfloat16(sequences: list[dict]) -> list[dict]:
+    """The sequences with bfloat16 logits, as a bfloat16 model gives them."""
+    return [c | {"logits": c["logits"].bfloat16()} for c in sequences]
+
+
+def and_bfloat16(sequences: list[dict]) -> list[dict]:
+    return sequences + in_bfloat16(sequences)
+
+
+def what(c: dict) -> str:
+    return f"context of {c['n']}, {str(c['logits'].dtype).removeprefix('torch.')}"
+
+
 def run_all(fn, inputs):
     return [fn(c["logits"], c["ids"], c["n"]) for c in inputs]
 
@@ -72,7 +85,7 @@ def judge_shapes(inputs, outputs) -> None:
 def judge_values(inputs, outputs) -> None:
     for c, out in zip(inputs, outputs):
         want = reference(c["logits"], c["ids"], c["n"])
-        close(answer_part(out, c["n"]), want, f"context of {c['n']}", atol=1e-4)
+        close(answer_part(out, c["n"]), want, what(c), atol=1e-4)
 
 
 for name, points, hint, make, judge in (
@@ -92,10 +105,12 @@ for name, points, hint, make, judge in (
         judge_values,
     ),
     (
-        "log-probabilities (log_softmax over the vocabulary), not raw logits",
+        "log-probabilities (log_softmax over the vocabulary, in float32 for bfloat16 "
+        "logits), not raw logits",
         1,
-        "take log_softmax(-1) of the logits (in float32) before picking the tokens",
-        lambda: cases(normalised=False, constant_rows=True),
+        "take log_softmax(-1) of the logits in float32 (logits.float() first: in "
+        "bfloat16 each log-probability is off by hundredths) before picking the tokens",
+        lambda: and_bfloat16(cases(normalised=False, constant_rows=True)),
         judge_values,
     ),
 ):
@@ -107,21 +122,30 @@ def judge_scores(normalise: bool):
         for c, out in zip(inputs, outputs):
             lp = reference(c["logits"], c["ids"], c["n"])
             want = lp.mean() if normalise else lp.sum()
-            close(is_tensor(out).reshape(()), want, f"context of {c['n']}", atol=1e-4)
+            close(is_tensor(out).reshape(()), want, what(c), atol=1e-4)
 
     return judge
 
 
-for normalise, name, hint in (
+for normalise, name, hint, make in (
     (
         False,
         "normalise=False: the sum over the answer's tokens",
         "answer_logprobs(...).sum()",
+        lambda: cases(normalised=False),
     ),
     (
         True,
         "normalise=True: the mean over the answer's tokens only",
         "divide by the number of answer tokens (T - n_context), not by T",
+        lambda: cases(normalised=False),
+    ),
+    (
+        False,
+        "bfloat16 logits: the sum of float32 log-probabilities",
+        "upcast before log_softmax (logits.float()), as answer_logprobs does: "
+        "bfloat16 log-probabilities are off by hundredths each, and a sum adds them",
+        lambda: in_bfloat16(cases(normalised=False)),
     ),
 ):
 
@@ -130,7 +154,7 @@ for normalise, name, hint in (
         name,
         1,
         hint,
-        inputs=lambda: cases(normalised=False),
+        inputs=make,
         judge=judge_scores(normalise),
     )
     def _(fn, inputs, normalise=normalise):

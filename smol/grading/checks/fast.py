@@ -327,24 +327,33 @@ def _model(state):
     return model
 
 
-def _judge_spec_shape(inputs, out):
-    is_tensor(out, "the output")
-    assert tuple(out.shape) == (1, 21), f"shape {tuple(out.shape)}, expected (1, 21)"
-    assert torch.equal(out[:, :6], inputs["prompt"]), (
-        "the output does not start with the prompt"
-    )
+LENGTHS = (15, 1, 0)  # max_new_tokens: drafts, the prefill's token only, nothing
+
+
+def _judge_spec_shape(inputs, outs):
+    for n, out in zip(LENGTHS, outs, strict=True):
+        is_tensor(out, "the output")
+        assert tuple(out.shape) == (1, 6 + n), (
+            f"max_new_tokens={n}: shape {tuple(out.shape)}, expected (1, {6 + n})"
+        )
+        assert torch.equal(out[:, :6], inputs["prompt"]), (
+            "the output does not start with the prompt"
+        )
 
 
 @probe_check(
     "speculative_greedy",
-    "returns (1, T + max_new_tokens) token ids starting with the prompt",
+    "returns (1, T + max_new_tokens) token ids starting with the prompt (also for "
+    "max_new_tokens = 1 and 0)",
     1,
-    "append the next token and the accepted draft tokens; stop at max_new_tokens",
+    "append the next token and the accepted draft tokens; stop at max_new_tokens, "
+    "which may be 0: append the prefill's token only inside the loop",
     inputs=lambda: _spec_model(4, 5),
     judge=_judge_spec_shape,
 )
 def _(fn, inputs):
-    return fn(_model(inputs["state"]), inputs["prompt"], 15)
+    model = _model(inputs["state"])
+    return [fn(model, inputs["prompt"], n) for n in LENGTHS]
 
 
 # greedy's top logit leads by more than 0.06 at every step: no near ties

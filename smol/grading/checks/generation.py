@@ -178,11 +178,18 @@ def _greedy(fn, inputs, n):
     return fn(_model(inputs["state"]), inputs["prompt"], n)
 
 
-def _judge_prompt_kept(inputs, out):
-    same_shape(out, (2, 11), "greedy_generate(model, prompt, 6)")
-    assert torch.equal(out[:, :5], inputs["prompt"]), (
-        "the output does not start with the prompt"
-    )
+def _judge_prompt_kept(n: int, model="model"):
+    """Judge side: the output of greedy_generate(model, prompt, n) is (B, T + n)
+    and starts with the prompt."""
+
+    def judge(inputs, out):
+        B, T = inputs["prompt"].shape
+        same_shape(out, (B, T + n), f"greedy_generate({model}, prompt, {n})")
+        assert torch.equal(out[:, :T], inputs["prompt"]), (
+            "the output does not start with the prompt"
+        )
+
+    return judge
 
 
 @probe_check(
@@ -191,7 +198,7 @@ def _judge_prompt_kept(inputs, out):
     1,
     "append one token per step with torch.cat([tokens, next_token[:, None]], dim=1)",
     inputs=lambda: _model_and_prompt(2, 5),
-    judge=_judge_prompt_kept,
+    judge=_judge_prompt_kept(6),
 )
 def _(fn, inputs):
     return _greedy(fn, inputs, 6)
@@ -251,6 +258,32 @@ def _(fn, inputs):
 )
 def _(fn, inputs):
     return _greedy(fn, inputs, 4)
+
+
+@probe_check(
+    "kv_generate",
+    "max_new_tokens = 0 returns the prompt itself",
+    1,
+    "generate inside the loop over range(max_new_tokens), prefill included: a token "
+    "taken from the prefill before the loop is one too many when none is asked for",
+    inputs=lambda: _model_and_prompt(2, 5),
+    judge=_judge_prompt_kept(0),
+)
+def _(fn, inputs):
+    return _greedy(fn, inputs, 0)
+
+
+@probe_check(
+    "kv_generate",
+    "a bfloat16 model decodes too (a cache in the model's dtype)",
+    1,
+    "KVCache.for_model(model, B, length) takes the model's dtype and device (or pass "
+    "dtype= and device= to KVCache); a float32 cache does not fit a bfloat16 model",
+    inputs=lambda: _model_and_prompt(2, 4),
+    judge=_judge_prompt_kept(3, "a bfloat16 model"),
+)
+def _(fn, inputs):
+    return fn(_model(inputs["state"]).bfloat16(), inputs["prompt"], 3)
 
 
 def _reference_mask(attention_mask, T, offset=0):

@@ -10,7 +10,7 @@ import torch
 
 from smol.export import pack_tensor_info, pack_value, quantize_q8_0
 from smol.gguf import ARRAY, FLOAT32, INT32, STRING, UINT32, permute_qk
-from smol.grading.checks._util import close, is_tensor
+from smol.grading.checks._util import close, is_tensor, untouched
 from smol.grading.registry import probe_check, task
 
 task("gguf_value", "gguf", "pack_value(kind, value): a metadata value as GGUF bytes")
@@ -182,6 +182,32 @@ for _name, _kind, _part, _points, _hint in [
     )(_q8_probe)
 
 
+def _untouched_probe(call):
+    """A probe that runs call(fn, inputs) on the inputs' w itself (as the exporter
+    passes the model's own parameter) and returns w as it is after the call."""
+
+    def probe(fn, inputs):
+        call(fn, inputs)
+        return inputs["w"]
+
+    return probe
+
+
+def _untouched_judge(inputs, after):
+    untouched(after, inputs["w"], what="w")
+
+
+probe_check(
+    "q8_0",
+    "w is left unchanged",
+    1,
+    "scale a new tensor (x = blocks * id), not w itself (blocks *= id writes into w "
+    "through the reshaped view, and w.float() of a float32 w is w)",
+    inputs=_q8_inputs("random"),
+    judge=_untouched_judge,
+)(_untouched_probe(lambda fn, inputs: fn(inputs["w"])))
+
+
 # --- task 3: the q/k permutation
 def _perm_inputs(heads, head_dim, fan_in):
     return lambda: {
@@ -230,6 +256,17 @@ for _name, _shape, _points, _hint in [
         inputs=_perm_inputs(*_shape),
         judge=_perm_judge,
     )(_perm_probe)
+
+
+probe_check(
+    "permute_qk",
+    "w is left unchanged",
+    1,
+    "return a new tensor (reshape, transpose, reshape), never write into w: smol's "
+    "exporter passes the model's own q_proj and k_proj weights",
+    inputs=_perm_inputs(3, 8, 6),
+    judge=_untouched_judge,
+)(_untouched_probe(lambda fn, inputs: fn(inputs["w"], inputs["heads"])))
 
 
 # --- task 4: a tensor table entry

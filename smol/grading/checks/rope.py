@@ -10,6 +10,7 @@ from smol.grading.checks._util import (
     pair,
     same_pair,
     same_shape,
+    untouched,
 )
 from smol.grading.registry import probe_check, task
 from smol.rope import (
@@ -152,6 +153,21 @@ def _(fn, x):
 )
 def _(fn, x):
     return fn(fn(x))
+
+
+@probe_check(
+    "rotate_half",
+    "x is left unchanged",
+    1,
+    "build the result as a new tensor (torch.cat((-x2, x1), dim=-1)): writing into "
+    "x's halves changes the caller's queries and keys, and autograd's backward through "
+    "apply_rope needs them",
+    inputs=lambda: torch.randn(2, 3, 5, 8),
+    judge=lambda x, after: untouched(after, x, what="x"),
+)
+def _(fn, x):
+    fn(x)
+    return x
 
 
 BOTH = ("rope", "rope_bug")

@@ -266,28 +266,43 @@ def _(fn, qkv):
 
 _blocked_check(
     "tiled_attention",
-    "causal (is_causal=True) equals SDPA, blocks wholly in the future included",
+    "causal (is_causal=True) equals SDPA, blocks wholly in the future included, and "
+    "Tq != Tk",
     1,
-    "hide key j from query i when j > i (scores.masked_fill with -inf); a query that "
-    "sees nothing in a block must not turn into NaN",
-    ((23, 23, 5), (16, 16, 16), (9, 9, 2)),
+    "hide key j from query i when j > i (scores.masked_fill with -inf), whatever Tk "
+    "is: SDPA aligns the mask to the top left, not to the last key; a query that sees "
+    "nothing in a block must not turn into NaN",
+    ((23, 23, 5), (16, 16, 16), (9, 9, 2), (5, 9, 2), (9, 5, 3)),
     True,
-    "the causal output for T={Tk} in blocks of {block}",
+    "the causal output for Tq={Tq}, Tk={Tk} in blocks of {block}",
 )
+
+
+def _negative_qkv():
+    """q and k pointing opposite ways: every score about -280 (spread about 14), so
+    that exp(score - 0) underflows to 0 in float32."""
+    q, k, v = _qkv(Tq=12, Tk=20, seed=1)
+    return [-10 * (1 + 0.1 * q), 10 * (1 + 0.1 * k), v]
+
+
+def _judge_extreme(runs, outs):
+    whats = ("large scores", "scores that are all negative")
+    for qkv, what, out in zip(runs, whats, outs, strict=True):
+        close(out, _reference(*qkv), f"the output for {what}", atol=1e-4)
 
 
 @probe_check(
     "tiled_attention",
-    "large scores (q . k / sqrt(D) up to about 1000) stay finite and right",
+    "large scores (q . k / sqrt(D) up to about 1000) stay finite and right, and so do "
+    "scores that are all negative",
     1,
-    "subtract the running maximum before exp, as merge_stats does",
-    inputs=lambda: _qkv(Tq=12, Tk=20, scale=20.0),
-    judge=lambda qkv, out: close(
-        out, _reference(*qkv), "the output for large scores", atol=1e-4
-    ),
+    "subtract the running maximum before exp, as merge_stats does, and start it at "
+    "-inf (a start at 0 underflows every exp of a row whose scores are all below -100)",
+    inputs=lambda: [_qkv(Tq=12, Tk=20, scale=20.0), _negative_qkv()],
+    judge=_judge_extreme,
 )
-def _(fn, qkv):
-    return fn(*qkv, 6)
+def _(fn, runs):
+    return [fn(*qkv, 6) for qkv in runs]
 
 
 def _judge_grads(inputs, out):

@@ -204,3 +204,26 @@ def _judge_end(inputs, outs):
 )
 def _(fn, _):
     return _lrs(fn, (1000, 1500))
+
+
+NO_WARMUP = {"max_lr": 1e-3, "warmup_steps": 0, "total_steps": 100, "min_lr": 1e-4}
+
+
+def _judge_no_warmup(inputs, outs):
+    for step, out, want in zip((0, 50, 100), outs, (1e-3, 5.5e-4, 1e-4), strict=True):
+        lr = _lr(out)
+        assert abs(lr - want) < want * 1e-3, (
+            f"lr at step {step} of 100 without warmup is {lr:.4g}, expected {want:.4g}"
+        )
+
+
+@probe_check(
+    "lr_schedule",
+    "no warmup (warmup_steps = 0): max_lr at step 0, then the cosine decay",
+    1,
+    "warm up only while step < warmup_steps, so that step / warmup_steps is never "
+    "taken with warmup_steps = 0 (fine-tuning often runs without warmup)",
+    judge=_judge_no_warmup,
+)
+def _(fn, _):
+    return _lrs(fn, (0, 50, 100), NO_WARMUP)
