@@ -133,8 +133,9 @@ class _Links(HTMLParser):
 
 
 def test_measurement_figures_are_drawn_from_the_csvs_at_build_time(book, tmp_path):
-    """The Benchmarks figure in the built book is what bench/plot_results.py draws from
-    today's CSVs, byte for byte: it cannot show an older run than the tables beside it.
+    """The Benchmarks page's figures in the built book are what bench/plot_results.py
+    draws from today's CSVs, byte for byte: they cannot show an older run than the
+    tables beside them.
     No figure of measurements is stored in the repository."""
     import importlib.util
 
@@ -143,11 +144,15 @@ def test_measurement_figures_are_drawn_from_the_csvs_at_build_time(book, tmp_pat
     )
     plot_results = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plot_results)
-    fresh = tmp_path / "benchmarks.svg"
-    plot_results.main(fresh)
-    built = list((book.html / "_images").glob("benchmarks*.svg"))
-    assert len(built) == 1, built
-    assert built[0].read_bytes() == fresh.read_bytes()
+    for name, draw in [
+        ("benchmarks", plot_results.main),
+        ("card", plot_results.draw_card),
+    ]:
+        fresh = tmp_path / f"{name}.svg"
+        draw(fresh)
+        built = list((book.html / "_images").glob(f"{name}*.svg"))
+        assert len(built) == 1, built
+        assert built[0].read_bytes() == fresh.read_bytes(), name
     tracked = subprocess.run(
         ["git", "ls-files", "book/images"], cwd=ROOT, capture_output=True, text=True
     ).stdout.split()

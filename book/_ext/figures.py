@@ -15,6 +15,7 @@ def _draw(app):
     plot_results = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(plot_results)
     plot_results.main()
+    plot_results.draw_card()
 
 
 def setup(app):
