@@ -369,3 +369,14 @@ def test_long_closing_source_cells_are_folded(path):
             assert long == ("hide-input" in cell.metadata.get("tags", [])), (
                 f"{path.name}: {header} (`python -m tests.nbtools --refresh`)"
             )
+
+
+def test_chapter_0s_road_ahead_links_every_chapter():
+    """The book's first page says where it goes: its road ahead links each chapter the
+    table of contents lists, by its number and file."""
+    nb = nbtools.read(nbtools.ROOT / "chapters" / "00_the_model_at_a_glance.ipynb")
+    ahead = next(c.source for c in nb.cells if "## The road ahead" in c.source)
+    ahead = ahead[ahead.index("## The road ahead") :]
+    for path in sorted((nbtools.ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))[1:]:
+        number = int(path.name[:2])
+        assert f"[{number}. " in ahead and f"({path.name})" in ahead, path.name
