@@ -7,7 +7,7 @@ takes the same steps (fused AdamW, autocast, its forward and the float32 loss co
 together). Random tokens: speed does not depend on what they say. Both run a fixed
 number of steps in alternating rounds at one batch size, by default the largest the
 GPU's memory holds (measured with one eager step); the script prints tokens/s, MFU
-(6N + 12*L*H*Q*T FLOPs per token over the GPU's dense peak), peak memory, and on a GPU
+(6N + 12*L*H*D*T FLOPs per token over the GPU's dense peak), peak memory, and on a GPU
 where the time of one smol step goes, kernel by kernel (--profile-csv).
 
     python bench/train_gpu.py                            # SmolLM2-135M, T=2048, bf16

@@ -21,10 +21,10 @@ def num_params(config: SmolConfig) -> int:
 
 
 def flops_per_token(config: SmolConfig, seq_len: int) -> int:
-    """Training FLOPs per token, 6N + 12*L*H*Q*T (Chowdhery et al., 2022, appendix B):
-    6N for the matrix multiplies forward and backward (N includes the tied embedding, as
-    the head's matmul costs it), plus attention's scores and weighted sum over T
-    positions."""
+    """Training FLOPs per token, 6N + 12*L*H*D*T (Chowdhery et al., 2022, appendix B,
+    who write Q for the head size D): 6N for the matrix multiplies forward and backward
+    (N includes the tied embedding, as the head's matmul costs it), plus attention's
+    scores and weighted sum over T positions, for L layers of H heads."""
     return (
         6 * num_params(config)
         + 12
