@@ -213,3 +213,25 @@ def test_a_feedback_page_of_either_marker_is_the_graders(tmp_path):
         page = tmp_path / f"{i}.md"
         page.write_text(f"{first}\n# ada: 3/4 points\n", encoding="utf-8")
         assert is_feedback(page) is (i < 2), first
+
+
+def test_every_hand_in_is_found_nested_or_in_capitals(tmp_path):
+    """Unzipped hand-ins nest their notebooks, and some end in .IPYNB: each is the
+    student's; Jupyter's checkpoints and other hidden files are not; an exercise
+    handed in twice, once nested, is refused by name."""
+    from smol.grading.gradebook import find_submissions
+
+    (tmp_path / "ada" / "hw2" / ".ipynb_checkpoints").mkdir(parents=True)
+    (tmp_path / "ada" / "hw2" / "02_rope.IPYNB").write_text("{}", encoding="utf-8")
+    checkpoint = tmp_path / "ada" / "hw2" / ".ipynb_checkpoints" / "02_rope.ipynb"
+    checkpoint.write_text("{}", encoding="utf-8")
+    (tmp_path / "ada" / "notes.txt").write_text("x", encoding="utf-8")
+    (tmp_path / "bob__04_swiglu.IPYNB").write_text("{}", encoding="utf-8")
+    found = {(s.student, s.exercise): s.path for s in find_submissions(tmp_path)}
+    assert found == {
+        ("ada", "02_rope"): tmp_path / "ada" / "hw2" / "02_rope.IPYNB",
+        ("bob", "04_swiglu"): tmp_path / "bob__04_swiglu.IPYNB",
+    }
+    (tmp_path / "ada" / "02_rope.ipynb").write_text("{}", encoding="utf-8")
+    with pytest.raises(ValueError, match="ada hands in 02_rope twice"):
+        find_submissions(tmp_path)

@@ -49,9 +49,27 @@ class Submission:
     sha256: str = ""
 
 
+def is_notebook(path: Path) -> bool:
+    return path.is_file() and path.suffix.lower() == ".ipynb"
+
+
+def notebooks_under(folder: Path) -> list[Path]:
+    """Every notebook in folder and its subfolders (unzipped hand-ins nest them), in
+    order, whatever the case of its suffix; hidden files and folders, such as
+    Jupyter's .ipynb_checkpoints, are left out."""
+    return sorted(
+        p
+        for p in folder.rglob("*")
+        if is_notebook(p)
+        and not any(part.startswith(".") for part in p.relative_to(folder).parts)
+    )
+
+
 def find_submissions(folder: Path) -> list[Submission]:
-    """The notebooks of a submissions folder, by student and exercise; ValueError for
-    a folder that holds none, a name that says no student, or an exercise twice."""
+    """The notebooks of a submissions folder, by student and exercise: a folder per
+    student (its notebooks at any depth), or STUDENT__EXERCISE.ipynb at the top;
+    ValueError for a folder that holds none, a name that says no student, or an
+    exercise twice."""
     found: dict[tuple[str, str], Submission] = {}
 
     def add(student: str, exercise: str, path: Path) -> None:
@@ -69,9 +87,9 @@ def find_submissions(folder: Path) -> list[Submission]:
         if entry.name.startswith("."):
             continue
         if entry.is_dir():
-            for path in sorted(entry.glob("*.ipynb")):
+            for path in notebooks_under(entry):
                 add(entry.name, path.stem, path)
-        elif entry.suffix == ".ipynb":
+        elif is_notebook(entry):
             student, sep, exercise = entry.stem.partition("__")
             if not sep or not exercise:
                 raise ValueError(
