@@ -235,3 +235,25 @@ def test_every_hand_in_is_found_nested_or_in_capitals(tmp_path):
     (tmp_path / "ada" / "02_rope.ipynb").write_text("{}", encoding="utf-8")
     with pytest.raises(ValueError, match="ada hands in 02_rope twice"):
         find_submissions(tmp_path)
+
+
+def test_a_student_whose_notebooks_are_gone_stays_in_the_gradebook(tmp_path):
+    """A student of the last class report who hands in nothing now keeps a row per
+    task, marked missing, instead of dropping out of the gradebook."""
+    import json
+
+    from smol.grading.files import earlier_students
+    from smol.grading.gradebook import gradebook_rows
+
+    task = {"task": "rms", "score": 3, "total": 4, "graded": True}
+    bob = {"student": "bob", "exercise": "01_rmsnorm", "tasks": [task]}
+    report = tmp_path / "class.json"
+    report.write_text(
+        json.dumps({"notebooks": [dict(bob, student="ada"), bob]}), encoding="utf-8"
+    )
+    assert earlier_students(report) == {"ada", "bob"}
+    assert earlier_students(tmp_path / "none.json") == set()
+    rows = gradebook_rows([bob], earlier_students(report))
+    assert [r[0] for r in rows] == ["ada", "bob"]
+    assert rows[0][1:] == ["01_rmsnorm", "rms", 0, 4, "missing"]
+    assert [r[0] for r in gradebook_rows([bob])] == ["bob"]  # no report: no roster

@@ -42,7 +42,13 @@ from pathlib import Path
 from smol.commands.common import Parser, UsageError, parser, run
 from smol.grading import reaper
 from smol.grading.core import DEFAULT_TIMEOUT, timeout_problem
-from smol.grading.files import is_report, output_problem, write_atomic
+from smol.grading.files import (
+    earlier_grades,
+    earlier_students,
+    is_report,
+    output_problem,
+    write_atomic,
+)
 from smol.grading.runner import grade_notebook
 
 
@@ -317,13 +323,14 @@ def _gradebook(args) -> int:
 
     start = time.monotonic()
     grader = book.fingerprint(args)
-    previous = {} if args.regrade else book.earlier_grades(args.json, grader)
+    previous = {} if args.regrade else earlier_grades(args.json, grader)
     reports = book.grade_class(args.submissions, args, previous)
     reaper.KEEP.clear()
     reaper.sweep()  # nothing a submission started outlives its grading
     for r in reports:
         r["grader"] = grader
-    rows = book.gradebook_rows(reports)
+    # a student of the last report whose notebooks are gone stays, marked missing
+    rows = book.gradebook_rows(reports, earlier_students(args.json))
     print(book.summary(reports, rows, time.monotonic() - start))
     score, total = sum(r[3] for r in rows), sum(r[4] for r in rows)
     ok = _write(args.gradebook, book.csv_text(rows), "gradebook")

@@ -115,3 +115,26 @@ def read_regular(path: Path, limit: int) -> bytes | None:
             return None
         data = f.read(limit + 1)
     return data if len(data) <= limit else None
+
+
+def earlier_grades(path: Path, grader: str) -> dict[tuple[str, str, str], dict]:
+    """(student, exercise, hash) -> a notebook's report, from the class report at
+    `path` if it was made by this same grader."""
+    try:
+        report = json.loads(path.read_text())
+        return {
+            (n["student"], n["exercise"], n["sha256"]): n
+            for n in report["notebooks"]
+            if n.get("grader") == grader and not n.get("retry")
+        }
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def earlier_students(path: Path) -> set[str]:
+    """The students of the class report at `path` (none if there is no such report)."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        return {n["student"] for n in report["notebooks"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return set()

@@ -124,20 +124,6 @@ def fingerprint(args) -> str:
     return digest.hexdigest()[:16]
 
 
-def earlier_grades(path: Path, grader: str) -> dict[tuple[str, str, str], dict]:
-    """(student, exercise, hash) -> a notebook's report, from the class report at
-    `path` if it was made by this same grader."""
-    try:
-        report = json.loads(path.read_text())
-        return {
-            (n["student"], n["exercise"], n["sha256"]): n
-            for n in report["notebooks"]
-            if n.get("grader") == grader and not n.get("retry")
-        }
-    except (OSError, ValueError, KeyError, TypeError):
-        return {}
-
-
 def _limit(sub: Submission, args) -> float:
     """Seconds the worker of `sub` may take: the notebook's limit, each check's, and
     a margin to start Python and a kernel."""
@@ -244,11 +230,12 @@ def _status(report: dict, task: dict) -> str:
     return f"not graded: {report['status']}"
 
 
-def gradebook_rows(reports: list[dict]) -> list[list]:
+def gradebook_rows(reports: list[dict], students: set[str] = frozenset()) -> list[list]:
     """One row per student, exercise and task. A notebook that could not be read
     gets its exercise's tasks (as others' notebooks show them) at zero; an exercise
     that some student handed in and another did not gives the latter rows marked
-    "missing"."""
+    "missing", and so does every exercise of a student in `students` (the last
+    report's) who hands in nothing now."""
     tasks_of: dict[str, list[tuple[str, int]]] = {}
     for r in reports:
         if r["tasks"] and r["exercise"] not in tasks_of:
@@ -256,7 +243,7 @@ def gradebook_rows(reports: list[dict]) -> list[list]:
     rows = []
     exercises = sorted({r["exercise"] for r in reports})
     by_key = {(r["student"], r["exercise"]): r for r in reports}
-    for student in sorted({r["student"] for r in reports}):
+    for student in sorted({r["student"] for r in reports} | set(students)):
         for exercise in exercises:
             r = by_key.get((student, exercise))
             known = tasks_of.get(exercise) or [("", 0)]
