@@ -2296,7 +2296,7 @@ def test_the_library_silu_loses_only_the_written_by_hand_check():
 
 def test_the_mask_reference_is_smols_mask():
     from smol import SmolLM
-    from smol.grading.checks.generation import PADDED, _reference_mask
+    from smol.grading.checks.attention_mask import PADDED, _reference_mask
 
     for am, T, offset in ((PADDED, 6, 0), (PADDED, 2, 4), (None, 3, 4)):
         B = len(am) if am is not None else 1
