@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from smol import checkpoint
-from smol.train import Trainer
-from tests.test_train import small_config, tokens, trainer
+from tests.test_train import small_config, trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 
@@ -112,14 +111,6 @@ def test_a_gpu_resume_draws_what_the_uninterrupted_run_draws(tmp_path):
     first.fit(until=3)
     expected = torch.randn(4, device="cuda")  # the draw right after the checkpoint
     torch.cuda.manual_seed(123)
-    second = resumed(cfg)
+    second = trainer(dataclasses.replace(cfg, resume=True))
     assert second.step == 3
     assert torch.equal(torch.randn(4, device="cuda"), expected)
-
-
-def resumed(cfg) -> Trainer:
-    return Trainer(
-        dataclasses.replace(cfg, resume=True),
-        train_tokens=tokens(3000, 1),
-        val_tokens=tokens(400, 2),
-    )
