@@ -172,6 +172,10 @@ class ConversationBatches:
         picked = []
         for g in range(start, start + self.batch_size):
             picked.append(self.examples[int(self.order(g // n)[g % n])])
+        return self.collate(picked)
+
+    def collate(self, picked: list):
+        """The batch of the picked examples (see collate)."""
         return collate(picked, self.pad_id)
 
     def state_dict(self) -> dict:

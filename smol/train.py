@@ -235,10 +235,7 @@ class Trainer:
         self.model.train()
         total = torch.zeros((), device=self.device)
         for micro in range(self.cfg.grad_accum):
-            # (B, T) each; a mask (B, T) with padded batches
-            x, y, *mask = (
-                t.to(self.device, non_blocking=True) for t in next(self.train_batches)
-            )
+            batch = next(self.train_batches)
             last = micro == self.cfg.grad_accum - 1
             # DDP averages gradients across ranks during backward; skip it until the
             # last micro-batch.
@@ -248,8 +245,7 @@ class Trainer:
                 else contextlib.nullcontext()
             )
             with sync:
-                with self.autocast():
-                    _, loss = self.train_model(x, y, *mask)
+                loss = self.batch_loss(batch)
                 # the sum over micro-batches is the mean over the batch
                 loss = loss / self.cfg.grad_accum
                 self.scaler.scale(loss).backward()
@@ -267,6 +263,15 @@ class Trainer:
             dist.all_reduce(total)
             total /= self.world_size
         return total
+
+    def batch_loss(self, batch) -> torch.Tensor:
+        """The loss of one micro-batch, a 0-d tensor that backward starts from: the
+        model's next-token loss, which a subclass may replace (DPO's, say)."""
+        # (B, T) each; a mask (B, T) with padded batches
+        x, y, *mask = (t.to(self.device, non_blocking=True) for t in batch)
+        with self.autocast():
+            _, loss = self.train_model(x, y, *mask)
+        return loss
 
     @torch.no_grad()
     def evaluate(self) -> float:

@@ -1,0 +1,399 @@
+"""Preference tuning with Direct Preference Optimization (Rafailov et al., 2023): a
+policy learns to prefer the chosen reply of each pair over the rejected one, held near
+a frozen reference by beta. The command is `smol dpo` (smol/commands/dpo.py).
+
+Each line of a pairs file is one pair in TRL's conversational format, `{"prompt":
+[{"role": "user", "content": "..."}], "chosen": [{"role": "assistant", "content":
+"..."}], "rejected": [{"role": "assistant", "content": "..."}]}`; plain strings for the
+prompt and replies are taken too.
+
+The loss of a pair, with log-probabilities of the replies' tokens only (the prompt is
+context) under the policy pi and the reference pi_ref:
+
+    margin = (log pi(chosen) - log pi_ref(chosen)) - (log pi(rejected) - log pi_ref(rejected))
+    loss   = -log sigmoid(beta * margin)
+
+and beta times each log-ratio is that reply's implicit reward."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from smol.lora import lora_layers
+from smol.model import IGNORE_INDEX
+from smol.sft import (
+    ConversationBatches,
+    _show,
+    check_messages,
+    collate,
+    encode_conversation,
+)
+from smol.train import TrainConfig, Trainer
+
+
+def check_pair(record) -> dict:
+    """A pair as {"prompt": messages, "chosen": text, "rejected": text}, from TRL's
+    conversational or plain format; raises a ValueError saying what is wrong."""
+    if not isinstance(record, dict):
+        raise ValueError(
+            f'expected an object {{"prompt", "chosen", "rejected"}}, got {_show(record)}'
+        )
+    missing = [k for k in ("prompt", "chosen", "rejected") if k not in record]
+    if missing:
+        raise ValueError(f"the pair has no {' or '.join(map(repr, missing))}")
+    prompt = record["prompt"]
+    if isinstance(prompt, str):
+        prompt = [{"role": "user", "content": prompt}]
+    if not isinstance(prompt, list) or not prompt:
+        raise ValueError(
+            f"prompt must be a string or a non-empty list of messages, "
+            f"got {_show(prompt)}"
+        )
+    last = prompt[-1]
+    if not (isinstance(last, dict) and last.get("role") == "user"):
+        raise ValueError(
+            f"the prompt's last message must be the user's, got {_show(last)}"
+        )
+    replies = {side: _reply(record[side], side) for side in ("chosen", "rejected")}
+    # checks the prompt's messages too: roles, contents, a system message only first
+    check_messages(prompt + [{"role": "assistant", "content": replies["chosen"]}])
+    if replies["chosen"] == replies["rejected"]:
+        raise ValueError(
+            f"chosen and rejected are the same reply ({_show(replies['chosen'])}): "
+            "nothing to prefer"
+        )
+    return {"prompt": prompt, **replies}
+
+
+def _reply(value, side: str) -> str:
+    """The text of one reply: a string, or one assistant message in a list."""
+    if isinstance(value, list) and len(value) == 1 and isinstance(value[0], dict):
+        if value[0].get("role") != "assistant":
+            raise ValueError(f"{side} must be the assistant's message: {_show(value)}")
+        value = value[0].get("content")
+    if not isinstance(value, str):
+        raise ValueError(
+            f"{side} must be a string or one assistant message, got {_show(value)}"
+        )
+    if not value.strip():
+        raise ValueError(f"{side} is an empty reply")
+    return value
+
+
+def read_pairs(path: str | Path) -> list[dict]:
+    """The pairs of a JSONL file (see check_pair), one a line; blank lines are
+    skipped. A malformed line raises a ValueError naming the file and the line."""
+    return list(numbered_pairs(path).values())
+
+
+def numbered_pairs(path: str | Path) -> dict[int, dict]:
+    """{line number: pair} of a JSONL file of pairs."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no such file: {path} (expected JSONL pairs)")
+    pairs = {}
+    with open(path, "rb") as f:
+        for n, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path}, line {n}: not UTF-8 text ({e})") from None
+            if not line.strip():
+                continue
+            try:
+                pairs[n] = check_pair(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(
+                    f"{path}, line {n}: not valid JSON ({e.msg})"
+                ) from None
+            except ValueError as e:
+                raise ValueError(f"{path}, line {n}: {e}") from None
+    if not pairs:
+        raise ValueError(f"{path} holds no pairs")
+    return pairs
+
+
+def encode_pair(tokenizer, pair: dict, max_len: int | None = None):
+    """((ids, labels) of prompt + chosen, (ids, labels) of prompt + rejected): the
+    chat template's tokens, labelled (not -100) on the reply's tokens only."""
+    pair = check_pair(pair)
+    return tuple(
+        encode_conversation(
+            tokenizer,
+            pair["prompt"] + [{"role": "assistant", "content": pair[side]}],
+            max_len,
+        )
+        for side in ("chosen", "rejected")
+    )
+
+
+def collate_pairs(pairs, pad_id: int):
+    """Encoded pairs -> input_ids, targets, attention_mask, each (2B, T): the B chosen
+    rows, then the B rejected rows (as TRL concatenates them), padded on the right."""
+    return collate([c for c, _ in pairs] + [r for _, r in pairs], pad_id)
+
+
+def sequence_logprobs(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """(B, T, V) logits, (B, T) shifted targets -> (B,): each row's sum of log p(target)
+    over the tokens whose target is not -100 (the reply's), in float32."""
+    if logits.shape[:-1] != targets.shape:
+        raise ValueError(
+            f"logits {tuple(logits.shape)} do not match targets {tuple(targets.shape)}"
+        )
+    # log p(target) is minus the cross-entropy of that one token; -100 counts 0
+    nll = F.cross_entropy(
+        logits.float().flatten(0, 1),
+        targets.flatten(),
+        ignore_index=IGNORE_INDEX,
+        reduction="none",
+    )  # (B * T,)
+    return -nll.view(targets.shape).sum(-1)
+
+
+def reply_logprobs(model, input_ids, targets, attention_mask=None) -> torch.Tensor:
+    """(B,) log-probabilities of each row's reply under the model (sequence_logprobs
+    of its logits)."""
+    logits, _ = model(input_ids, attention_mask=attention_mask)
+    return sequence_logprobs(logits, targets)
+
+
+@contextlib.contextmanager
+def adapters_off(model: nn.Module):
+    """The model with each LoRA layer replaced by its frozen base layer, put back on
+    exit: a LoRA policy's reference model for free, with no second copy of the
+    weights."""
+    layers = lora_layers(model)
+    if not layers:
+        raise ValueError(
+            "this model holds no LoRA layers: give a reference model to compare with"
+        )
+    try:
+        for name, layer in layers.items():
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, layer.base_layer)
+        yield model
+    finally:
+        for name, layer in layers.items():
+            parent, _, child = name.rpartition(".")
+            setattr(model.get_submodule(parent), child, layer)
+
+
+@dataclasses.dataclass
+class DPOLoss:
+    """The mean loss of a batch of pairs, and each pair's implicit rewards (beta times
+    the policy's log-ratio to the reference, detached), the numbers people watch."""
+
+    loss: torch.Tensor  # ()
+    chosen_rewards: torch.Tensor  # (B,)
+    rejected_rewards: torch.Tensor  # (B,)
+
+    @property
+    def margins(self) -> torch.Tensor:  # (B,)
+        return self.chosen_rewards - self.rejected_rewards
+
+    @property
+    def accuracy(self) -> torch.Tensor:  # (): the share of pairs ranked right
+        return (self.chosen_rewards > self.rejected_rewards).float().mean()
+
+
+def dpo_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    ref_chosen: torch.Tensor,
+    ref_rejected: torch.Tensor,
+    beta: float = 0.1,
+) -> DPOLoss:
+    """DPO's loss from four (B,) tensors of reply log-probabilities: the mean over
+    pairs of -log sigmoid(beta * margin), margin = the chosen reply's log-ratio to the
+    reference minus the rejected one's (TRL's loss_type="sigmoid"). The reference's
+    log-probabilities are constants: no gradient reaches them."""
+    if not (isinstance(beta, (int, float)) and beta > 0):
+        raise ValueError(f"beta must be a positive number, got {beta!r}")
+    shapes = {tuple(t.shape) for t in (policy_chosen, policy_rejected)}
+    shapes |= {tuple(t.shape) for t in (ref_chosen, ref_rejected)}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 1:
+        raise ValueError(f"expected four tensors of one shape (B,), got {shapes}")
+    chosen = policy_chosen - ref_chosen.detach()  # (B,) log-ratios
+    rejected = policy_rejected - ref_rejected.detach()
+    loss = -F.logsigmoid(beta * (chosen - rejected)).mean()
+    return DPOLoss(loss, beta * chosen.detach(), beta * rejected.detach())
+
+
+class PairBatches(ConversationBatches):
+    """Endless batches of encoded pairs, chosen rows then rejected (collate_pairs);
+    the position is the whole state, so a run resumes exactly."""
+
+    def collate(self, picked: list):
+        return collate_pairs(picked, self.pad_id)
+
+
+class DPOTrainer(Trainer):
+    """smol.train's Trainer with DPO's loss on batches of preference pairs: `model` is
+    the policy (with LoRA adapters only they train), `reference` a frozen model of the
+    same config; None takes the policy with its adapters off (adapters_off). Pairs are
+    cut to seq_len + 1 tokens; those whose chosen or rejected reply is left with no
+    token are left out (`dropped` holds their indices by "training" and "validation",
+    `cut` counts the others that were cut). length_normalized compares mean instead
+    of summed log-probabilities per reply token, a remedy for the loss's pull towards
+    long replies."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model,
+        tokenizer,
+        train: list,
+        val: list = (),
+        *,
+        beta: float = 0.1,
+        reference: nn.Module | None = None,
+        length_normalized: bool = False,
+    ):
+        if not (isinstance(beta, (int, float)) and beta > 0):
+            raise ValueError(f"beta must be a positive number, got {beta!r}")
+        if reference is None:
+            with adapters_off(model):  # raises without adapters
+                pass
+        elif reference.config != model.config:
+            raise ValueError(
+                "the reference model's config differs from the policy's: "
+                "DPO compares the two on the same tokens"
+            )
+        self.beta, self.length_normalized = float(beta), length_normalized
+        self._pairs = (tokenizer, train, val)
+        super().__init__(config, model=model)
+        self.tokenizer = tokenizer
+        self.reference = reference
+        if reference is not None:
+            self.reference = reference.to(self.device).eval().requires_grad_(False)
+        for name in ("chosen_reward", "rejected_reward", "margin", "accuracy"):
+            self.history.setdefault(name, [])
+        self.history.setdefault("val_accuracy", [])
+        self._rewards: list[torch.Tensor] = []  # this step's micro-batches'
+        self._pending_rewards: list[torch.Tensor] = []  # steps not yet read back
+
+    def _load_data(self, train_tokens=None, val_tokens=None) -> None:
+        tokenizer, train, val = self._pairs
+        if tokenizer.pad_token_id is None:
+            raise ValueError("the tokenizer has no padding token (nor an eos)")
+        self.dropped, self.cut = {}, {}
+        n = self.cfg.seq_len + 1  # seq_len inputs, and the token after the last
+
+        def encode(pairs, what):
+            full = [encode_pair(tokenizer, pair) for pair in pairs]
+            self.dropped[what] = [
+                i
+                for i, sides in enumerate(full)
+                if any(all(t == IGNORE_INDEX for t in lab[1:n]) for _, lab in sides)
+            ]
+            gone = set(self.dropped[what])
+            kept = [sides for i, sides in enumerate(full) if i not in gone]
+            if pairs and not kept:
+                raise ValueError(
+                    f"no {what} pair has both replies within seq_len "
+                    f"{self.cfg.seq_len} tokens: raise seq_len"
+                )
+            self.cut[what] = sum(any(len(ids) > n for ids, _ in s) for s in kept)
+            return [tuple((ids[:n], lab[:n]) for ids, lab in s) for s in kept]
+
+        self.train_examples = encode(train, "training")
+        self.val_examples = encode(val, "validation")
+        self.train_batches = PairBatches(
+            self.train_examples,
+            self.cfg.batch_size,
+            tokenizer.pad_token_id,
+            seed=self.cfg.seed,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+
+    def pair_loss(self, model, batch) -> DPOLoss:
+        """DPO's loss of a batch from collate_pairs, the policy run through `model`
+        (the training or the evaluation wrapper of self.model)."""
+        x, y, mask = (t.to(self.device, non_blocking=True) for t in batch)
+        with self.autocast():
+            policy = reply_logprobs(model, x, y, mask)  # (2B,)
+            with torch.no_grad():
+                if self.reference is None:
+                    with adapters_off(self.model):
+                        ref = reply_logprobs(self.model, x, y, mask)
+                else:
+                    ref = reply_logprobs(self.reference, x, y, mask)
+        if self.length_normalized:
+            tokens = (y != IGNORE_INDEX).sum(-1)  # (2B,)
+            policy, ref = policy / tokens, ref / tokens
+        B = x.shape[0] // 2
+        return dpo_loss(policy[:B], policy[B:], ref[:B], ref[B:], self.beta)
+
+    def batch_loss(self, batch) -> torch.Tensor:
+        out = self.pair_loss(self.train_model, batch)
+        self._rewards.append(
+            torch.stack(
+                [
+                    out.chosen_rewards.mean(),
+                    out.rejected_rewards.mean(),
+                    out.margins.mean(),
+                    out.accuracy,
+                ]
+            )
+        )
+        return out.loss
+
+    def train_step(self) -> torch.Tensor:
+        loss = super().train_step()
+        rewards = torch.stack(self._rewards).mean(0)  # (4,) over micro-batches
+        self._rewards = []
+        if self.world_size > 1:
+            dist.all_reduce(rewards)
+            rewards /= self.world_size
+        self._pending_rewards.append(rewards)
+        return loss
+
+    def _read_back(self, pending, due, caught) -> bool:
+        stop = super()._read_back(pending, due, caught)
+        names = ("chosen_reward", "rejected_reward", "margin", "accuracy")
+        for rewards in self._pending_rewards:
+            for name, value in zip(names, rewards.tolist()):
+                self.history[name].append(value)
+        self._pending_rewards = []
+        return stop
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean DPO loss over the validation pairs (at most eval_batches batches of
+        them; NaN when there are none); their preference accuracy goes into
+        history["val_accuracy"]."""
+        if not self.val_examples:
+            return float("nan")
+        self.model.eval()
+        B = self.cfg.batch_size
+        n = min(self.cfg.eval_batches * B, len(self.val_examples))
+        sums = torch.zeros(3, device=self.device, dtype=torch.float64)
+        for i, start in enumerate(range(0, n, B)):
+            if i % self.world_size != self.rank:
+                continue
+            chunk = self.val_examples[start : min(n, start + B)]
+            batch = collate_pairs(chunk, self.tokenizer.pad_token_id)
+            out = self.pair_loss(self.eval_model, batch)
+            k = len(chunk)
+            sums += torch.stack(
+                [out.loss.double() * k, out.accuracy.double() * k, sums.new_tensor(k)]
+            )
+        if self.world_size > 1:
+            dist.all_reduce(sums)
+        self.model.train()
+        self.history["val_accuracy"].append((sums[1] / sums[2]).item())
+        return (sums[0] / sums[2]).item()
+
+    def fit(self, until: int | None = None) -> dict:
+        if self.cfg.eval_every > 0 and not self.val_examples:
+            self.cfg = dataclasses.replace(self.cfg, eval_every=0)
+        return super().fit(until)
