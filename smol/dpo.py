@@ -123,16 +123,18 @@ def numbered_pairs(path: str | Path) -> dict[int, dict]:
 
 def encode_pair(tokenizer, pair: dict, max_len: int | None = None):
     """((ids, labels) of prompt + chosen, (ids, labels) of prompt + rejected): the
-    chat template's tokens, labelled (not -100) on the reply's tokens only."""
+    chat template's tokens, labelled (not -100) on the reply's tokens only. As TRL
+    splits a pair, the reply is every token after the prompt's generation header:
+    the text, <|im_end|> and the newline the template writes after it."""
     pair = check_pair(pair)
-    return tuple(
-        encode_conversation(
-            tokenizer,
-            pair["prompt"] + [{"role": "assistant", "content": pair[side]}],
-            max_len,
-        )
-        for side in ("chosen", "rejected")
-    )
+    encoded = []
+    for side in ("chosen", "rejected"):
+        messages = pair["prompt"] + [{"role": "assistant", "content": pair[side]}]
+        ids, labels = encode_conversation(tokenizer, messages)
+        start = next(i for i, t in enumerate(labels) if t != IGNORE_INDEX)
+        labels = labels[:start] + ids[start:]  # the template's tail after the reply
+        encoded.append((ids[:max_len], labels[:max_len]))
+    return tuple(encoded)
 
 
 def collate_pairs(pairs, pad_id: int):
