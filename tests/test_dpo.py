@@ -1,0 +1,230 @@
+"""DPO by hand (smol.dpo) equals TRL's DPOTrainer on the same batch: the tokens, the
+loss, the implicit rewards, margins and accuracy, and every trainable parameter's
+gradient; and the pieces each refuse the wrong implementation they are named for."""
+
+import copy
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from smol import SmolLM
+from smol.dpo import (
+    DPOTrainer,
+    adapters_off,
+    check_pair,
+    collate_pairs,
+    dpo_loss,
+    encode_pair,
+    numbered_pairs,
+    sequence_logprobs,
+)
+from smol.lora import apply_lora, lora_layers
+from smol.model import IGNORE_INDEX
+from smol.train import TrainConfig
+from tests.tiny_models import with_real_vocab
+
+TINY = with_real_vocab()
+TARGETS = ("q_proj", "v_proj", "down_proj")
+
+
+def pair(question, chosen, rejected, system=None):
+    head = [{"role": "system", "content": system}] if system else []
+    return {
+        "prompt": head + [{"role": "user", "content": question}],
+        "chosen": [{"role": "assistant", "content": chosen}],
+        "rejected": [{"role": "assistant", "content": rejected}],
+    }
+
+
+PAIRS = [
+    pair("What is 2 + 3?", "5", "It is 6."),
+    pair("What is 10 + 7?", "17", "16", "Answer with the number only."),
+    pair("Name a colour.", "Blue.", "I would rather not say anything at all."),
+    pair("What is 41 + 1?", "42", "43, I think"),
+]
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from smol.gguf import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
+
+    return tokenizer_from_gguf(GGUFFile(bundled_gguf_path()))
+
+
+def smol_trainer(tmp_path, model, tokenizer, pairs=PAIRS, **options):
+    cfg = TrainConfig(
+        preset=None,
+        steps=1,
+        batch_size=len(pairs),
+        seq_len=128,
+        lr=1e-3,
+        min_lr=1e-3,
+        warmup_steps=0,
+        weight_decay=0.0,
+        eval_every=0,
+        device="cpu",
+        dtype="fp32",
+        out_dir=str(tmp_path / "smol"),
+        progress=False,
+    )
+    return DPOTrainer(cfg, model, tokenizer, pairs, **options)
+
+
+# --- equal to TRL ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hf_tokenizer(tokenizer, tmp_path_factory):
+    """transformers' tokenizer of the same files (TRL tokenizes with it)."""
+    from transformers import AutoTokenizer
+
+    from smol.pretrained import save_pretrained
+
+    folder = tmp_path_factory.mktemp("tokenizer")
+    save_pretrained(SmolLM(TINY), tokenizer, folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def _perturbed(model, seed):
+    """The model with every weight moved a little: a policy unlike its reference."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * 0.05 * p.std().clamp_min(0.1))
+    return model
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["sigmoid-reference", "sigmoid-lora", "sigmoid_norm-reference"],
+)
+def test_loss_rewards_and_gradients_equal_trl(tokenizer, hf_tokenizer, tmp_path, case):
+    pytest.importorskip("trl")
+    from datasets import Dataset
+    from peft import LoraConfig
+    from trl import DPOConfig
+    from trl import DPOTrainer as TRLDPOTrainer
+
+    from smol.reference import llama_twin
+
+    loss_type, how = case.split("-")
+    lora = how == "lora"
+    beta = 0.2
+    torch.manual_seed(0)
+    reference = SmolLM(TINY)
+    with torch.no_grad():  # norms away from one, as a trained model's are
+        for name, p in reference.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+    theirs = llama_twin(TINY, "sdpa")
+    theirs.load_state_dict(reference.state_dict(), strict=True)
+    policy = copy.deepcopy(reference)
+    args = DPOConfig(
+        output_dir=str(tmp_path / "trl"),
+        report_to="none",
+        use_cpu=True,
+        bf16=False,
+        fp16=False,
+        beta=beta,
+        loss_type=[loss_type],
+        max_length=None,
+        per_device_train_batch_size=len(PAIRS),
+        dataset_num_proc=None,
+    )
+    data = Dataset.from_list(PAIRS)
+    if lora:
+        apply_lora(policy, 4, 8.0, TARGETS)
+        trl = TRLDPOTrainer(
+            model=theirs,
+            args=args,
+            train_dataset=data,
+            processing_class=hf_tokenizer,
+            peft_config=LoraConfig(
+                r=4, lora_alpha=8.0, target_modules=list(TARGETS), lora_dropout=0.0
+            ),
+        )
+        # the same nonzero A and B on both sides: the policy is not its reference
+        named = dict(trl.model.named_parameters())
+        g = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for name, layer in lora_layers(policy).items():
+                for part in ("lora_A", "lora_B"):
+                    value = torch.randn(getattr(layer, part).shape, generator=g) * 0.1
+                    getattr(layer, part).copy_(value)
+                    named[f"base_model.model.{name}.{part}.default.weight"].copy_(value)
+        ours = smol_trainer(tmp_path, policy, tokenizer, beta=beta)
+    else:
+        _perturbed(policy, seed=1)
+        theirs.load_state_dict(policy.state_dict(), strict=True)
+        their_reference = llama_twin(TINY, "sdpa")
+        their_reference.load_state_dict(reference.state_dict(), strict=True)
+        trl = TRLDPOTrainer(
+            model=theirs,
+            ref_model=their_reference,
+            args=args,
+            train_dataset=data,
+            processing_class=hf_tokenizer,
+        )
+        ours = smol_trainer(
+            tmp_path,
+            policy,
+            tokenizer,
+            beta=beta,
+            reference=reference,
+            length_normalized=loss_type == "sigmoid_norm",
+        )
+
+    # the same tokens, and the same reply tokens: TRL's completion is every token after
+    # the prompt rendered with its generation header, "<|im_end|>\n" included
+    rows = [trl.train_dataset[i] for i in range(len(PAIRS))]
+    for row, (chosen, rejected) in zip(rows, map(encode_pair, [tokenizer] * 4, PAIRS)):
+        prompt = row["prompt_ids"]
+        for side, (ids, labels) in (("chosen", chosen), ("rejected", rejected)):
+            assert ids == prompt + row[f"{side}_ids"]
+            reply = [t != IGNORE_INDEX for t in labels]
+            assert reply == [False] * len(prompt) + [True] * len(row[f"{side}_ids"])
+        assert hf_tokenizer.decode(row["chosen_ids"]).endswith("<|im_end|>\n")
+
+    inputs = trl._prepare_inputs(trl.data_collator(rows))
+    trl.model.train()
+    their_loss = trl.compute_loss(trl.model, inputs)
+    their_loss.backward()
+    metrics = {k: v[-1] for k, v in trl._metrics["train"].items()}
+
+    batch = collate_pairs([encode_pair(tokenizer, p) for p in PAIRS], 2)
+    ours.model.train()
+    out = ours.pair_loss(ours.model, batch)
+    out.loss.backward()
+
+    torch.testing.assert_close(out.loss, their_loss.detach())
+    tokens = (batch[1] != IGNORE_INDEX).sum(-1).float()  # (2B,) reply tokens
+    B = len(PAIRS)
+    # TRL's sigmoid_norm logs the rewards of summed log-ratios; smol's are the
+    # length-normalised ones that its loss compares
+    scale = tokens if loss_type == "sigmoid_norm" else torch.ones(2 * B)
+    chosen = out.chosen_rewards * scale[:B]
+    rejected = out.rejected_rewards * scale[B:]
+    got = {
+        "rewards/chosen": chosen.mean(),
+        "rewards/rejected": rejected.mean(),
+        "rewards/margins": (chosen - rejected).mean(),
+        "rewards/accuracies": (chosen > rejected).float().mean(),
+    }
+    if loss_type == "sigmoid":
+        assert torch.equal(got["rewards/margins"], out.margins.mean())
+        assert torch.equal(got["rewards/accuracies"], out.accuracy)
+    for name, value in got.items():  # TRL's metrics are float32 values as floats
+        torch.testing.assert_close(value, torch.tensor(metrics[name]), msg=name)
+    assert abs(metrics["rewards/margins"]) > 1e-3  # the policy is not the reference
+
+    named = dict(trl.model.named_parameters())
+    trained = {n: p for n, p in ours.model.named_parameters() if p.requires_grad}
+    assert len(trained) == sum(p.requires_grad for p in named.values())
+    for name, p in trained.items():
+        if lora:
+            layer, part = name.rsplit(".", 1)
+            name = f"base_model.model.{layer}.{part}.default.weight"
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+        torch.testing.assert_close(p.grad, named[name].grad, msg=name)
