@@ -228,3 +228,194 @@ def test_loss_rewards_and_gradients_equal_trl(tokenizer, hf_tokenizer, tmp_path,
             name = f"base_model.model.{layer}.{part}.default.weight"
         assert p.grad is not None and p.grad.abs().sum() > 0, name
         torch.testing.assert_close(p.grad, named[name].grad, msg=name)
+
+
+# --- the pieces, each against the wrong version it is named for ---------------------
+
+
+def test_the_loss_sums_the_replys_tokens_only(tokenizer):
+    """sequence_logprobs counts the labelled tokens: a version summing the prompt's
+    tokens too gives another number."""
+    torch.manual_seed(0)
+    model = SmolLM(TINY).eval()
+    batch = collate_pairs([encode_pair(tokenizer, p) for p in PAIRS[:2]], 2)
+    x, y, mask = batch
+    with torch.no_grad():
+        logits, _ = model(x, attention_mask=mask)
+    got = sequence_logprobs(logits, y)
+    logp = F.log_softmax(logits.float(), -1)
+    by_hand = torch.stack(
+        [
+            sum(logp[b, t, y[b, t]] for t in range(y.shape[1]) if y[b, t] != -100)
+            for b in range(y.shape[0])
+        ]
+    )
+    torch.testing.assert_close(got, by_hand)
+    # every real token scored: the prompt's tokens change the sum
+    every = torch.where(mask.bool(), torch.roll(x, -1, 1), IGNORE_INDEX)
+    every[:, -1] = torch.where(y[:, -1] != -100, y[:, -1], IGNORE_INDEX)
+    assert (sequence_logprobs(logits, every) < got - 1).all()
+
+
+def test_the_reference_gets_no_gradient_and_the_margins_sign_and_beta():
+    pc, pr = (
+        torch.tensor([-3.0, -5.0], requires_grad=True),
+        torch.tensor([-4.0, -4.0], requires_grad=True),
+    )
+    rc = torch.tensor([-3.5, -5.0], requires_grad=True)
+    rr = torch.tensor([-3.0, -4.5], requires_grad=True)
+    out = dpo_loss(pc, pr, rc, rr, beta=0.5)
+    out.loss.backward()
+    assert rc.grad is None and rr.grad is None  # constants, not trained
+    # margin = (pc - rc) - (pr - rr): chosen's log-ratio minus rejected's
+    margins = torch.tensor([0.5 - (-1.0), 0.0 - 0.5])
+    torch.testing.assert_close(out.margins, 0.5 * margins)
+    torch.testing.assert_close(out.chosen_rewards, 0.5 * torch.tensor([0.5, 0.0]))
+    torch.testing.assert_close(out.rejected_rewards, 0.5 * torch.tensor([-1.0, 0.5]))
+    # beta scales both sides inside the sigmoid: loss = mean -log sigmoid(beta * m)
+    torch.testing.assert_close(out.loss, -F.logsigmoid(0.5 * margins).mean())
+    assert out.accuracy.item() == 0.5
+    # a larger margin lowers the loss: the chosen side's gradient is negative
+    assert (pc.grad < 0).all() and (pr.grad > 0).all()
+
+
+def test_the_loss_at_margin_zero_is_log_2():
+    same = torch.tensor([-2.0, -7.0, -1.5])
+    out = dpo_loss(same, same - 1, same, same - 1, beta=3.0)
+    torch.testing.assert_close(out.loss, torch.tensor(2.0).log())
+    assert out.accuracy.item() == 0.0  # a tie ranks no pair right
+    with pytest.raises(ValueError, match="beta must be a positive number"):
+        dpo_loss(same, same, same, same, beta=0.0)
+    with pytest.raises(ValueError, match="four tensors of one shape"):
+        dpo_loss(same, same[:2], same, same)
+
+
+def test_adapters_off_restores_the_lora_layers_even_when_the_body_raises():
+    torch.manual_seed(0)
+    model = SmolLM(TINY)
+    apply_lora(model, 2, 4.0, ("q_proj",))
+    layers = lora_layers(model)
+    with pytest.raises(RuntimeError, match="inside"):
+        with adapters_off(model) as bare:
+            assert not lora_layers(bare)
+            raise RuntimeError("inside")
+    assert lora_layers(model) == layers
+    with pytest.raises(ValueError, match="holds no LoRA layers"):
+        with adapters_off(SmolLM(TINY)):
+            pass
+
+
+@pytest.mark.parametrize(
+    "line, says",
+    [
+        ({"prompt": "q", "chosen": "a"}, "line 2: the pair has no 'rejected'"),
+        ({"prompt": "q", "chosen": " ", "rejected": "b"}, "line 2: chosen is an empty"),
+        (
+            {"prompt": "q", "chosen": "a", "rejected": "a"},
+            "line 2: chosen and rejected",
+        ),
+        (
+            {
+                "prompt": [
+                    {"role": "user", "content": "q"},
+                    {"role": "assistant", "content": "a"},
+                ],
+                "chosen": "b",
+                "rejected": "c",
+            },
+            "line 2: the prompt's last message must be the user's",
+        ),
+        (["q", "a", "b"], "line 2: expected an object"),
+        ("{nope", "line 2: not valid JSON"),
+    ],
+)
+def test_bad_pairs_are_named_by_file_line_and_fault(tmp_path, line, says):
+    path = tmp_path / "pairs.jsonl"
+    rows = [PAIRS[0], line]
+    path.write_text(
+        "\n".join(r if isinstance(r, str) else json.dumps(r) for r in rows) + "\n"
+    )
+    with pytest.raises(ValueError) as info:
+        numbered_pairs(path)
+    assert says in str(info.value) and str(path) in str(info.value)
+
+
+def test_plain_pairs_are_taken_and_empty_files_refused(tmp_path):
+    assert check_pair({"prompt": "q", "chosen": "a", "rejected": "b"}) == {
+        "prompt": [{"role": "user", "content": "q"}],
+        "chosen": "a",
+        "rejected": "b",
+    }
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(ValueError, match="holds no pairs"):
+        numbered_pairs(tmp_path / "empty.jsonl")
+
+
+def test_a_reference_of_another_config_and_no_reference_without_lora_are_refused(
+    tokenizer, tmp_path
+):
+    torch.manual_seed(0)
+    other = SmolLM(with_real_vocab(512))
+    with pytest.raises(ValueError, match="reference model's config differs"):
+        smol_trainer(tmp_path, SmolLM(TINY), tokenizer, reference=other)
+    with pytest.raises(ValueError, match="holds no LoRA layers"):
+        smol_trainer(tmp_path, SmolLM(TINY), tokenizer)
+    with pytest.raises(ValueError, match="beta must be a positive number"):
+        smol_trainer(tmp_path, SmolLM(TINY), tokenizer, beta=-1.0, reference=other)
+
+
+# --- training ----------------------------------------------------------------------
+
+
+def _lora_run(tokenizer, out, steps=20, until=None, resume=False):
+    torch.manual_seed(0)
+    model = SmolLM(TINY)
+    apply_lora(model, 4, 8.0, TARGETS)
+    cfg = TrainConfig(
+        preset=None,
+        steps=steps,
+        batch_size=2,
+        seq_len=64,
+        lr=1e-2,
+        min_lr=1e-2,
+        warmup_steps=1,
+        weight_decay=0.0,
+        eval_every=0,
+        log_every=5,
+        ckpt_every=5,
+        device="cpu",
+        dtype="fp32",
+        out_dir=str(out),
+        progress=False,
+        resume=resume,
+    )
+    trainer = DPOTrainer(cfg, model, tokenizer, PAIRS, beta=0.5)
+    return trainer, trainer.fit(until)
+
+
+def _preference(trainer):
+    batch = collate_pairs(trainer.train_examples, 2)
+    with torch.no_grad():
+        return trainer.pair_loss(trainer.model, batch)
+
+
+def test_dpo_training_raises_preference_and_resumes_bit_for_bit(tokenizer, tmp_path):
+    whole, history = _lora_run(tokenizer, tmp_path / "whole")
+    # the first step starts from B = 0: the policy is its reference, the margin 0
+    assert history["margin"][0] == pytest.approx(0.0, abs=1e-6)
+    after = _preference(whole)
+    assert after.accuracy.item() == 1.0 and (after.margins > 0.5).all()
+    assert history["margin"][-1] > history["margin"][0] + 0.5
+    assert history["loss"][-1] < 0.5 * history["loss"][0]
+    # stopped at step 10 and resumed: the same adapter and history as the whole run
+    _lora_run(tokenizer, tmp_path / "parts", until=10)
+    parts, resumed = _lora_run(tokenizer, tmp_path / "parts", resume=True)
+    clocked = {"tokens_per_s"}  # wall-clock measures differ run to run
+    assert resumed.keys() == history.keys()
+    assert {k: v for k, v in resumed.items() if k not in clocked} == {
+        k: v for k, v in history.items() if k not in clocked
+    }
+    assert resumed["margin"] and len(resumed["loss"]) == 20
+    ours = {n: p for n, p in parts.model.state_dict().items() if "lora_" in n}
+    theirs = whole.model.state_dict()
+    assert ours and all(torch.equal(p, theirs[n]) for n, p in ours.items())
