@@ -1,0 +1,280 @@
+"""What `smol finetune` and `smol dpo` share: the options of a run that tunes a
+loaded model (LoRA's, the schedule's, resuming), the checks on its output folder and
+on a resume's settings, the report of the examples left out for length, and writing
+the merged model (and the adapter)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+from smol.checkpoint import check_writable, file_sha256, read_json
+from smol.commands.common import UsageError
+from smol.commands.train import add_resume_option
+from smol.lora import TARGETS, check_settings, merge_lora, save_peft_adapter
+from smol.train import TrainConfig
+from smol.train_report import log
+
+# what a tuning run writes into --out: it is not written over unasked
+OUTPUTS = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "manifest.json",
+    "adapter",
+    "training",
+)
+# the options that are TrainConfig's settings under the same names
+AS_GIVEN = (
+    "steps",
+    "batch_size",
+    "grad_accum",
+    "weight_decay",
+    "eval_every",
+    "log_every",
+    "ckpt_every",
+    "seed",
+    "device",
+    "dtype",
+    "progress",
+    "resume",
+    "overwrite",
+    "allow_changed_settings",
+)
+
+
+def add_model_options(p: argparse.ArgumentParser, out: str) -> None:
+    """--model, --out and LoRA's options."""
+    p.add_argument(
+        "--model",
+        help="a .gguf file, a Hugging Face folder or hub id "
+        "(default: the bundled SmolLM2-135M-Instruct)",
+    )
+    p.add_argument("--out", default=out, help="the merged model folder to write")
+    p.add_argument(
+        "--lora-r", type=int, default=8, help="LoRA rank; 0: full fine-tuning"
+    )
+    p.add_argument("--lora-alpha", type=float, help="LoRA alpha (default: 2 * r)")
+    p.add_argument("--lora-dropout", type=float, help="(default: 0)")
+    p.add_argument(
+        "--lora-targets",
+        help=f"comma-separated layer names, from {','.join(TARGETS)} (default: all)",
+    )
+
+
+def add_run_options(
+    p: argparse.ArgumentParser, examples: str, lrs: tuple[float, float]
+) -> None:
+    """The schedule's options, the device's, resuming and overwriting; `lrs` are the
+    default peak learning rates with LoRA and without."""
+    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--grad-accum", type=int, default=1)
+    p.add_argument(
+        "--max-len", type=int, default=512, help=f"tokens per {examples} (truncated)"
+    )
+    p.add_argument(
+        "--lr",
+        type=float,
+        help=f"peak learning rate (default: {lrs[0]:g} LoRA, {lrs[1]:g} full)",
+    )
+    p.add_argument("--warmup-steps", type=int, default=10)
+    p.add_argument("--weight-decay", type=float, default=0.0)
+    p.add_argument("--eval-every", type=int, default=50)
+    p.add_argument("--log-every", type=int, default=10)
+    p.add_argument(
+        "--ckpt-every", type=int, default=0, help="steps between checkpoints (0: end)"
+    )
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto")
+    p.add_argument("--dtype", default="auto", help="auto, bf16, fp16 or fp32")
+    p.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    add_resume_option(p, "OUT")
+    p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="start over in an OUT that holds a fine-tune, replacing it",
+    )
+    p.add_argument(
+        "--allow-changed-settings",
+        action="store_true",
+        help="resume with settings that differ from the run's",
+    )
+
+
+def check_model_args(args, tuned: str = "the model being fine-tuned") -> None:
+    """Refuse LoRA settings that cannot work and an --out that is the model (a
+    UsageError: exit status 2); fill in LoRA's defaults."""
+    if args.lora_r < 0:
+        raise UsageError(
+            f"--lora-r must be >= 0 (0: full fine-tuning), got {args.lora_r}"
+        )
+    given = [
+        "--" + name.replace("_", "-")
+        for name in ("lora_alpha", "lora_dropout", "lora_targets")
+        if getattr(args, name) is not None
+    ]
+    if args.lora_r == 0 and given:
+        raise UsageError(
+            f"{', '.join(given)} set LoRA, but --lora-r 0 trains every weight "
+            "without it: leave them out, or give a rank"
+        )
+    if args.lora_r:
+        if args.lora_alpha is None:
+            args.lora_alpha = 2.0 * args.lora_r
+        args.lora_dropout = args.lora_dropout or 0.0
+        names = (args.lora_targets or ",".join(TARGETS)).split(",")
+        try:
+            targets = check_settings(
+                args.lora_r,
+                args.lora_alpha,
+                args.lora_dropout,
+                [t.strip() for t in names],
+            )
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        args.lora_targets = list(targets)
+    if not args.out:
+        raise UsageError("--out is empty: name the folder to write the model to")
+    if args.model and Path(args.model).resolve() == Path(args.out).resolve():
+        raise UsageError(f"--out {args.out} is {tuned}: write elsewhere")
+
+
+def train_config(args, lrs: tuple[float, float]) -> TrainConfig:
+    """The run's settings: the learning rate by default lrs[0] with LoRA, lrs[1]
+    for full fine-tuning, decaying to a tenth of it. No preset: the Trainer checks
+    --max-len against the loaded model's context."""
+    lr = args.lr if args.lr is not None else lrs[0 if args.lora_r else 1]
+    return TrainConfig(
+        preset=None,
+        seq_len=args.max_len,
+        lr=lr,
+        min_lr=lr / 10,
+        warmup_steps=min(args.warmup_steps, args.steps),
+        out_dir=str(Path(args.out) / "training"),
+        **{name: getattr(args, name) for name in AS_GIVEN},
+    )
+
+
+def check_context(model, max_len: int) -> None:
+    context = model.config.max_position_embeddings
+    if max_len > context:
+        raise ValueError(
+            f"--max-len {max_len} is longer than the model's context of "
+            f"{context} tokens"
+        )
+
+
+def check_out(args, out: Path) -> None:
+    """--out must be writable and hold no fine-tune, unless one is resumed or
+    overwritten."""
+    found = [name for name in OUTPUTS if (out / name).exists()]
+    if found and not (args.resume or args.overwrite):
+        shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        raise FileExistsError(
+            f"--out {out} already holds a fine-tune ({shown}): choose "
+            "another folder, continue its run with --resume, or replace it with "
+            "--overwrite"
+        )
+    check_writable(out, "--out")
+
+
+def clear_outputs(out: Path) -> None:
+    """Delete the merged model and adapter of the fine-tune that --overwrite replaces
+    (its checkpoints are gone already: smol.resume.prepare_out_dir)."""
+    gone = [n for n in OUTPUTS if n != "training" and (out / n).exists()]
+    for name in gone:
+        if (out / name).is_dir():
+            shutil.rmtree(out / name)
+        else:
+            (out / name).unlink()
+    if gone:
+        log(f"overwrite: deleted the previous fine-tune's {', '.join(gone)} in {out}")
+
+
+def resolved(model: str | None) -> str | None:
+    """A model path, however it is spelt, as one absolute path; a hub id as given."""
+    if model is not None and Path(model).exists():
+        return str(Path(model).resolve())
+    return model
+
+
+def run_settings(args) -> dict:
+    """What a resume must keep besides TrainConfig's settings: the model, the data
+    (its files' sha256) and LoRA's settings."""
+    return {
+        "model": resolved(args.model),
+        "data": file_sha256(Path(args.data)),
+        "val_data": file_sha256(Path(args.val_data)) if args.val_data else None,
+        "lora_r": args.lora_r,
+        "lora_alpha": args.lora_alpha,
+        "lora_dropout": args.lora_dropout,
+        "lora_targets": args.lora_targets,
+    }
+
+
+def write_settings(path: Path, run: dict) -> None:
+    path.write_text(json.dumps(run, indent=1), encoding="utf-8")
+
+
+def check_resumed_settings(args, run: dict, path: Path, what: str) -> None:
+    """A resume keeps the run's settings (those in the JSON file `path`), unless
+    --allow-changed-settings, which warns."""
+    if not path.is_file():
+        return  # no run to compare with: Trainer says there is nothing to resume
+    saved = read_json(path)
+    if not isinstance(saved, dict):
+        raise ValueError(f"{path}: expected a JSON object of settings")
+    changed = [
+        f"{k}: the run's {saved.get(k)!r}, now {v!r}"
+        for k, v in run.items()
+        if saved.get(k) != v
+    ]
+    if not changed:
+        return
+    if not args.allow_changed_settings:
+        raise ValueError(
+            f"resuming would not continue the same {what}: "
+            f"{'; '.join(changed)}; resume with the run's settings, or pass "
+            "--allow-changed-settings to continue anyway"
+        )
+    log(f"warning: resuming with changed settings: {'; '.join(changed)}")
+
+
+def report_left_out(trainer, args, train: dict, val: dict, examples: str, why: str):
+    """A warning naming (by file and line) the `examples` the trainer left out for
+    length (`why` says what they lack), and a note counting those cut."""
+    for what, path, lines in (
+        ("training", args.data, list(train)),
+        ("validation", args.val_data, list(val)),
+    ):
+        dropped = [lines[i] for i in trainer.dropped.get(what, [])]
+        if dropped:
+            shown = ", ".join(map(str, dropped[:10])) + (
+                " ..." if len(dropped) > 10 else ""
+            )
+            log(
+                f"warning: {len(dropped)} of {len(lines)} {what} {examples} have "
+                f"{why} within --max-len {args.max_len} tokens and are left out: "
+                f"{path}, lines {shown}"
+            )
+        if trainer.cut.get(what):
+            log(
+                f"note: {trainer.cut[what]} {what} {examples} are longer than "
+                f"--max-len {args.max_len} tokens and are cut to it"
+            )
+
+
+def save_model(trainer, args, out: Path) -> None:
+    """The adapter (with LoRA) and the merged model, into out."""
+    from smol.pretrained import save_pretrained
+
+    model = trainer.model
+    if args.lora_r:
+        save_peft_adapter(model, out / "adapter", args.model)
+        merge_lora(model)
+    save_pretrained(model.float().eval(), trainer.tokenizer, out)
