@@ -12,6 +12,7 @@ VERBS = {
     "chat": "answer a message, or hold a conversation",
     "train": "train a SmolLM from scratch (torchrun -m smol train for DDP)",
     "finetune": "fine-tune on conversations, fully or with LoRA",
+    "dpo": "tune a model to prefer the chosen reply of each pair (DPO)",
     "eval": "measure a model on MMLU and the card's benchmarks, or compare two runs",
     "export": "write a model as a GGUF file",
     "grade": "grade exercise notebooks, or a class's submissions",

@@ -1,0 +1,215 @@
+"""Tune SmolLM2 to prefer the chosen reply of each pair over the rejected one (DPO),
+with LoRA (the reference: the model with its adapter off) or fully (the reference: a
+frozen copy of the starting model, or --reference).
+
+    smol dpo --data pairs.jsonl --lora-r 8 --beta 0.1 --out runs/dpo
+    smol dpo --data pairs.jsonl --lora-r 8 --beta 0.1 --out runs/dpo --resume
+
+The second line, after a stop (SIGTERM, Ctrl-C), continues the run: the same adapter,
+bit for bit, as a run that was never stopped.
+
+Each line of the JSONL file is one pair in TRL's conversational format, `{"prompt":
+[{"role": "user", "content": "..."}], "chosen": [{"role": "assistant", "content":
+"..."}], "rejected": [{"role": "assistant", "content": "..."}]}` (plain strings are
+taken too). The result is a merged model folder as `smol finetune` writes it (and with
+LoRA the adapter as peft saves it), each with a manifest.json of sha256 sums; the run's
+checkpoints are in OUT/training. A folder holding a model or a run is not written over
+without --resume or --overwrite, nor is the model being tuned."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import math
+from pathlib import Path
+
+import torch
+
+from smol.commands.common import Parser, UsageError, parser, run
+from smol.commands.train import FAILURES, fit_until_stopped
+from smol.commands.tuning import (
+    add_model_options,
+    add_run_options,
+    check_context,
+    check_model_args,
+    check_out,
+    check_resumed_settings,
+    clear_outputs,
+    report_left_out,
+    resolved,
+    run_settings,
+    save_model,
+    train_config,
+    write_settings,
+)
+from smol.dpo import DPOTrainer, numbered_pairs
+from smol.lora import apply_lora, count_trainable
+from smol.train import TrainConfig
+
+# the settings a resume must keep besides TrainConfig's (which smol.resume checks)
+SETTINGS_FILE = "dpo.json"
+LRS = (5e-5, 1e-6)  # the default peak learning rates, with LoRA and without
+
+
+def build_parser() -> Parser:
+    """The parser of `smol dpo`."""
+    p = parser("dpo", __doc__)
+    p.add_argument(
+        "--data",
+        required=True,
+        help='JSONL file, one {"prompt", "chosen", "rejected"} pair a line',
+    )
+    p.add_argument("--val-data", help="JSONL pairs for the validation loss")
+    add_model_options(p, "runs/dpo")
+    p.add_argument(
+        "--reference",
+        help="the reference model (a .gguf file, a folder or hub id) of the same "
+        "config (default: with LoRA the model with its adapter off, else a frozen "
+        "copy of the model)",
+    )
+    p.add_argument(
+        "--beta",
+        type=float,
+        default=0.1,
+        help="how far the policy may move from the reference (larger: less)",
+    )
+    p.add_argument(
+        "--length-normalized",
+        action="store_true",
+        help="compare mean instead of summed log-probabilities per reply token "
+        "(TRL's sigmoid_norm)",
+    )
+    add_run_options(p, "pair", LRS)
+    return p
+
+
+def _parse_args(argv) -> tuple[argparse.Namespace, TrainConfig]:
+    args = build_parser().parse_args(argv)
+    if not (math.isfinite(args.beta) and args.beta > 0):
+        raise UsageError(f"--beta must be a positive number, got {args.beta}")
+    check_model_args(args, "the model being tuned")
+    if args.reference and Path(args.reference).resolve() == Path(args.out).resolve():
+        raise UsageError(f"--out {args.out} is the reference model: write elsewhere")
+    try:
+        return args, train_config(args, LRS)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run("smol dpo", lambda: _parse_args(argv), _dpo, FAILURES)
+
+
+def _dpo(settings: tuple[argparse.Namespace, TrainConfig]) -> int:
+    args, cfg = settings
+    train = numbered_pairs(args.data)
+    val = numbered_pairs(args.val_data) if args.val_data else {}
+    out = Path(args.out)
+    check_out(args, out)
+    run = {
+        **run_settings(args),
+        "reference": resolved(args.reference),
+        "beta": args.beta,
+        "length_normalized": args.length_normalized,
+    }
+    settings_file = out / "training" / SETTINGS_FILE
+    if args.resume:
+        check_resumed_settings(args, run, settings_file, "DPO run")
+
+    def start() -> DPOTrainer:
+        from smol.pretrained import load_pretrained
+
+        device = None if args.device == "auto" else args.device
+        model, tokenizer = load_pretrained(args.model, device=device)
+        check_context(model, args.max_len)
+        reference = None
+        if args.reference:
+            reference, _ = load_pretrained(args.reference, device=device)
+            if reference.config != model.config:
+                raise ValueError(
+                    f"--reference {args.reference} has another config than the "
+                    "model: DPO compares the two on the same tokens"
+                )
+        elif not args.lora_r:
+            reference = copy.deepcopy(model)  # frozen: the starting model
+        torch.manual_seed(args.seed)  # LoRA's A matrices are drawn here
+        if args.lora_r:
+            apply_lora(
+                model,
+                args.lora_r,
+                args.lora_alpha,
+                args.lora_targets,
+                args.lora_dropout,
+            )
+        model.train()
+        trainer = _trainer(args, cfg, model, tokenizer, train, val, reference)
+        if trainer.is_main:
+            if args.overwrite:
+                clear_outputs(out)
+            if not args.resume:
+                write_settings(settings_file, run)
+            _report_data(trainer, args, train, val)
+        return trainer
+
+    def finish(trainer: DPOTrainer, history: dict) -> None:
+        if trainer.is_main:
+            save_model(trainer, args, out)
+            val = history["val_loss"]
+            val_text = (
+                f", val loss {val[-1]:.4f}, val accuracy "
+                f"{history['val_accuracy'][-1]:.2f}"
+                if val
+                else ""
+            )
+            print(
+                f"done: step {trainer.step}, loss {history['loss'][-1]:.4f}, "
+                f"margin {history['margin'][-1]:.4f}, accuracy "
+                f"{history['accuracy'][-1]:.2f}{val_text}; the merged model is in "
+                f"{out}",
+                flush=True,
+            )
+
+    return fit_until_stopped(start, finish)
+
+
+def _trainer(args, cfg, model, tokenizer, train, val, reference) -> DPOTrainer:
+    """The DPOTrainer, its error for pairs that are all too long in the command's
+    words (--max-len, the file)."""
+    try:
+        return DPOTrainer(
+            cfg,
+            model,
+            tokenizer,
+            list(train.values()),
+            list(val.values()),
+            beta=args.beta,
+            reference=reference,
+            length_normalized=args.length_normalized,
+        )
+    except ValueError as e:
+        for what, path in (("training", args.data), ("validation", args.val_data)):
+            if str(e).startswith(f"no {what} pair has both replies within"):
+                raise ValueError(
+                    f"no pair of {path} has both replies within --max-len "
+                    f"{args.max_len} tokens (the prompt and a reply's first "
+                    "token must fit): raise --max-len"
+                ) from None
+        raise
+
+
+def _report_data(trainer: DPOTrainer, args, train: dict, val: dict) -> None:
+    """The pairs trained on, and a warning naming (by line) those left out or cut
+    for length."""
+    report_left_out(trainer, args, train, val, "pairs", "a reply with no token")
+    how = f"LoRA r={args.lora_r}" if args.lora_r else "full fine-tuning"
+    reference = args.reference or (
+        "the model with its adapter off" if args.lora_r else "the starting model"
+    )
+    trainable, total = count_trainable(trainer.model)
+    print(
+        f"{len(trainer.train_examples)} training pairs, {len(trainer.val_examples)} "
+        f"validation; training {trainable:,} of {total:,} parameters ({how}), "
+        f"beta {args.beta:g}, reference {reference}, {trainer.device}, from step "
+        f"{trainer.step}",
+        flush=True,
+    )

@@ -1,0 +1,220 @@
+"""`smol dpo` end to end on a tiny model folder: the merged model it writes loads, an
+earlier run is not written over, each bad input is one named line with its exit
+status, and a run stopped by SIGTERM resumes to the uninterrupted run's adapter."""
+
+import json
+import re
+import signal
+
+import pytest
+import torch
+
+from smol import SmolLM
+from smol.commands.dpo import main
+from tests.cli_args import run_smol
+from tests.test_dpo import PAIRS, pair
+from tests.tiny_models import with_real_vocab
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    from smol.gguf import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
+
+    return tokenizer_from_gguf(GGUFFile(bundled_gguf_path()))
+
+
+def _jsonl(path, lines):
+    path.write_text(
+        "\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n"
+    )
+    return path
+
+
+@pytest.fixture(scope="module")
+def base(tokenizer, tmp_path_factory):
+    """A tiny model folder with SmolLM2's tokenizer, and the pairs as JSONL."""
+    from smol.pretrained import save_pretrained
+
+    folder = tmp_path_factory.mktemp("base")
+    torch.manual_seed(0)
+    save_pretrained(SmolLM(with_real_vocab(2048)), tokenizer, folder / "model")
+    _jsonl(folder / "pairs.jsonl", PAIRS)
+    return folder
+
+
+def dpo(base, out, *options, capsys=None):
+    """main() on the base model and pairs: (exit status, stdout, stderr)."""
+    code = main(
+        ["--data", str(base / "pairs.jsonl"), "--model", str(base / "model")]
+        + ["--out", str(out), "--device", "cpu", "--no-progress", "--eval-every", "0"]
+        + ["--steps", "3", "--batch-size", "2", "--max-len", "64", "--lora-r", "2"]
+        + ["--lr", "1e-2"]
+        + list(options)
+    )
+    captured = capsys.readouterr() if capsys else None
+    return code, captured.out if capsys else "", captured.err if capsys else ""
+
+
+def adapter_of(out):
+    from safetensors.torch import load_file
+
+    return load_file(out / "adapter" / "adapter_model.safetensors")
+
+
+@pytest.mark.parametrize("lora", ["2", "0"], ids=["lora", "full"])
+def test_the_command_writes_a_merged_model_that_loads(
+    base, tmp_path, capsys, tokenizer, lora
+):
+    from smol.lora import lora_layers
+    from smol.pretrained import load_pretrained
+
+    out = tmp_path / "out"
+    options = ["--val-data", str(base / "pairs.jsonl"), "--eval-every", "3"]
+    code, printed, err = dpo(base, out, "--lora-r", lora, *options, capsys=capsys)
+    assert code == 0, err
+    assert printed.startswith("4 training pairs, 4 validation")
+    reference = "the model with its adapter off" if lora != "0" else "the start"
+    assert f"reference {reference}" in printed and "the merged model is in" in printed
+    assert "val accuracy" in printed
+    assert (out / "adapter").exists() == (lora != "0")
+    assert json.loads((out / "training" / "dpo.json").read_text())["beta"] == 0.1
+    model, tok = load_pretrained(out, device="cpu")
+    assert not lora_layers(model) and tok.chat_template == tokenizer.chat_template
+    start, _ = load_pretrained(base / "model", device="cpu")
+    moved = [
+        not torch.equal(p, start.state_dict()[n]) for n, p in model.state_dict().items()
+    ]
+    assert any(moved)  # the policy left its reference
+
+
+def test_another_reference_is_used_and_one_of_another_config_refused(
+    base, tmp_path, capsys, tokenizer
+):
+    from smol.pretrained import save_pretrained
+
+    torch.manual_seed(1)
+    save_pretrained(SmolLM(with_real_vocab(2048)), tokenizer, tmp_path / "ref")
+    code, printed, err = dpo(
+        base, tmp_path / "a", "--reference", str(tmp_path / "ref"), capsys=capsys
+    )
+    assert code == 0 and f"reference {tmp_path / 'ref'}" in printed, err
+    save_pretrained(SmolLM(with_real_vocab(512)), tokenizer, tmp_path / "other")
+    code, _, err = dpo(
+        base, tmp_path / "b", "--reference", str(tmp_path / "other"), capsys=capsys
+    )
+    assert code == 1 and err.count("\n") == 1
+    assert f"--reference {tmp_path / 'other'} has another config" in err
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        (["--beta", "0"], "--beta must be a positive number, got 0.0"),
+        (["--beta", "-0.5"], "--beta must be a positive number"),
+        (["--beta", "nan"], "--beta must be a positive number"),
+        (["--lora-r", "0", "--lora-alpha", "4"], "--lora-alpha set LoRA"),
+        (["--resume", "--overwrite"], "resume and overwrite exclude each other"),
+        (["--steps", "0"], "steps must be a positive int"),
+        (["--out", "{model}"], "is the model being tuned"),
+        (["--reference", "{out}"], "is the reference model"),
+    ],
+)
+def test_usage_errors_exit_2_before_any_work(base, capsys, monkeypatch, options, says):
+    import smol.pretrained
+
+    monkeypatch.setattr(
+        smol.pretrained,
+        "load_pretrained",
+        lambda *a, **k: pytest.fail("nothing is loaded for a bad command line"),
+    )
+    out = base / "unused"
+    options = [o.format(model=base / "model", out=out) for o in options]
+    code, printed, err = dpo(base, out, *options, capsys=capsys)
+    assert code == 2 and printed == "" and err.count("\n") == 1, err
+    assert err.startswith("smol dpo: error:") and re.search(says, err)
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ({"prompt": "q", "chosen": "a"}, "line 2: the pair has no 'rejected'"),
+        ({"prompt": "q", "chosen": "", "rejected": "b"}, "line 2: chosen is an empty"),
+        ({"prompt": "q", "chosen": "x", "rejected": "x"}, "line 2: chosen and reject"),
+        ("{oops", "line 2: not valid JSON"),
+    ],
+)
+def test_a_bad_pair_is_named_by_file_and_line_and_exits_1(
+    base, tmp_path, capsys, bad, says
+):
+    data = _jsonl(tmp_path / "bad.jsonl", [PAIRS[0], bad])
+    code, _, err = dpo(base, tmp_path / "out", "--data", str(data), capsys=capsys)
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert f"{data}, {says}" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_pairs_too_long_are_named_and_none_left_fails(base, tmp_path, capsys):
+    long = pair("Tell me a story. " * 30, "Once upon a time.", "No.")
+    data = _jsonl(tmp_path / "data.jsonl", PAIRS[:2] + ["", long])
+    code, printed, err = dpo(base, tmp_path / "a", "--data", str(data), capsys=capsys)
+    assert code == 0, err
+    assert (
+        "warning: 1 of 3 training pairs have a reply with no token within --max-len "
+        f"64 tokens and are left out: {data}, lines 4"
+    ) in err
+    assert printed.startswith("2 training pairs")
+    only = _jsonl(tmp_path / "long.jsonl", [long])
+    code, _, err = dpo(base, tmp_path / "b", "--data", str(only), capsys=capsys)
+    assert code == 1 and err.count("\n") == 1
+    assert f"no pair of {only} has both replies within --max-len 64 tokens" in err
+
+
+def test_an_earlier_run_is_not_written_over_unasked(base, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert dpo(base, out, capsys=capsys)[0] == 0
+    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    code, _, err = dpo(base, out, "--seed", "5", capsys=capsys)
+    assert code == 1 and err.count("\n") == 1
+    assert f"--out {out} already holds a fine-tune" in err and "--overwrite" in err
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    code, _, err = dpo(base, out, "--resume", "--beta", "0.5", capsys=capsys)
+    assert code == 1 and "beta: the run's 0.1, now 0.5" in err
+    code, _, err = dpo(base, out, "--overwrite", "--lora-r", "0", capsys=capsys)
+    assert code == 0, err
+    assert "overwrite: deleted the previous fine-tune's" in err
+    assert not (out / "adapter").exists() and (out / "model.safetensors").exists()
+
+
+SIGNAL_OPTIONS = (
+    "--lora-r 2 --steps 30 --batch-size 2 --max-len 64 --eval-every 0 --device cpu "
+    "--no-progress --log-every 5 --lr 1e-2"
+).split()
+
+
+def run_dpo(base, out, *extra, signal_at=None):
+    """`smol dpo` in a subprocess; with signal_at, SIGTERM once the checkpoint of
+    that step exists."""
+    argv = ["dpo", "--data", str(base / "pairs.jsonl"), "--model", str(base / "model")]
+    argv += [*SIGNAL_OPTIONS, "--out", str(out), *extra]
+    checkpoints = out / "training" / "checkpoints"
+    mark = checkpoints / f"step_{signal_at:07d}" if signal_at is not None else None
+    return run_smol(argv, mark, signal.SIGTERM)
+
+
+def test_sigterm_saves_and_the_resume_gives_the_uninterrupted_adapter(base, tmp_path):
+    code, _, err = run_dpo(base, tmp_path / "whole")
+    assert code == 0, err
+    whole = adapter_of(tmp_path / "whole")
+    out = tmp_path / "stopped"
+    code, _, err = run_dpo(base, out, "--ckpt-every", "1", signal_at=3)
+    assert code == 143, err
+    assert "Traceback" not in err and err.strip().count("\n") == 1, err
+    step = int(re.search(r"stopped by SIGTERM after step (\d+): saved", err)[1])
+    assert 3 <= step < 30 and not (out / "adapter").exists()
+    code, printed, err = run_dpo(base, out, "--ckpt-every", "1", "--resume")
+    assert code == 0, err
+    assert f"from step {step}" in printed
+    resumed = adapter_of(out)
+    assert whole.keys() == resumed.keys()
+    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
