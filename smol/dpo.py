@@ -10,7 +10,8 @@ prompt and replies are taken too.
 The loss of a pair, with log-probabilities of the replies' tokens only (the prompt is
 context) under the policy pi and the reference pi_ref:
 
-    margin = (log pi(chosen) - log pi_ref(chosen)) - (log pi(rejected) - log pi_ref(rejected))
+    margin = (log pi(chosen) - log pi_ref(chosen))
+             - (log pi(rejected) - log pi_ref(rejected))
     loss   = -log sigmoid(beta * margin)
 
 and beta times each log-ratio is that reply's implicit reward."""
@@ -44,7 +45,8 @@ def check_pair(record) -> dict:
     conversational or plain format; raises a ValueError saying what is wrong."""
     if not isinstance(record, dict):
         raise ValueError(
-            f'expected an object {{"prompt", "chosen", "rejected"}}, got {_show(record)}'
+            'expected an object {"prompt", "chosen", "rejected"}, '
+            f"got {_show(record)}"
         )
     missing = [k for k in ("prompt", "chosen", "rejected") if k not in record]
     if missing:
