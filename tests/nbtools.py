@@ -36,6 +36,7 @@ CHAPTER_EXERCISES = {
     "12_fine_tuning_with_lora": "12_lora",
     "13_shipping_your_model": "13_gguf",
     "14_measuring_the_model": "14_multiple_choice",
+    "15_preference_tuning": "15_dpo",
 }
 
 

@@ -93,13 +93,13 @@ def test_seven_notebooks_each_with_tasks_and_one_bug_hunt():
 
 
 def test_one_exercise_per_chapter_and_the_exercises_page_lists_each():
-    """Exercise NN follows chapter NN, for every chapter that has one (1 to 14);
+    """Exercise NN follows chapter NN, for every chapter that has one (1 to 15);
     book/exercises.md has a row per exercise, with its chapter, the names of its tasks
     and its points."""
     from tests.nbtools import CHAPTER_EXERCISES
 
     stems = list(NOTEBOOKS.values())
-    assert [int(s[:2]) for s in stems] == list(range(1, 15)), stems
+    assert [int(s[:2]) for s in stems] == list(range(1, 16)), stems
     chapters = {e: c for c, e in CHAPTER_EXERCISES.items() if e}
     assert [int(s[:2]) for s in stems] == sorted(int(c[:2]) for c in chapters.values())
     assert sorted(chapters) == sorted(stems)
@@ -205,6 +205,7 @@ def test_each_bug_hunt_shows_a_bug_that_fails_one_check(path):
 
 def test_smols_reference_implementations_score_full_marks():
     from smol.attention import repeat_kv
+    from smol.dpo import dpo_loss, sequence_logprobs
     from smol.export import pack_tensor_info, pack_value, quantize_q8_0
     from smol.generate import filter_top_k, filter_top_p, generate
     from smol.gguf import permute_qk
@@ -242,6 +243,8 @@ def test_smols_reference_implementations_score_full_marks():
         ("q8_0", quantize_q8_0),
         ("permute_qk", permute_qk),
         ("tensor_info_bug", pack_tensor_info),
+        ("sequence_logprobs", sequence_logprobs),
+        ("dpo_loss", dpo_loss),
         (
             "speculative_greedy",
             lambda model, ids, n: generate(model, ids, n, temperature=0, speculative=4),
@@ -609,6 +612,84 @@ def choice_score_by_loop(logits, ids, n_context, normalise):
     return total / len(scores) if normalise else total
 
 
+def logprobs_of_clamped_targets(logits, targets):  # -100 scored as token 0
+    logp = logits.float().log_softmax(-1)
+    return logp.gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1).sum(-1)
+
+
+def logprobs_mean_over_the_reply(logits, targets):  # a length normalisation
+    from smol.dpo import sequence_logprobs
+
+    return sequence_logprobs(logits, targets) / (targets != -100).sum(-1)
+
+
+def logprobs_in_the_logits_dtype(logits, targets):  # no float32 upcast
+    logp = logits.log_softmax(-1).gather(-1, targets.clamp(min=0)[..., None])
+    return (logp.squeeze(-1) * (targets != -100)).sum(-1)
+
+
+def logprobs_shifted_in_place(logits, targets):  # float() of float32 is the caller's
+    from smol.dpo import sequence_logprobs
+
+    x = logits.float()
+    x -= x.max(-1, keepdim=True).values  # for stability
+    return sequence_logprobs(x, targets)
+
+
+def logprobs_without_a_graph(logits, targets):
+    from smol.dpo import sequence_logprobs
+
+    with torch.no_grad():
+        return sequence_logprobs(logits, targets)
+
+
+def dpo_loss_by(pc, pr, rc, rr, beta, **bugs):
+    """DPO's loss with one of `bugs`: sign (the margin flipped), one_sided (beta on
+    the chosen log-ratio alone), naive (log of sigmoid), unscaled (rewards without
+    beta), attached (rewards with their graph), reference (no detach), in_place (the
+    log-ratios subtracted into the caller's tensors)."""
+    if not bugs.get("reference"):
+        rc, rr = rc.detach(), rr.detach()
+    if bugs.get("in_place"):
+        pc -= rc
+        pr -= rr
+        chosen, rejected = pc, pr
+    else:
+        chosen, rejected = pc - rc, pr - rr
+    x = (
+        beta * chosen - rejected
+        if bugs.get("one_sided")
+        else beta * (chosen - rejected)
+    )
+    x = -x if bugs.get("sign") else x
+    loss = -torch.log(torch.sigmoid(x)) if bugs.get("naive") else -F.logsigmoid(x)
+    scale = 1.0 if bugs.get("unscaled") else beta
+    if not bugs.get("attached"):
+        chosen, rejected = chosen.detach(), rejected.detach()
+    return loss.mean(), scale * chosen, scale * rejected
+
+
+def dpo_loss_with(bug):
+    return lambda *args: dpo_loss_by(*args, **{bug: True})
+
+
+def dpo_batch_loss_by_twos(policy_logits, ref_logits, targets, beta):  # the bug hunt
+    from smol.dpo import dpo_loss, sequence_logprobs
+
+    policy = sequence_logprobs(policy_logits, targets)
+    ref = sequence_logprobs(ref_logits, targets)
+    return dpo_loss(policy[0::2], policy[1::2], ref[0::2], ref[1::2], beta)
+
+
+def dpo_batch_loss_reference_attached(policy_logits, ref_logits, targets, beta):
+    from smol.dpo import sequence_logprobs
+
+    policy = sequence_logprobs(policy_logits, targets)
+    ref = sequence_logprobs(ref_logits, targets)  # its graph kept, and used
+    B = len(policy) // 2
+    return dpo_loss_by(policy[:B], policy[B:], ref[:B], ref[B:], beta, reference=True)
+
+
 MUTANTS = {  # bug class: (task, mutant, the check written for it), in course order
     "eps clamped instead of added": (
         "rms",
@@ -767,6 +848,76 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it), in course or
         "choice_score",
         mean_over_every_token,
         "normalise=True",
+    ),
+    "the prompt's tokens summed (-100 clamped to token 0, not masked)": (
+        "sequence_logprobs",
+        logprobs_of_clamped_targets,
+        "the sum over the reply's tokens only",
+    ),
+    "a mean over the reply's tokens instead of their sum": (
+        "sequence_logprobs",
+        logprobs_mean_over_the_reply,
+        "a sum over the reply's tokens",
+    ),
+    "reply log-probabilities without the float32 upcast": (
+        "sequence_logprobs",
+        logprobs_in_the_logits_dtype,
+        "bfloat16 logits",
+    ),
+    "the logits shifted in place": (
+        "sequence_logprobs",
+        logprobs_shifted_in_place,
+        "the logits and the targets are left unchanged",
+    ),
+    "reply log-probabilities computed without a graph": (
+        "sequence_logprobs",
+        logprobs_without_a_graph,
+        "the gradient reaches the logits",
+    ),
+    "DPO's margin with its sign flipped": (
+        "dpo_loss",
+        dpo_loss_with("sign"),
+        "the loss: the mean over pairs",
+    ),
+    "beta on the chosen log-ratio only": (
+        "dpo_loss",
+        dpo_loss_with("one_sided"),
+        "beta scales the whole margin",
+    ),
+    "log of sigmoid instead of logsigmoid": (
+        "dpo_loss",
+        dpo_loss_with("naive"),
+        "large margins",
+    ),
+    "rewards not multiplied by beta": (
+        "dpo_loss",
+        dpo_loss_with("unscaled"),
+        "the rewards: beta times",
+    ),
+    "rewards not detached": (
+        "dpo_loss",
+        dpo_loss_with("attached"),
+        "the rewards are detached",
+    ),
+    "the reference's log-probabilities not detached": (
+        "dpo_loss",
+        dpo_loss_with("reference"),
+        "the gradient reaches the policy's",
+    ),
+    "log-ratios subtracted into the caller's tensors": (
+        "dpo_loss",
+        dpo_loss_with("in_place"),
+        "the four log-probability tensors",
+    ),
+    "pairs of rows taken by twos (chosen, rejected interleaved)": (
+        "dpo_batch_bug",
+        dpo_batch_loss_by_twos,
+        "several pairs",
+    ),
+    "the reference's gradient flowing through a batch loss": (
+        "dpo_batch_bug",
+        dpo_batch_loss_reference_attached,
+        "the gradient reaches the policy's logits",
     ),
 }
 
@@ -1652,6 +1803,28 @@ def tensor_info_in_one_pack(name, shape, qtype, offset):
     )
 
 
+def sequence_logprobs_by_mask(logits, targets):  # log_softmax, gather, a mask
+    reply = targets != -100
+    logp = logits.float().log_softmax(-1)
+    picked = logp.gather(-1, torch.where(reply, targets, 0).unsqueeze(-1))[..., 0]
+    return (picked * reply).sum(dim=1)
+
+
+def dpo_loss_by_softplus(pc, pr, rc, rr, beta):  # -log sigmoid(x) = softplus(-x)
+    with torch.no_grad():
+        chosen_rewards, rejected_rewards = beta * (pc - rc), beta * (pr - rr)
+    margin = (pc - pr) - (rc - rr).detach()
+    return F.softplus(-beta * margin).mean(), chosen_rewards, rejected_rewards
+
+
+def dpo_batch_loss_by_chunks(policy_logits, ref_logits, targets, beta):
+    from smol.dpo import sequence_logprobs
+
+    chosen, rejected = sequence_logprobs(policy_logits, targets).chunk(2)
+    ref_chosen, ref_rejected = sequence_logprobs(ref_logits, targets).detach().chunk(2)
+    return dpo_loss_by_softplus(chosen, rejected, ref_chosen, ref_rejected, beta)
+
+
 def _variants():
     from einops import repeat
 
@@ -1713,6 +1886,9 @@ def _variants():
         "answer_logprobs": answer_logprobs_by_cross_entropy,
         "answer_logprobs_bug": answer_logprobs_by_cross_entropy,
         "choice_score": choice_score_by_loop,
+        "sequence_logprobs": sequence_logprobs_by_mask,
+        "dpo_loss": dpo_loss_by_softplus,
+        "dpo_batch_bug": dpo_batch_loss_by_chunks,
     }
 
 

@@ -59,6 +59,7 @@ NOTEBOOKS = {  # topic -> file stem, in course order: exercise NN follows chapte
     "lora": "12_lora",
     "gguf": "13_gguf",
     "multiple_choice": "14_multiple_choice",
+    "dpo": "15_dpo",
 }
 
 __all__ = [

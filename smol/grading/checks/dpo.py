@@ -1,0 +1,389 @@
+"""15 DPO: the summed log-probability of a reply's tokens, and DPO's loss with its
+implicit rewards (the loss of a whole batch of pairs: `dpo_batch`).
+
+Each check's inputs keep the other checks' bugs out of sight: where the prompt is
+checked every row holds one reply token (a mean over the reply is its sum), where the
+sum is checked no target is -100, and where beta is checked the pairs come in mirrored
+couples (a flipped margin gives the same mean), so that a bug loses the points of the
+check written for it."""
+
+import torch
+
+from smol.grading.checks._util import close, is_tensor, same_shape, untouched
+from smol.grading.registry import probe_check, task
+
+task(
+    "sequence_logprobs",
+    "dpo",
+    "sequence_logprobs(logits, targets): each row's summed reply log-probability",
+)
+task(
+    "dpo_loss",
+    "dpo",
+    "dpo_loss(policy_chosen, policy_rejected, ref_chosen, ref_rejected, beta): "
+    "the loss and the implicit rewards",
+)
+
+IGNORE = -100
+V = 13  # the vocabulary of the logits
+
+
+def _logp_reference(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    from smol.dpo import sequence_logprobs
+
+    return sequence_logprobs(logits, targets)
+
+
+def _one_token_rows(B: int, T: int, V: int = V) -> torch.Tensor:
+    """(B, T) targets, -100 but for one reply token a row: the first row's at position
+    0, the last row's at T - 1 (a prompt of T - 1 tokens), the others between."""
+    targets = torch.full((B, T), IGNORE)
+    for b in range(B):
+        t = (T - 1) if b == B - 1 and B > 1 else int(torch.randint(0, T, ()))
+        targets[b, 0 if b == 0 else t] = int(torch.randint(1, V, ()))
+    return targets
+
+
+def _sure_of_token_0(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The logits with every position whose target is -100 sure of token 0 (its
+    log-probability exactly 0): a sum that takes in those positions as token 0
+    (targets.clamp(min=0)) adds nothing there."""
+    sure = torch.full((V,), -1e4).index_fill(0, torch.tensor([0]), 0.0)
+    out = logits.clone()
+    out[targets == IGNORE] = (sure + logits.amax()).to(logits.dtype)
+    return out
+
+
+def _case(B, T, targets, scale=3.0, shift=0.0, dtype=torch.float32) -> dict:
+    logits = (torch.randn(B, T, V) * scale + shift).to(dtype)
+    return {"logits": logits, "targets": targets}
+
+
+def _prompt_cases():
+    """float32 logits, one reply token a row among prompt and padding."""
+    return [_case(B, T, _one_token_rows(B, T)) for B, T in ((2, 5), (3, 8), (1, 6))]
+
+
+def _whole_reply_cases():
+    """float32 logits, every target a reply token."""
+    return [_case(B, T, torch.randint(0, V, (B, T))) for B, T in ((2, 4), (3, 7))]
+
+
+def _bfloat16_cases():
+    """bfloat16 logits, all negative and large: log-probabilities of tens, where
+    bfloat16 keeps two or three digits. One token a row, or one reply token among
+    positions sure of token 0."""
+    plain = _case(4, 1, torch.randint(0, V, (4, 1)), 8.0, -50.0, torch.bfloat16)
+    masked = _case(3, 6, _one_token_rows(3, 6), 8.0, -50.0, torch.bfloat16)
+    masked["logits"] = _sure_of_token_0(masked["logits"], masked["targets"])
+    return [plain, masked]
+
+
+def _mixed_cases():
+    """Prompt, reply and padding in every row; float32 and bfloat16 logits."""
+    cases = []
+    for B, T, dtype in ((2, 6, torch.float32), (3, 5, torch.bfloat16)):
+        targets = torch.randint(0, V, (B, T))
+        targets[:, :2] = IGNORE  # the prompt
+        targets[0, -1] = IGNORE  # padding
+        cases.append(_case(B, T, targets, dtype=dtype))
+    return cases
+
+
+def _what(c: dict) -> str:
+    B, T = c["targets"].shape
+    return f"B={B}, T={T}, {str(c['logits'].dtype).removeprefix('torch.')} logits"
+
+
+def _run_all(fn, inputs):
+    return [fn(c["logits"], c["targets"]) for c in inputs]
+
+
+def _judge_values(inputs, outputs) -> None:
+    assert isinstance(outputs, list) and len(outputs) == len(inputs), "one result each"
+    for c, out in zip(inputs, outputs):
+        want = _logp_reference(c["logits"], c["targets"])
+        close(is_tensor(out), want, _what(c), atol=1e-4)
+
+
+def _judge_float32(inputs, outputs) -> None:
+    assert isinstance(outputs, list) and len(outputs) == len(inputs), "one result each"
+    for c, out in zip(inputs, outputs):
+        assert is_tensor(out).dtype == torch.float32, (
+            f"{_what(c)}: the result is {out.dtype}, expected torch.float32"
+        )
+    _judge_values(inputs, outputs)
+
+
+for name, points, hint, make, judge in (
+    (
+        "the sum over the reply's tokens only: no prompt or padding (-100) in it",
+        2,
+        "a target of -100 adds nothing: F.cross_entropy(..., ignore_index=-100, "
+        "reduction='none') gives 0 there, or mask the gathered log-probabilities "
+        "(targets.clamp(min=0) alone scores token 0 at every prompt position)",
+        _prompt_cases,
+        _judge_values,
+    ),
+    (
+        "a sum over the reply's tokens, not their mean",
+        1,
+        "DPO compares whole replies: .sum(-1) over the tokens, not .mean(-1) (a "
+        "length normalisation is another method)",
+        _whole_reply_cases,
+        _judge_values,
+    ),
+    (
+        "bfloat16 logits: log-probabilities in float32",
+        1,
+        "logits.float() before log_softmax or cross_entropy: in bfloat16 a "
+        "log-probability of -20 is off by up to 0.06, and a sum adds the errors",
+        _bfloat16_cases,
+        _judge_float32,
+    ),
+):
+    probe_check("sequence_logprobs", name, points, hint, inputs=make, judge=judge)(
+        _run_all
+    )
+
+
+def _judge_untouched(inputs, outputs) -> None:
+    for c, out in zip(inputs, outputs):
+        untouched(out["logits"], c["logits"], f"the logits ({_what(c)})")
+        untouched(out["targets"], c["targets"], f"the targets ({_what(c)})")
+
+
+@probe_check(
+    "sequence_logprobs",
+    "the logits and the targets are left unchanged",
+    1,
+    "logits.float() of float32 logits is the same tensor: subtracting the maximum "
+    "in place (x -= ...) or writing 0 into the targets' -100 changes the caller's; "
+    "write x = x - ..., or clone first",
+    inputs=_mixed_cases,
+    judge=_judge_untouched,
+)
+def _(fn, inputs):
+    out = []
+    for c in inputs:
+        fn(c["logits"], c["targets"])
+        out.append({"logits": c["logits"], "targets": c["targets"]})
+    return out
+
+
+def _grad_cases():
+    """float32 logits, one reply token a row, and an upstream gradient per row."""
+    return [
+        _case(B, T, _one_token_rows(B, T)) | {"up": torch.randn(B)}
+        for B, T in ((2, 5), (3, 4))
+    ]
+
+
+def _logits_grad(fn, c):
+    """The gradient that sum(fn(logits, targets) * up) sends to the logits, taken
+    as a model's output (not a leaf)."""
+    leaf = c["logits"].clone().requires_grad_(True)
+    out = fn(leaf.clone(), c["targets"])
+    assert is_tensor(out).requires_grad, (
+        "the result is not connected to the logits' graph (detached, or computed "
+        "under torch.no_grad?)"
+    )
+    (out * c["up"]).sum().backward()
+    return leaf.grad
+
+
+def _judge_grads(inputs, outputs) -> None:
+    for c, grad in zip(inputs, outputs):
+        assert grad is not None, f"{_what(c)}: no gradient reached the logits"
+        want = _logits_grad(_logp_reference, c)
+        reply = c["targets"] != IGNORE  # (B, T): the positions that score a token
+        same_shape(grad, want.shape, "the logits' gradient")
+        close(grad[reply], want[reply], f"the logits' gradient ({_what(c)})")
+
+
+@probe_check(
+    "sequence_logprobs",
+    "the gradient reaches the logits, as the log-probabilities' gradient",
+    1,
+    "compute with torch operations on the logits, inside the graph: no .detach(), "
+    "torch.no_grad(), .item() or .tolist() (DPO trains through this sum)",
+    inputs=_grad_cases,
+    judge=_judge_grads,
+)
+def _(fn, inputs):
+    return [_logits_grad(fn, c) for c in inputs]
+
+
+# --- dpo_loss
+NAMES = ("loss", "chosen_rewards", "rejected_rewards")
+SIDES = ("policy_chosen", "policy_rejected", "ref_chosen", "ref_rejected")
+
+
+def _loss_reference(c: dict):
+    from smol.dpo import dpo_loss
+
+    out = dpo_loss(*(c[s] for s in SIDES), c["beta"])
+    return out.loss, out.chosen_rewards, out.rejected_rewards
+
+
+def _pairs(B, beta, spread=2.0, mirrored=False) -> dict:
+    """Four (B,) reply log-probabilities. mirrored: the second half of the pairs is
+    the first with chosen and rejected swapped, so that each margin has its
+    opposite in the batch."""
+    half = B // 2 if mirrored else B
+    logps = [torch.randn(half) * spread - 40 for _ in SIDES]
+    if mirrored:
+        pc, pr, rc, rr = logps
+        logps = [torch.cat(t) for t in ((pc, pr), (pr, pc), (rc, rr), (rr, rc))]
+    return dict(zip(SIDES, logps)) | {"beta": beta}
+
+
+def _three(out) -> list:
+    """Probe side: (loss, chosen_rewards, rejected_rewards) from a tuple or from an
+    object with those attributes (smol's DPOLoss)."""
+    if all(hasattr(out, n) for n in NAMES):
+        return [getattr(out, n) for n in NAMES]
+    assert isinstance(out, (tuple, list)) and len(out) == 3, (
+        f"return (loss, chosen_rewards, rejected_rewards), got {type(out).__name__}"
+    )
+    return list(out)
+
+
+def _call(fn, c: dict, grad: bool = False, backward: bool = False) -> dict:
+    """Probe side: the student's three results and the four inputs after the call;
+    grad: the inputs carry a graph (as a model's outputs do), backward: and the
+    gradient the loss sends to each."""
+    grad = grad or backward
+    leaves = {s: c[s].clone().requires_grad_(grad) for s in SIDES}
+    given = {s: t.clone() if grad else t for s, t in leaves.items()}
+    loss, chosen, rejected = _three(fn(*(given[s] for s in SIDES), c["beta"]))
+    out = {"loss": loss, "chosen_rewards": chosen, "rejected_rewards": rejected}
+    out["graphs"] = [
+        isinstance(t, torch.Tensor) and t.requires_grad for t in out.values()
+    ]
+    out["after"] = given
+    if backward:
+        is_tensor(loss, "the loss").sum().backward()
+        out["grads"] = {s: leaves[s].grad for s in SIDES}
+    return out
+
+
+def _what_pairs(c: dict) -> str:
+    return f"{len(c['policy_chosen'])} pairs, beta={c['beta']}"
+
+
+def _judge_loss(inputs, outputs) -> None:
+    for c, out in zip(inputs, outputs):
+        loss = is_tensor(out["loss"], "the loss")
+        assert loss.numel() == 1, f"the loss has shape {tuple(loss.shape)}: one number"
+        want = _loss_reference(c)[0]
+        close(loss.reshape(()), want, f"the loss ({_what_pairs(c)})", atol=1e-4)
+
+
+def _judge_rewards(inputs, outputs) -> None:
+    for c, out in zip(inputs, outputs):
+        want = _loss_reference(c)
+        for name, w in zip(NAMES[1:], want[1:]):
+            close(is_tensor(out[name], name), w, f"{name} ({_what_pairs(c)})")
+
+
+def _judge_detached(inputs, outputs) -> None:
+    for c, out in zip(inputs, outputs):
+        _, chosen, rejected = out["graphs"]
+        assert not (chosen or rejected), (
+            f"{_what_pairs(c)}: the rewards carry a graph (requires_grad): they are "
+            "numbers to watch, not to train"
+        )
+
+
+def _judge_gradients(inputs, outputs) -> None:
+    for c, out in zip(inputs, outputs):
+        grads = out["grads"]
+        for side in SIDES[:2]:
+            g = grads[side]
+            assert g is not None and torch.isfinite(g).all() and g.abs().sum() > 0, (
+                f"{_what_pairs(c)}: no gradient reached {side}"
+            )
+        for side in SIDES[2:]:
+            g = grads[side]
+            assert g is None or not g.any(), (
+                f"{_what_pairs(c)}: the loss sends a gradient to {side}: the "
+                "reference must stay fixed"
+            )
+
+
+def _judge_inputs_kept(inputs, outputs) -> None:
+    for c, out in zip(inputs, outputs):
+        for side in SIDES:
+            untouched(out["after"][side], c[side], f"{side} ({_what_pairs(c)})")
+
+
+for name, points, hint, make, grad, judge in (  # grad: 1 leaves, 2 and backward
+    (
+        "the loss: the mean over pairs of -log sigmoid(beta * margin)",
+        2,
+        "the margin is (policy_chosen - ref_chosen) - (policy_rejected - "
+        "ref_rejected): the loss falls as the policy prefers the chosen reply more "
+        "than the reference does; then -F.logsigmoid(beta * margin).mean()",
+        lambda: [_pairs(B, 1.0) for B in (1, 4, 7)],
+        0,
+        _judge_loss,
+    ),
+    (
+        "beta scales the whole margin (beta = 0.1, 0.5, 3)",
+        1,
+        "beta * ((policy_chosen - ref_chosen) - (policy_rejected - ref_rejected)): "
+        "beta multiplies both log-ratios, not the chosen one alone",
+        lambda: [_pairs(B, b, mirrored=True) for B, b in ((2, 0.1), (6, 0.5), (4, 3))],
+        0,
+        _judge_loss,
+    ),
+    (
+        "large margins (hundreds of nats): a finite loss",
+        1,
+        "F.logsigmoid(x), not torch.log(torch.sigmoid(x)): sigmoid(-150) is 0 in "
+        "float32, and its log is -inf",
+        lambda: [_pairs(B, 1.0, 300.0, mirrored=True) for B in (2, 6)],
+        0,
+        _judge_loss,
+    ),
+    (
+        "the rewards: beta times each reply's log-ratio to the reference",
+        1,
+        "chosen_rewards = beta * (policy_chosen - ref_chosen), and the same for the "
+        "rejected replies: (B,) each",
+        lambda: [_pairs(3, 0.1), _pairs(5, 2.5)],
+        0,
+        _judge_rewards,
+    ),
+    (
+        "the rewards are detached: numbers to watch, no graph",
+        1,
+        "return beta * log_ratio.detach() (or compute them under torch.no_grad())",
+        lambda: [_pairs(2, 0.1), _pairs(4, 1.0)],
+        1,
+        _judge_detached,
+    ),
+    (
+        "the gradient reaches the policy's log-probabilities, none the reference's",
+        1,
+        "the reference is a constant: ref_chosen.detach(), ref_rejected.detach() "
+        "(TRL computes them under torch.no_grad())",
+        lambda: [_pairs(3, 0.1), _pairs(1, 2.0)],
+        2,
+        _judge_gradients,
+    ),
+    (
+        "the four log-probability tensors are left unchanged",
+        1,
+        "policy_chosen - ref_chosen makes a new tensor; policy_chosen -= ref_chosen "
+        "writes into the caller's",
+        lambda: [_pairs(3, 0.1), _pairs(2, 1.0)],
+        0,
+        _judge_inputs_kept,
+    ),
+):
+
+    @probe_check("dpo_loss", name, points, hint, inputs=make, judge=judge)
+    def _(fn, inputs, grad=grad):
+        return [_call(fn, c, grad > 0, grad > 1) for c in inputs]
