@@ -1,5 +1,5 @@
 """The model's hyperparameters: one dataclass, with presets, named as Hugging Face's
-LlamaConfig."""
+LlamaConfig; and generation's settings, one dataclass named as its GenerationConfig."""
 
 from __future__ import annotations
 
@@ -168,3 +168,115 @@ PRESETS: dict[str, SmolConfig] = {
         initializer_range=0.02,
     ),
 }
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """How smol.generate.generate continues a text, each field checked once, here.
+    eos_token_id is checked against the model's vocabulary when generate runs."""
+
+    max_new_tokens: int
+    temperature: float = 1.0  # 0 is greedy
+    top_k: int | None = None
+    top_p: float | None = None
+    eos_token_id: int | tuple[int, ...] | None = None  # a row ends at any of them
+    use_cache: bool = True  # False: each step reruns the whole sequence
+    compile: bool | str = False  # a compiled StaticCache; a str names the backend
+    compile_mode: str | None = None  # torch.compile's mode, e.g. "reduce-overhead"
+    speculative: int = 0  # greedy speculative decoding: up to this many drafts a step
+
+    def __post_init__(self):
+        n, t, k, p = self.max_new_tokens, self.temperature, self.top_k, self.top_p
+        if not _is_int(n):
+            raise TypeError(f"max_new_tokens must be an int, got {n!r}")
+        _require(n >= 0, "max_new_tokens must be >= 0", n)
+        number = isinstance(t, numbers.Real) and not isinstance(t, bool)
+        _require(
+            number and 0 <= t < math.inf, "temperature must be a finite number >= 0", t
+        )
+        _require(
+            k is None or _is_int(k) and k >= 1,
+            "top_k must be a positive int or None",
+            k,
+        )
+        number = isinstance(p, numbers.Real) and not isinstance(p, bool)
+        _require(
+            p is None or number and 0 <= p <= 1,
+            "top_p must lie in [0, 1] or be None",
+            p,
+        )
+        if isinstance(self.eos_token_id, list):
+            object.__setattr__(self, "eos_token_id", tuple(self.eos_token_id))
+        _require(
+            isinstance(self.use_cache, bool),
+            "use_cache must be True or False",
+            self.use_cache,
+        )
+        c, mode, s = self.compile, self.compile_mode, self.speculative
+        _require(
+            isinstance(c, bool) or isinstance(c, str) and c,
+            "compile must be True, False or a backend's name",
+            c,
+        )
+        _require(
+            mode is None or isinstance(mode, str),
+            "compile_mode must be a str or None",
+            mode,
+        )
+        _require(
+            _is_int(s) and s >= 0,
+            "speculative must be a number of draft tokens >= 0",
+            s,
+        )
+        if c and s:
+            raise ValueError(
+                "compile=True and speculative decoding do not combine: the verifying "
+                "step's length changes, so a compiled step would be traced again"
+            )
+        if (c or s) and not self.use_cache:
+            raise ValueError(
+                "compile and speculative decoding keep their own cache: pass neither "
+                "kv_cache nor use_cache=False with them"
+            )
+        if s and t != 0:
+            raise ValueError(
+                f"speculative decoding is greedy: use temperature=0, got {t}"
+            )
+
+    @classmethod
+    def build(
+        cls, config: GenerationConfig | None = None, **settings
+    ) -> GenerationConfig:
+        """`config` with `settings` (fields of GenerationConfig) put in its place, or,
+        without one, a GenerationConfig of `settings`."""
+        fields = {f.name for f in dataclasses.fields(cls)}
+        for name in settings:
+            if name not in fields:
+                raise TypeError(
+                    f"{name!r} is not a setting of generation; the settings are "
+                    f"{', '.join(sorted(fields))}"
+                )
+        if config is None:
+            if "max_new_tokens" not in settings:
+                raise TypeError(
+                    "max_new_tokens is missing: how many tokens may follow?"
+                )
+            return cls(**settings)
+        if not isinstance(config, cls):
+            raise TypeError(
+                f"config must be a GenerationConfig, got {type(config).__name__}"
+            )
+        return dataclasses.replace(config, **settings)
+
+    def replace(self, **changes) -> GenerationConfig:
+        return GenerationConfig.build(self, **changes)
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require(ok: bool, what: str, value) -> None:
+    """A ValueError naming the field (`what` starts with its name) and its value."""
+    if not ok:
+        raise ValueError(f"{what}, got {value!r}")

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
+from smol.config import GenerationConfig
 from smol.kv_cache import KVCache
+
+__all__ = ["GenerationConfig", "decoding_path", "generate", "left_pad"]
 
 
 def filter_top_k(logits: torch.Tensor, k: int | None) -> torch.Tensor:
@@ -81,24 +86,23 @@ def left_pad(seqs, pad_id: int = 0, device=None) -> tuple[torch.Tensor, torch.Te
 def generate(
     model,
     input_ids: torch.Tensor,
-    max_new_tokens: int,
+    max_new_tokens: int | None = None,
     *,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    eos_token_id=None,
+    config: GenerationConfig | None = None,
     attention_mask: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
-    use_cache: bool = True,
     stream=None,
-    compile: bool | str = False,
-    compile_mode: str | None = None,
-    speculative: int = 0,
     draft_model=None,
     kv_cache: KVCache | None = None,
+    **settings,
 ) -> torch.Tensor:
     """Continue input_ids (B, T) by up to max_new_tokens tokens -> (B, T + new) token
     ids.
+
+    How it decodes is a GenerationConfig (smol.config): `config`, with max_new_tokens
+    and any of its fields given as keywords (temperature=0, top_k=50, eos_token_id=2,
+    use_cache, compile, compile_mode, speculative) put in its place; or, without a
+    config, those alone (temperature 1 unless given).
 
     With `use_cache` the prompt runs once (prefill) into a preallocated KVCache, then
     each step feeds only the newest token; without it every step reruns the whole
@@ -116,47 +120,102 @@ def generate(
     a near tie; see smol.speculative.ModelDraft), and verifies them in one pass.
     `kv_cache`: a KVCache already holding the keys and values of
     input_ids[:, :kv_cache.length] (a chat's earlier turns); only the rest is
-    prefilled, and the cache keeps the new tokens."""
-    B, T = _check_input_ids(input_ids, max_new_tokens)
+    prefilled, and the cache keeps the new tokens. decoding_path says which path."""
+    if max_new_tokens is not None:
+        settings["max_new_tokens"] = max_new_tokens
+    config = GenerationConfig.build(config, **settings)
+    B, T = _check_input_ids(input_ids)
     mask, padded = _prompt_mask(input_ids, attention_mask)
     if stream is not None and not callable(stream):
         raise TypeError(f"stream must be a callable, got {type(stream).__name__}")
-    eos = _eos_ids(eos_token_id, model.config.vocab_size, input_ids.device)
-    fast = _check_fast_options(
-        compile, speculative, kv_cache, use_cache, padded, B, temperature
-    )
-    if draft_model is not None and fast != "speculative":
-        raise ValueError(
-            "draft_model drafts for speculative decoding: pass speculative=k (its "
-            "longest draft) too"
-        )
+    eos = _eos_ids(config.eos_token_id, model.config.vocab_size, input_ids.device)
+    path = decoding_path(config, B, padded, kv_cache, draft_model is not None)
+    n = config.max_new_tokens
     sampling = dict(
-        temperature=temperature, top_k=top_k, top_p=top_p, generator=generator
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+        generator=generator,
     )
-    steps = (max_new_tokens, eos, stream, sampling)
-    if fast == "compile":
-        return _generate_static(model, input_ids, mask, *steps, compile, compile_mode)
+    steps = (n, eos, stream, sampling)
+    if path.kind == "static":
+        compiled = (config.compile, config.compile_mode)
+        return _generate_static(model, input_ids, mask, *steps, *compiled)
     cache = kv_cache
-    if use_cache and cache is None:
-        cache = KVCache.for_model(model, B, T + max_new_tokens + speculative)
-    if fast == "speculative":
+    if path.kind != "no cache" and cache is None:
+        cache = KVCache.for_model(model, B, T + n + config.speculative)
+    if path.kind == "speculative":
         from smol.speculative import speculative_greedy
 
         with _eval(model), _eval(draft_model or model):
             return speculative_greedy(
                 model,
                 input_ids,
-                max_new_tokens,
+                n,
                 cache,
-                num_draft=speculative,
+                num_draft=config.speculative,
                 draft_model=draft_model,
                 eos=eos,
                 stream=stream,
             )
     if cache is not None and cache.length:
-        _check_kv_cache(cache, T, max_new_tokens)
+        _check_kv_cache(cache, T, n)
     with _eval(model):
         return _decode(model, input_ids, mask if padded else None, cache, *steps)
+
+
+@dataclass(frozen=True)
+class DecodingPath:
+    """The loop generate runs: "cache" (a KVCache: the prompt once, then a token a
+    step), "no cache" (the whole sequence each step), "static" (a compiled
+    StaticCache) or "speculative" (drafts checked in one pass), and why it is fast."""
+
+    kind: str
+    about: str
+
+    def __str__(self) -> str:
+        return self.about
+
+
+def decoding_path(
+    config: GenerationConfig,
+    batch_size: int = 1,
+    padded: bool = False,
+    kv_cache: KVCache | None = None,
+    draft: bool = False,
+) -> DecodingPath:
+    """How generate decodes with `config` a batch of batch_size prompts (padded: some
+    row is), given a kv_cache or none, and a draft model or none; a ValueError names a
+    combination that has no path."""
+    if kv_cache is not None and not config.use_cache:
+        raise ValueError("kv_cache was given with use_cache=False")
+    k = config.speculative
+    if kv_cache is not None and (config.compile or k):
+        raise ValueError(
+            "compile and speculative decoding keep their own cache: pass neither "
+            "kv_cache nor use_cache=False with them"
+        )
+    if draft and not k:
+        raise ValueError(
+            "draft_model drafts for speculative decoding: pass speculative=k (its "
+            "longest draft) too"
+        )
+    if k and (batch_size != 1 or padded):
+        raise ValueError(
+            f"speculative decoding takes one unpadded sequence, got a batch of "
+            f"{batch_size}"
+        )
+    if k:
+        by = "a draft model" if draft else "prompt lookup"
+        about = f"speculative decoding, up to {k} tokens a step drafted by {by}"
+        return DecodingPath("speculative", about)
+    if config.compile:
+        backend = config.compile if isinstance(config.compile, str) else "inductor"
+        mode = f", mode {config.compile_mode}" if config.compile_mode else ""
+        return DecodingPath("static", f"a static KV cache, compiled ({backend}{mode})")
+    if config.use_cache:
+        return DecodingPath("cache", "a KV cache")
+    return DecodingPath("no cache", "no cache: each step reruns the sequence")
 
 
 def _decode(model, input_ids, mask, cache, max_new_tokens, eos, stream, sampling):
@@ -192,7 +251,7 @@ def _decode(model, input_ids, mask, cache, max_new_tokens, eos, stream, sampling
     return tokens
 
 
-def _check_input_ids(input_ids: torch.Tensor, max_new_tokens: int) -> tuple[int, int]:
+def _check_input_ids(input_ids: torch.Tensor) -> tuple[int, int]:
     if not isinstance(input_ids, torch.Tensor) or input_ids.is_floating_point():
         raise TypeError(
             "input_ids must be a tensor of token ids, got "
@@ -202,10 +261,6 @@ def _check_input_ids(input_ids: torch.Tensor, max_new_tokens: int) -> tuple[int,
         raise ValueError(
             f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}"
         )
-    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool):
-        raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
-    if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     return input_ids.shape
 
 
@@ -261,46 +316,6 @@ def _check_kv_cache(cache: KVCache, T: int, max_new_tokens: int) -> None:
             f"kv_cache holds {cache.length} tokens of {cache.max_len}; it must hold "
             f"fewer than the {T} input tokens, with room for {max_new_tokens} more"
         )
-
-
-def _check_fast_options(
-    compile, speculative, kv_cache, use_cache, padded, batch_size, temperature
-) -> str | None:
-    """Which fast path the options ask for, or a ValueError naming a combination that
-    has none."""
-    if (
-        not isinstance(speculative, int)
-        or isinstance(speculative, bool)
-        or speculative < 0
-    ):
-        raise ValueError(
-            f"speculative must be a number of draft tokens >= 0, got {speculative!r}"
-        )
-    if kv_cache is not None and not use_cache:
-        raise ValueError("kv_cache was given with use_cache=False")
-    if compile and speculative:
-        raise ValueError(
-            "compile=True and speculative decoding do not combine: the verifying "
-            "step's length changes, so a compiled step would be traced again"
-        )
-    if (compile or speculative) and (kv_cache is not None or not use_cache):
-        raise ValueError(
-            "compile and speculative decoding keep their own cache: pass neither "
-            "kv_cache nor use_cache=False with them"
-        )
-    if speculative:
-        if temperature != 0:
-            raise ValueError(
-                f"speculative decoding here is greedy: use temperature=0, got "
-                f"{temperature}"
-            )
-        if batch_size != 1 or padded:
-            raise ValueError(
-                f"speculative decoding takes one unpadded sequence, got a batch of "
-                f"{batch_size}"
-            )
-        return "speculative"
-    return "compile" if compile else None
 
 
 class _eval:

@@ -164,8 +164,9 @@ def test_fast_options_give_the_same_text(fake_load, capsys, monkeypatch):
         "--device",
         "cpu",
     ]
-    code, expected, _ = run(base, capsys)
+    code, expected, err = run(base, capsys)
     assert code == 0 and "Paris" in expected
+    assert "[loaded in " in err and "float32; a KV cache]" in err
     verifiers = []  # whether each speculative run checked with PackedLinears
     check = speculative.speculative_greedy
 
@@ -174,7 +175,8 @@ def test_fast_options_give_the_same_text(fake_load, capsys, monkeypatch):
         return check(model, *a, **kw)
 
     monkeypatch.setattr(speculative, "speculative_greedy", checked)
-    assert run(base + ["--speculative", "4"], capsys)[1] == expected
+    code, out, err = run(base + ["--speculative", "4"], capsys)
+    assert out == expected and "up to 4 tokens a step drafted by prompt lookup]" in err
     drafts = []  # the dtype and the class of each draft model given
     make = speculative.ModelDraft
 
@@ -185,6 +187,7 @@ def test_fast_options_give_the_same_text(fake_load, capsys, monkeypatch):
     monkeypatch.setattr(speculative, "ModelDraft", noted)
     code, out, err = run(base + ["--speculative", "4", "--draft", "bfloat16"], capsys)
     assert code == 0 and out == expected and "float32, bfloat16 draft" in err
+    assert "drafted by a draft model]" in err
     code, out, err = run(base + ["--speculative", "4", "--draft", "int4"], capsys)
     assert code == 0 and out == expected and "float32, int4 draft" in err
     assert drafts == [(torch.bfloat16, "SmolLM"), (torch.bfloat16, "FusedInt4LM")]

@@ -6,6 +6,8 @@ import torch
 
 from smol import SmolLM
 from smol.generate import (
+    GenerationConfig,
+    decoding_path,
     filter_top_k,
     filter_top_p,
     generate,
@@ -422,3 +424,89 @@ def test_kv_cache_names_bad_arguments(args, error, says):
         KVCache(*args)
     with pytest.raises(TypeError, match="dtype must be a floating torch.dtype"):
         KVCache(CONFIG, 1, 10, dtype="float32")
+
+
+# --- the settings object -------------------------------------------------------------
+@pytest.mark.parametrize(
+    "kw, error, says",
+    [
+        (
+            dict(max_new_tokens=True),
+            TypeError,
+            "max_new_tokens must be an int, got True",
+        ),
+        (dict(max_new_tokens=-1), ValueError, "max_new_tokens must be >= 0, got -1"),
+        (dict(temperature="1"), ValueError, "temperature must be a finite .*, got '1'"),
+        (dict(temperature=float("nan")), ValueError, "temperature must .*, got nan"),
+        (dict(top_k=0), ValueError, "top_k must be a positive int or None, got 0"),
+        (dict(top_k=2.0), ValueError, "top_k must be a positive int or None, got 2.0"),
+        (dict(top_p=1.01), ValueError, r"top_p must lie in \[0, 1\] .*, got 1.01"),
+        (dict(top_p=True), ValueError, r"top_p must lie in \[0, 1\] .*, got True"),
+        (dict(use_cache=1), ValueError, "use_cache must be True or False, got 1"),
+        (dict(compile=""), ValueError, "compile must be True, False or a backend's"),
+        (dict(compile_mode=3), ValueError, "compile_mode must be a str or None, got 3"),
+        (dict(speculative=-2), ValueError, "speculative must be a number of draft"),
+        (dict(speculative=2), ValueError, "greedy: use temperature=0, got 1.0"),
+    ],
+)
+def test_generation_config_names_the_bad_field_and_value(kw, error, says):
+    with pytest.raises(error, match=says):
+        GenerationConfig(**{"max_new_tokens": 4, **kw})
+
+
+def test_generation_config_and_keywords_decode_alike(model):
+    ids = torch.cat(prompts([6, 6]))
+    greedy = GenerationConfig(12, temperature=0, eos_token_id=[7, 9])
+    assert greedy.eos_token_id == (7, 9)  # a list is kept as a tuple: frozen
+    expected = generate(model, ids, 12, temperature=0, eos_token_id=[7, 9])
+    assert torch.equal(generate(model, ids, config=greedy), expected)
+    # keywords and max_new_tokens override the config's fields, as in transformers
+    shorter = generate(model, ids, 5, config=greedy, eos_token_id=None)
+    assert torch.equal(shorter, generate(model, ids, 5, temperature=0))
+    sampled = GenerationConfig(12, top_k=5)  # temperature 1 unless given
+    a = generate(model, ids, config=sampled, generator=torch.Generator().manual_seed(4))
+    b = generate(model, ids, 12, top_k=5, generator=torch.Generator().manual_seed(4))
+    assert torch.equal(a, b) and not torch.equal(a, generate(model, ids, config=greedy))
+    assert greedy.replace(max_new_tokens=3).max_new_tokens == 3
+    with pytest.raises(TypeError, match="'temprature' is not a setting of generation"):
+        generate(model, ids, 4, temprature=0)
+    with pytest.raises(TypeError, match="max_new_tokens is missing"):
+        generate(model, ids, temperature=0)
+    with pytest.raises(TypeError, match="config must be a GenerationConfig, got dict"):
+        generate(model, ids, config={"max_new_tokens": 4})
+    with pytest.raises(ValueError, match="top_k must be a positive int or None"):
+        greedy.replace(top_k=0)  # a replaced field is checked too
+
+
+def test_decoding_path_is_decided_once_from_the_settings():
+    def path(**kw):
+        return decoding_path(GenerationConfig(8, temperature=0, **kw))
+
+    assert (path().kind, str(path())) == ("cache", "a KV cache")
+    assert path(use_cache=False).kind == "no cache"
+    assert path(compile=True).kind == "static"
+    assert str(path(compile="aot_eager", compile_mode="max-autotune")) == (
+        "a static KV cache, compiled (aot_eager, mode max-autotune)"
+    )
+    assert str(path(compile=True)) == "a static KV cache, compiled (inductor)"
+    assert path(speculative=4).kind == "speculative"
+    assert str(path(speculative=4)).endswith(
+        "up to 4 tokens a step drafted by prompt lookup"
+    )
+    spec = GenerationConfig(8, temperature=0, speculative=3)
+    assert str(decoding_path(spec, draft=True)).endswith("drafted by a draft model")
+    cache = KVCache(CONFIG, 1, 16)
+    assert decoding_path(GenerationConfig(8), kv_cache=cache).kind == "cache"
+    refused = [
+        (
+            dict(config=GenerationConfig(8, use_cache=False), kv_cache=cache),
+            "use_cache",
+        ),
+        (dict(config=spec, kv_cache=cache), "keep their own cache"),
+        (dict(config=GenerationConfig(8), draft=True), "pass speculative=k"),
+        (dict(config=spec, batch_size=2), "one unpadded sequence, got a batch of 2"),
+        (dict(config=spec, padded=True), "one unpadded sequence"),
+    ]
+    for kw, says in refused:
+        with pytest.raises(ValueError, match=says):
+            decoding_path(**kw)

@@ -17,7 +17,7 @@ from smol.commands.generate import (
     check_options,
     decide,
     load,
-    sampling,
+    seeded,
     stream_reply,
 )
 
@@ -55,14 +55,14 @@ def _chat(args) -> None:
     decoding = decide(args)
     model, tokenizer = load(args, decoding)
     if args.message is None:
-        return interactive(args, model, tokenizer, decoding.device)
+        return interactive(args, model, tokenizer, decoding)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     messages.append({"role": "user", "content": args.message})
     ids = tokenizer.apply_chat_template(messages, tokenize=True)
     stream_reply(args, decoding, model, tokenizer, ids, skip_special_tokens=True)
 
 
-def interactive(args, model, tokenizer, device, stdin=None, out=None) -> None:
+def interactive(args, model, tokenizer, decoding, stdin=None, out=None) -> None:
     """A chat on stdin/stdout: a line is a message; /reset forgets, /exit leaves.
     Ctrl-C stops the reply under way (or the line being typed), not the chat."""
     from smol.chat import ChatSession
@@ -77,7 +77,7 @@ def interactive(args, model, tokenizer, device, stdin=None, out=None) -> None:
     notice("a conversation: type a message; /reset starts over, /exit or Ctrl-D leaves")
     while True:
         try:
-            if not _chat_turn(args, session, tokenizer, device, stdin, out, tty):
+            if not _chat_turn(args, session, tokenizer, decoding, stdin, out, tty):
                 break
         except Terminated:
             raise
@@ -87,7 +87,7 @@ def interactive(args, model, tokenizer, device, stdin=None, out=None) -> None:
             print("[stopped; /exit or Ctrl-D leaves the chat]", file=sys.stderr)
 
 
-def _chat_turn(args, session, tokenizer, device, stdin, out, tty) -> bool:
+def _chat_turn(args, session, tokenizer, decoding, stdin, out, tty) -> bool:
     """Read a line and answer it; False at the end of the input or on /exit."""
     if tty:
         out.write("> ")
@@ -113,7 +113,8 @@ def _chat_turn(args, session, tokenizer, device, stdin, out, tty) -> bool:
             line,
             args.max_new_tokens,
             stream=TextStream(tokenizer, True, out),
-            **sampling(args, device),
+            config=decoding.generation,
+            generator=seeded(args, decoding.device),
         )
     except ValueError as e:  # a message longer than the context, say
         print(f"\n[{e}]", file=sys.stderr)

@@ -20,6 +20,8 @@ from dataclasses import dataclass
 import torch
 
 from smol.commands.common import Parser, UsageError, parser, run
+from smol.config import GenerationConfig
+from smol.generate import DecodingPath, decoding_path
 
 
 class TextStream:
@@ -191,6 +193,8 @@ class Decoding:
     int8: bool  # weight-only int8 Linears
     draft: str | None  # speculative decoding's draft model: "bfloat16", "int4" or none
     prepack: bool  # speculative float32 checks on weights oneDNN reordered once
+    generation: GenerationConfig  # generate's settings, eos and length aside
+    path: DecodingPath  # the loop generate runs with them
 
     def __str__(self) -> str:
         return (
@@ -198,7 +202,25 @@ class Decoding:
             + ", int8 weights" * self.int8
             + (f", {self.draft} draft" if self.draft else "")
             + ", prepacked checks" * self.prepack
+            + f"; {self.path}"
         )
+
+
+def generation_config(args) -> GenerationConfig:
+    """generate()'s settings from the options (the tokenizer's eos comes later)."""
+    return GenerationConfig(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        compile=args.compile,
+        speculative=args.speculative,
+    )
+
+
+def _path(generation: GenerationConfig, args) -> DecodingPath:
+    """The path of one prompt (a chat without a message continues its KV cache)."""
+    return decoding_path(generation, draft=args.draft is not None)
 
 
 def decide(args) -> Decoding:
@@ -211,14 +233,18 @@ def decide(args) -> Decoding:
     default = torch.bfloat16 if half else torch.float32
     dtype = getattr(torch, args.dtype) if args.dtype else default
     float32 = dtype == torch.float32 and not args.quantize
+    generation = generation_config(args)
+    path = _path(generation, args)
     # speculative checks are of a few rows, where oneDNN's reordered weights pay off
-    prepacked = bool(args.speculative) and float32 and device.startswith("cpu")
+    prepacked = path.kind == "speculative" and float32 and device.startswith("cpu")
     return Decoding(
         device,
         dtype,
         args.quantize == "int8",
         args.draft,
         prepacked and prepack.available(),
+        generation,
+        path,
     )
 
 
@@ -238,7 +264,7 @@ def load(args, decoding: Decoding):
     print(
         f"[loaded in {time.perf_counter() - start:.1f} s {decoding}]", file=sys.stderr
     )
-    if args.compile:
+    if decoding.path.kind == "static":
         print(
             "[--compile: the first token waits while the decoding step compiles, "
             "a minute or more on a CPU]",
@@ -263,19 +289,11 @@ def _fit(ids: list[int], args, model) -> int:
     return min(args.max_new_tokens, context - len(ids))
 
 
-def sampling(args, device) -> dict:
-    """generate()'s sampling arguments from the options."""
-    generator = (
-        torch.Generator(device).manual_seed(args.seed)
-        if args.seed is not None
-        else None
-    )
-    return dict(
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        generator=generator,
-    )
+def seeded(args, device) -> torch.Generator | None:
+    """Sampling's random generator, seeded by --seed (none: PyTorch's own)."""
+    if args.seed is None:
+        return None
+    return torch.Generator(device).manual_seed(args.seed)
 
 
 def stream_reply(args, decoding, model, tokenizer, ids, skip_special_tokens):
@@ -302,12 +320,11 @@ def stream_reply(args, decoding, model, tokenizer, ids, skip_special_tokens):
         model,
         ids,
         n,
+        config=decoding.generation,
         eos_token_id=tokenizer.eos_token_id,
-        compile=args.compile,
-        speculative=args.speculative,
         draft_model=draft,
         stream=stream,
-        **sampling(args, ids.device),
+        generator=seeded(args, ids.device),
     )
     print()
     return start, stream
