@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -148,3 +149,12 @@ class SFTTrainer(Trainer):
         if self.cfg.eval_every > 0 and not self.val_examples:  # nothing to evaluate on
             self.cfg = dataclasses.replace(self.cfg, eval_every=0)
         return super().fit(until)
+
+
+if __name__ == "__main__":  # `python -m smol.finetune`: the command lives elsewhere
+    print(
+        "smol.finetune is the library of a command, not one: run `smol finetune` "
+        "(`smol finetune --help` says how)",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -361,3 +362,12 @@ class Trainer:
         """Final numbers; under DDP also every rank's weights digest (all equal when
         replicas agree)."""
         return train_report.summary(self)
+
+
+if __name__ == "__main__":  # `python -m smol.train`: the command lives elsewhere
+    print(
+        "smol.train is the library of a command, not one: run `smol train` "
+        "(`smol train --help` says how)",
+        file=sys.stderr,
+    )
+    raise SystemExit(2)

@@ -92,6 +92,24 @@ def test_smol_help_lists_every_verb_and_python_m_smol_says_the_same():
     assert module.returncode == 0 and module.stdout == listed.stdout
 
 
+@pytest.mark.parametrize("verb", ["train", "finetune"])
+def test_python_m_a_library_module_names_its_command_and_exits_2(verb, tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", f"smol.{verb}", "--steps", "2"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        timeout=120,
+    )
+    assert (done.returncode, done.stdout) == (2, "")
+    assert done.stderr.splitlines() == [
+        f"smol.{verb} is the library of a command, not one: run `smol {verb}` "
+        f"(`smol {verb} --help` says how)"
+    ]
+    assert list(tmp_path.iterdir()) == []  # nothing ran
+
+
 @pytest.mark.parametrize("argv", [[], ["speak", "Hi"], ["Generate", "Hi"]])
 def test_no_verb_or_an_unknown_one_is_a_usage_error(argv):
     result = smol(*argv)
