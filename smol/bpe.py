@@ -30,7 +30,6 @@ GPT2_SPLIT = regex.compile(
     r"""'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"""
 )
 DIGIT = regex.compile(r"(\p{N})")  # SmolLM2 isolates every digit before GPT-2's split
-GGUF_CONTROL = 3  # tokenizer.ggml.token_type of special tokens
 NO_MERGE = (float("inf"), -1)  # the rank of a pair that no merge joins
 Pair = tuple[int, int]  # two adjacent token ids
 
@@ -204,65 +203,15 @@ class BPE:
                 "expected a .gguf file, a tokenizer.json or a folder holding one, "
                 f"got {source}"
             )
+        from smol.gguf import GGUFFile
+        from smol.tokenizer import bpe_fields_from_gguf, bpe_fields_from_json
+
         if path.suffix == ".gguf":
-            return cls._from_gguf(path)
+            return cls(**bpe_fields_from_gguf(GGUFFile(path).metadata, path))
         if path.suffix != ".json":
             raise ValueError(f"expected a .gguf or a tokenizer.json file, got {path}")
-        return cls._from_tokenizer_json(json.loads(path.read_text(encoding="utf-8")))
-
-    @classmethod
-    def _from_gguf(cls, path: Path) -> BPE:
-        from smol.gguf import GGUFFile
-
-        meta = GGUFFile(path).metadata
-        if meta.get("tokenizer.ggml.model") != "gpt2":
-            raise ValueError(
-                f"expected a byte-level BPE (tokenizer.ggml.model 'gpt2') in {path}, "
-                f"got {meta.get('tokenizer.ggml.model')!r}"
-            )
-        pre = meta.get("tokenizer.ggml.pre", "default")
-        if pre not in ("smollm", "gpt2", "default"):
-            raise ValueError(
-                f"expected the pre-tokenizer 'smollm' or 'gpt2', got {pre!r}"
-            )
-        tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
-        # "a b": byte-level tokens hold no space, so a merge line holds exactly one;
-        # as in `tokenizers`, a line that is not two tokens is refused (not a pair)
-        merges = [tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]]
-        special = [t for t, kind in zip(tokens, types) if kind == GGUF_CONTROL]
-        vocab = {t: i for i, t in enumerate(tokens)}
-        return cls(vocab, merges, special, split_digits=pre == "smollm")
-
-    @classmethod
-    def _from_tokenizer_json(cls, spec: dict) -> BPE:
-        model = spec.get("model") or {}
-        if model.get("type") != "BPE":
-            raise ValueError(
-                f"expected a BPE model in tokenizer.json, got {model.get('type')!r}"
-            )
-        pre = spec.get("pre_tokenizer") or {}
-        steps = (
-            (pre.get("pretokenizers") or [pre])
-            if pre.get("type") == "Sequence"
-            else [pre]
-        )
-        kinds = [s.get("type") for s in steps]
-        digits = kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits")
-        if not (kinds == ["ByteLevel"] or digits) or steps[-1].get("add_prefix_space"):
-            raise ValueError(
-                "expected the pre-tokenizer ByteLevel (add_prefix_space false), "
-                f"optionally after Digits(individual_digits=True), got {pre}"
-            )
-        merges = [
-            tuple(m.split(" ")) if isinstance(m, str) else tuple(m)
-            for m in model["merges"]
-        ]
-        vocab = dict(model["vocab"])
-        added = spec.get("added_tokens", [])
-        vocab.update({t["content"]: t["id"] for t in added})
-        return cls(
-            vocab, merges, [t["content"] for t in added], split_digits=bool(digits)
-        )
+        spec = json.loads(path.read_text(encoding="utf-8"))
+        return cls(**bpe_fields_from_json(spec))
 
 
 def check_vocab(vocab: dict) -> None:

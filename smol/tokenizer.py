@@ -280,3 +280,57 @@ def check_chat(messages) -> None:
                 f'message {i} must be a dict {{"role": str, "content": str}}, '
                 f"got {m!r:.80}"
             )
+
+
+# --- a byte-level BPE's files, read as smol.bpe.BPE's arguments ---------------------
+def bpe_fields_from_gguf(meta: dict, path: Path) -> dict:
+    """vocab, merges, special_tokens and split_digits of the BPE whose GGUF metadata
+    (of the file at path) is meta."""
+    if meta.get("tokenizer.ggml.model") != "gpt2":
+        raise ValueError(
+            f"expected a byte-level BPE (tokenizer.ggml.model 'gpt2') in {path}, "
+            f"got {meta.get('tokenizer.ggml.model')!r}"
+        )
+    pre = meta.get("tokenizer.ggml.pre", "default")
+    if pre not in ("smollm", "gpt2", "default"):
+        raise ValueError(f"expected the pre-tokenizer 'smollm' or 'gpt2', got {pre!r}")
+    tokens, types = meta["tokenizer.ggml.tokens"], meta["tokenizer.ggml.token_type"]
+    # "a b": byte-level tokens hold no space, so a merge line holds exactly one;
+    # as in `tokenizers`, a line that is not two tokens is refused (not a pair)
+    merges = [tuple(m.split(" ")) for m in meta["tokenizer.ggml.merges"]]
+    special = [t for t, kind in zip(tokens, types) if kind == GGUF_CONTROL]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    return dict(
+        vocab=vocab, merges=merges, special_tokens=special, split_digits=pre == "smollm"
+    )
+
+
+def bpe_fields_from_json(spec: dict) -> dict:
+    """vocab, merges, special_tokens and split_digits of the BPE of a tokenizer.json
+    (as a dict)."""
+    model = spec.get("model") or {}
+    if model.get("type") != "BPE":
+        raise ValueError(
+            f"expected a BPE model in tokenizer.json, got {model.get('type')!r}"
+        )
+    pre = spec.get("pre_tokenizer") or {}
+    steps = (
+        (pre.get("pretokenizers") or [pre]) if pre.get("type") == "Sequence" else [pre]
+    )
+    kinds = [s.get("type") for s in steps]
+    digits = kinds == ["Digits", "ByteLevel"] and steps[0].get("individual_digits")
+    if not (kinds == ["ByteLevel"] or digits) or steps[-1].get("add_prefix_space"):
+        raise ValueError(
+            "expected the pre-tokenizer ByteLevel (add_prefix_space false), "
+            f"optionally after Digits(individual_digits=True), got {pre}"
+        )
+    merges = [
+        tuple(m.split(" ")) if isinstance(m, str) else tuple(m) for m in model["merges"]
+    ]
+    vocab = dict(model["vocab"])
+    added = spec.get("added_tokens", [])
+    vocab.update({t["content"]: t["id"] for t in added})
+    special = [t["content"] for t in added]
+    return dict(
+        vocab=vocab, merges=merges, special_tokens=special, split_digits=bool(digits)
+    )
