@@ -151,10 +151,6 @@ class SFTTrainer(Trainer):
         return super().fit(until)
 
 
-if __name__ == "__main__":  # `python -m smol.finetune`: the command lives elsewhere
-    print(
-        "smol.finetune is the library of a command, not one: run `smol finetune` "
-        "(`smol finetune --help` says how)",
-        file=sys.stderr,
-    )
+if __name__ == "__main__":  # `python -m smol.finetune` runs no command
+    print("smol.finetune is a library module: run `smol finetune`", file=sys.stderr)
     raise SystemExit(2)

@@ -364,10 +364,6 @@ class Trainer:
         return train_report.summary(self)
 
 
-if __name__ == "__main__":  # `python -m smol.train`: the command lives elsewhere
-    print(
-        "smol.train is the library of a command, not one: run `smol train` "
-        "(`smol train --help` says how)",
-        file=sys.stderr,
-    )
+if __name__ == "__main__":  # `python -m smol.train` runs no command
+    print("smol.train is a library module: run `smol train`", file=sys.stderr)
     raise SystemExit(2)

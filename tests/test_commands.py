@@ -104,8 +104,7 @@ def test_python_m_a_library_module_names_its_command_and_exits_2(verb, tmp_path)
     )
     assert (done.returncode, done.stdout) == (2, "")
     assert done.stderr.splitlines() == [
-        f"smol.{verb} is the library of a command, not one: run `smol {verb}` "
-        f"(`smol {verb} --help` says how)"
+        f"smol.{verb} is a library module: run `smol {verb}`"
     ]
     assert list(tmp_path.iterdir()) == []  # nothing ran
 

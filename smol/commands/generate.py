@@ -208,14 +208,15 @@ class Decoding:
 
 def generation_config(args) -> GenerationConfig:
     """generate()'s settings from the options (the tokenizer's eos comes later)."""
-    return GenerationConfig(
-        max_new_tokens=args.max_new_tokens,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        compile=args.compile,
-        speculative=args.speculative,
+    names = (
+        "max_new_tokens",
+        "temperature",
+        "top_k",
+        "top_p",
+        "compile",
+        "speculative",
     )
+    return GenerationConfig(**{name: getattr(args, name) for name in names})
 
 
 def _path(generation: GenerationConfig, args) -> DecodingPath:
