@@ -9,8 +9,6 @@ import torch
 from smol.config import GenerationConfig
 from smol.kv_cache import KVCache
 
-__all__ = ["GenerationConfig", "decoding_path", "generate", "left_pad"]
-
 
 def filter_top_k(logits: torch.Tensor, k: int | None) -> torch.Tensor:
     """Keep the k largest logits of each row (B, V); set the rest to -inf. None or k >=
