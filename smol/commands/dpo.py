@@ -23,27 +23,22 @@ import copy
 import math
 from pathlib import Path
 
-import torch
-
-from smol.commands.common import Parser, UsageError, parser, run
-from smol.commands.train import FAILURES, fit_until_stopped
+from smol.commands.common import Parser, UsageError, run
+from smol.commands.train import FAILURES
 from smol.commands.tuning import (
-    add_model_options,
     add_run_options,
-    check_context,
     check_model_args,
-    check_out,
-    check_resumed_settings,
-    clear_outputs,
+    load,
+    load_tuned,
+    prepare,
     report_left_out,
     resolved,
-    run_settings,
-    save_model,
     train_config,
-    write_settings,
+    trained_parameters,
+    tune,
+    tuning_parser,
 )
 from smol.dpo import DPOTrainer, numbered_pairs
-from smol.lora import apply_lora, count_trainable
 from smol.train import TrainConfig
 
 # the settings a resume must keep besides TrainConfig's (which smol.resume checks)
@@ -53,14 +48,13 @@ LRS = (5e-5, 1e-6)  # the default peak learning rates, with LoRA and without
 
 def build_parser() -> Parser:
     """The parser of `smol dpo`."""
-    p = parser("dpo", __doc__)
-    p.add_argument(
-        "--data",
-        required=True,
-        help='JSONL file, one {"prompt", "chosen", "rejected"} pair a line',
+    p = tuning_parser(
+        "dpo",
+        __doc__,
+        'JSONL file, one {"prompt", "chosen", "rejected"} pair a line',
+        "JSONL pairs for the validation loss",
+        "runs/dpo",
     )
-    p.add_argument("--val-data", help="JSONL pairs for the validation loss")
-    add_model_options(p, "runs/dpo")
     p.add_argument(
         "--reference",
         help="the reference model (a .gguf file, a folder or hub id) of the same "
@@ -90,10 +84,7 @@ def _parse_args(argv) -> tuple[argparse.Namespace, TrainConfig]:
     check_model_args(args, "the model being tuned")
     if args.reference and Path(args.reference).resolve() == Path(args.out).resolve():
         raise UsageError(f"--out {args.out} is the reference model: write elsewhere")
-    try:
-        return args, train_config(args, LRS)
-    except ValueError as e:
-        raise UsageError(str(e)) from None
+    return args, train_config(args, LRS)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -104,27 +95,12 @@ def _dpo(settings: tuple[argparse.Namespace, TrainConfig]) -> int:
     args, cfg = settings
     train = numbered_pairs(args.data)
     val = numbered_pairs(args.val_data) if args.val_data else {}
-    out = Path(args.out)
-    check_out(args, out)
-    run = {
-        **run_settings(args),
-        "reference": resolved(args.reference),
-        "beta": args.beta,
-        "length_normalized": args.length_normalized,
-    }
-    settings_file = out / "training" / SETTINGS_FILE
-    if args.resume:
-        check_resumed_settings(args, run, settings_file, "DPO run")
 
-    def start() -> DPOTrainer:
-        from smol.pretrained import load_pretrained
-
-        device = None if args.device == "auto" else args.device
-        model, tokenizer = load_pretrained(args.model, device=device)
-        check_context(model, args.max_len)
+    def build() -> DPOTrainer:
+        model, tokenizer = load_tuned(args)
         reference = None
         if args.reference:
-            reference, _ = load_pretrained(args.reference, device=device)
+            reference, _ = load(args, args.reference)
             if reference.config != model.config:
                 raise ValueError(
                     f"--reference {args.reference} has another config than the "
@@ -132,44 +108,34 @@ def _dpo(settings: tuple[argparse.Namespace, TrainConfig]) -> int:
                 )
         elif not args.lora_r:
             reference = copy.deepcopy(model)  # frozen: the starting model
-        torch.manual_seed(args.seed)  # LoRA's A matrices are drawn here
-        if args.lora_r:
-            apply_lora(
-                model,
-                args.lora_r,
-                args.lora_alpha,
-                args.lora_targets,
-                args.lora_dropout,
-            )
-        model.train()
-        trainer = _trainer(args, cfg, model, tokenizer, train, val, reference)
-        if trainer.is_main:
-            if args.overwrite:
-                clear_outputs(out)
-            if not args.resume:
-                write_settings(settings_file, run)
-            _report_data(trainer, args, train, val)
-        return trainer
+        prepare(args, model)
+        return _trainer(args, cfg, model, tokenizer, train, val, reference)
 
-    def finish(trainer: DPOTrainer, history: dict) -> None:
-        if trainer.is_main:
-            save_model(trainer, args, out)
-            val = history["val_loss"]
-            val_text = (
-                f", val loss {val[-1]:.4f}, val accuracy "
-                f"{history['val_accuracy'][-1]:.2f}"
-                if val
-                else ""
-            )
-            print(
-                f"done: step {trainer.step}, loss {history['loss'][-1]:.4f}, "
-                f"margin {history['margin'][-1]:.4f}, accuracy "
-                f"{history['accuracy'][-1]:.2f}{val_text}; the merged model is in "
-                f"{out}",
-                flush=True,
-            )
+    def result(history: dict) -> str:
+        val = history["val_loss"]
+        val_text = (
+            f", val loss {val[-1]:.4f}, val accuracy {history['val_accuracy'][-1]:.2f}"
+            if val
+            else ""
+        )
+        return (
+            f"loss {history['loss'][-1]:.4f}, margin {history['margin'][-1]:.4f}, "
+            f"accuracy {history['accuracy'][-1]:.2f}{val_text}"
+        )
 
-    return fit_until_stopped(start, finish)
+    return tune(
+        args,
+        SETTINGS_FILE,
+        "DPO run",
+        {
+            "reference": resolved(args.reference),
+            "beta": args.beta,
+            "length_normalized": args.length_normalized,
+        },
+        build,
+        lambda trainer: _report_data(trainer, args, train, val),
+        result,
+    )
 
 
 def _trainer(args, cfg, model, tokenizer, train, val, reference) -> DPOTrainer:
@@ -201,15 +167,12 @@ def _report_data(trainer: DPOTrainer, args, train: dict, val: dict) -> None:
     """The pairs trained on, and a warning naming (by line) those left out or cut
     for length."""
     report_left_out(trainer, args, train, val, "pairs", "a reply with no token")
-    how = f"LoRA r={args.lora_r}" if args.lora_r else "full fine-tuning"
     reference = args.reference or (
         "the model with its adapter off" if args.lora_r else "the starting model"
     )
-    trainable, total = count_trainable(trainer.model)
     print(
         f"{len(trainer.train_examples)} training pairs, {len(trainer.val_examples)} "
-        f"validation; training {trainable:,} of {total:,} parameters ({how}), "
-        f"beta {args.beta:g}, reference {reference}, {trainer.device}, from step "
-        f"{trainer.step}",
+        f"validation; {trained_parameters(trainer, args)}, beta {args.beta:g}, "
+        f"reference {reference}, {trainer.device}, from step {trainer.step}",
         flush=True,
     )

@@ -1,19 +1,30 @@
 """What `smol finetune` and `smol dpo` share: the options of a run that tunes a
 loaded model (LoRA's, the schedule's, resuming), the checks on its output folder and
-on a resume's settings, the report of the examples left out for length, and writing
-the merged model (and the adapter)."""
+on a resume's settings, loading the model and putting LoRA on it, the report of the
+examples left out for length, the run itself from start to the merged model (and the
+adapter) written."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
+import torch
+
 from smol.checkpoint import check_writable, file_sha256, read_json
-from smol.commands.common import UsageError
-from smol.commands.train import add_resume_option
-from smol.lora import TARGETS, check_settings, merge_lora, save_peft_adapter
+from smol.commands.common import Parser, UsageError, parser
+from smol.commands.train import add_resume_option, fit_until_stopped
+from smol.lora import (
+    TARGETS,
+    apply_lora,
+    check_settings,
+    count_trainable,
+    merge_lora,
+    save_peft_adapter,
+)
 from smol.train import TrainConfig
 from smol.train_report import log
 
@@ -45,6 +56,16 @@ AS_GIVEN = (
     "overwrite",
     "allow_changed_settings",
 )
+
+
+def tuning_parser(verb: str, doc: str, data: str, val_data: str, out: str) -> Parser:
+    """The parser of a tuning command with its first options: --data and --val-data
+    (their help `data` and `val_data`), then the model's (add_model_options)."""
+    p = parser(verb, doc)
+    p.add_argument("--data", required=True, help=data)
+    p.add_argument("--val-data", help=val_data)
+    add_model_options(p, out)
+    return p
 
 
 def add_model_options(p: argparse.ArgumentParser, out: str) -> None:
@@ -146,18 +167,52 @@ def check_model_args(args, tuned: str = "the model being fine-tuned") -> None:
 
 def train_config(args, lrs: tuple[float, float]) -> TrainConfig:
     """The run's settings: the learning rate by default lrs[0] with LoRA, lrs[1]
-    for full fine-tuning, decaying to a tenth of it. No preset: the Trainer checks
-    --max-len against the loaded model's context."""
+    for full fine-tuning, decaying to a tenth of it; a setting TrainConfig refuses
+    is a UsageError. No preset: the Trainer checks --max-len against the loaded
+    model's context."""
     lr = args.lr if args.lr is not None else lrs[0 if args.lora_r else 1]
-    return TrainConfig(
-        preset=None,
-        seq_len=args.max_len,
-        lr=lr,
-        min_lr=lr / 10,
-        warmup_steps=min(args.warmup_steps, args.steps),
-        out_dir=str(Path(args.out) / "training"),
-        **{name: getattr(args, name) for name in AS_GIVEN},
-    )
+    try:
+        return TrainConfig(
+            preset=None,
+            seq_len=args.max_len,
+            lr=lr,
+            min_lr=lr / 10,
+            warmup_steps=min(args.warmup_steps, args.steps),
+            out_dir=str(Path(args.out) / "training"),
+            **{name: getattr(args, name) for name in AS_GIVEN},
+        )
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def load(args, model: str | None):
+    """(model, tokenizer) of `model` (a .gguf file, a folder or hub id; None: the
+    bundled one) on --device."""
+    from smol.pretrained import load_pretrained
+
+    return load_pretrained(model, device=None if args.device == "auto" else args.device)
+
+
+def load_tuned(args):
+    """(model, tokenizer) of --model, whose context must hold --max-len."""
+    model, tokenizer = load(args, args.model)
+    check_context(model, args.max_len)
+    return model, tokenizer
+
+
+def prepare(args, model) -> None:
+    """LoRA on the model as the options say (after seeding: its A matrices are
+    drawn here), and the model in training mode."""
+    torch.manual_seed(args.seed)
+    if args.lora_r:
+        apply_lora(
+            model,
+            args.lora_r,
+            args.lora_alpha,
+            args.lora_targets,
+            args.lora_dropout,
+        )
+    model.train()
 
 
 def check_context(model, max_len: int) -> None:
@@ -267,6 +322,57 @@ def report_left_out(trainer, args, train: dict, val: dict, examples: str, why: s
                 f"note: {trainer.cut[what]} {what} {examples} are longer than "
                 f"--max-len {args.max_len} tokens and are cut to it"
             )
+
+
+def trained_parameters(trainer, args) -> str:
+    """How many of the model's parameters train, and how (LoRA or fully)."""
+    how = f"LoRA r={args.lora_r}" if args.lora_r else "full fine-tuning"
+    trainable, total = count_trainable(trainer.model)
+    return f"training {trainable:,} of {total:,} parameters ({how})"
+
+
+def tune(
+    args,
+    settings_name: str,
+    what: str,
+    settings: dict,
+    build: Callable,
+    report: Callable,
+    result: Callable[[dict], str],
+) -> int:
+    """The run of a tuning command: --out checked, and a resume's settings
+    (run_settings' and `settings`, kept in OUT/training/settings_name; `what` names
+    the run); the trainer made by `build()`, then on the main rank what --overwrite
+    replaces deleted, the settings written and `report(trainer)`; at the end the
+    model saved and a line `done: step N, {result(history)}; the merged model is in
+    OUT`. The exit status of fit_until_stopped."""
+    out = Path(args.out)
+    check_out(args, out)
+    run = {**run_settings(args), **settings}
+    settings_file = out / "training" / settings_name
+    if args.resume:
+        check_resumed_settings(args, run, settings_file, what)
+
+    def start():
+        trainer = build()
+        if trainer.is_main:
+            if args.overwrite:
+                clear_outputs(out)
+            if not args.resume:
+                write_settings(settings_file, run)
+            report(trainer)
+        return trainer
+
+    def finish(trainer, history: dict) -> None:
+        if trainer.is_main:
+            save_model(trainer, args, out)
+            print(
+                f"done: step {trainer.step}, {result(history)}; the merged model is "
+                f"in {out}",
+                flush=True,
+            )
+
+    return fit_until_stopped(start, finish)
 
 
 def save_model(trainer, args, out: Path) -> None:
