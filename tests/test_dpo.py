@@ -46,13 +46,6 @@ PAIRS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    from smol.gguf import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
-
-    return tokenizer_from_gguf(GGUFFile(bundled_gguf_path()))
-
-
 def smol_trainer(tmp_path, model, tokenizer, pairs=PAIRS, **options):
     cfg = TrainConfig(
         preset=None,

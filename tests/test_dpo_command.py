@@ -3,62 +3,31 @@ earlier run is not written over, each bad input is one named line with its exit
 status, and a run stopped by SIGTERM resumes to the uninterrupted run's adapter."""
 
 import json
-import re
 import signal
+from functools import partial
 
 import pytest
 import torch
 
 from smol import SmolLM
 from smol.commands.dpo import main
-from tests.cli_args import run_smol
+from tests import tuning_runs as tuning
 from tests.test_dpo import PAIRS, pair
 from tests.tiny_models import with_real_vocab
 
 
 @pytest.fixture(scope="module")
-def tokenizer():
-    from smol.gguf import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
-
-    return tokenizer_from_gguf(GGUFFile(bundled_gguf_path()))
-
-
-def _jsonl(path, lines):
-    path.write_text(
-        "\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n"
-    )
-    return path
-
-
-@pytest.fixture(scope="module")
 def base(tokenizer, tmp_path_factory):
     """A tiny model folder with SmolLM2's tokenizer, and the pairs as JSONL."""
-    from smol.pretrained import save_pretrained
-
-    folder = tmp_path_factory.mktemp("base")
-    torch.manual_seed(0)
-    save_pretrained(SmolLM(with_real_vocab(2048)), tokenizer, folder / "model")
-    _jsonl(folder / "pairs.jsonl", PAIRS)
-    return folder
+    return tuning.make_base(
+        tmp_path_factory.mktemp("base"), tokenizer, "pairs.jsonl", PAIRS
+    )
 
 
 def dpo(base, out, *options, capsys=None):
     """main() on the base model and pairs: (exit status, stdout, stderr)."""
-    code = main(
-        ["--data", str(base / "pairs.jsonl"), "--model", str(base / "model")]
-        + ["--out", str(out), "--device", "cpu", "--no-progress", "--eval-every", "0"]
-        + ["--steps", "3", "--batch-size", "2", "--max-len", "64", "--lora-r", "2"]
-        + ["--lr", "1e-2"]
-        + list(options)
-    )
-    captured = capsys.readouterr() if capsys else None
-    return code, captured.out if capsys else "", captured.err if capsys else ""
-
-
-def adapter_of(out):
-    from safetensors.torch import load_file
-
-    return load_file(out / "adapter" / "adapter_model.safetensors")
+    data, model = base / "pairs.jsonl", base / "model"
+    return tuning.run_main(main, data, model, out, ["--lr", "1e-2", *options], capsys)
 
 
 @pytest.mark.parametrize("lora", ["2", "0"], ids=["lora", "full"])
@@ -112,27 +81,16 @@ def test_another_reference_is_used_and_one_of_another_config_refused(
         (["--beta", "0"], "--beta must be a positive number, got 0.0"),
         (["--beta", "-0.5"], "--beta must be a positive number"),
         (["--beta", "nan"], "--beta must be a positive number"),
-        (["--lora-r", "0", "--lora-alpha", "4"], "--lora-alpha set LoRA"),
-        (["--resume", "--overwrite"], "resume and overwrite exclude each other"),
-        (["--steps", "0"], "steps must be a positive int"),
         (["--out", "{model}"], "is the model being tuned"),
         (["--reference", "{out}"], "is the reference model"),
+        *tuning.USAGE_ERRORS,
     ],
 )
 def test_usage_errors_exit_2_before_any_work(base, capsys, monkeypatch, options, says):
-    import smol.pretrained
-
-    monkeypatch.setattr(
-        smol.pretrained,
-        "load_pretrained",
-        lambda *a, **k: pytest.fail("nothing is loaded for a bad command line"),
-    )
     out = base / "unused"
     options = [o.format(model=base / "model", out=out) for o in options]
-    code, printed, err = dpo(base, out, *options, capsys=capsys)
-    assert code == 2 and printed == "" and err.count("\n") == 1, err
-    assert err.startswith("smol dpo: error:") and re.search(says, err)
-    assert not out.exists()
+    run = partial(dpo, base, capsys=capsys)
+    tuning.check_usage_error("dpo", run, out, options, says, monkeypatch)
 
 
 @pytest.mark.parametrize(
@@ -147,7 +105,7 @@ def test_usage_errors_exit_2_before_any_work(base, capsys, monkeypatch, options,
 def test_a_bad_pair_is_named_by_file_and_line_and_exits_1(
     base, tmp_path, capsys, bad, says
 ):
-    data = _jsonl(tmp_path / "bad.jsonl", [PAIRS[0], bad])
+    data = tuning.write_jsonl(tmp_path / "bad.jsonl", [PAIRS[0], bad])
     code, _, err = dpo(base, tmp_path / "out", "--data", str(data), capsys=capsys)
     assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
     assert f"{data}, {says}" in err
@@ -156,7 +114,7 @@ def test_a_bad_pair_is_named_by_file_and_line_and_exits_1(
 
 def test_pairs_too_long_are_named_and_none_left_fails(base, tmp_path, capsys):
     long = pair("Tell me a story. " * 30, "Once upon a time.", "No.")
-    data = _jsonl(tmp_path / "data.jsonl", PAIRS[:2] + ["", long])
+    data = tuning.write_jsonl(tmp_path / "data.jsonl", PAIRS[:2] + ["", long])
     code, printed, err = dpo(base, tmp_path / "a", "--data", str(data), capsys=capsys)
     assert code == 0, err
     assert (
@@ -164,26 +122,18 @@ def test_pairs_too_long_are_named_and_none_left_fails(base, tmp_path, capsys):
         f"64 tokens and are left out: {data}, lines 4"
     ) in err
     assert printed.startswith("2 training pairs")
-    only = _jsonl(tmp_path / "long.jsonl", [long])
+    only = tuning.write_jsonl(tmp_path / "long.jsonl", [long])
     code, _, err = dpo(base, tmp_path / "b", "--data", str(only), capsys=capsys)
     assert code == 1 and err.count("\n") == 1
     assert f"no pair of {only} has both replies within --max-len 64 tokens" in err
 
 
 def test_an_earlier_run_is_not_written_over_unasked(base, tmp_path, capsys):
-    out = tmp_path / "out"
-    assert dpo(base, out, capsys=capsys)[0] == 0
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    code, _, err = dpo(base, out, "--seed", "5", capsys=capsys)
-    assert code == 1 and err.count("\n") == 1
-    assert f"--out {out} already holds a fine-tune" in err and "--overwrite" in err
-    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
-    code, _, err = dpo(base, out, "--resume", "--beta", "0.5", capsys=capsys)
+    out, run = tmp_path / "out", partial(dpo, base, capsys=capsys)
+    tuning.check_an_earlier_run_is_kept(run, out)
+    code, _, err = run(out, "--resume", "--beta", "0.5")
     assert code == 1 and "beta: the run's 0.1, now 0.5" in err
-    code, _, err = dpo(base, out, "--overwrite", "--lora-r", "0", capsys=capsys)
-    assert code == 0, err
-    assert "overwrite: deleted the previous fine-tune's" in err
-    assert not (out / "adapter").exists() and (out / "model.safetensors").exists()
+    tuning.check_overwrite_starts_over(run, out)
 
 
 SIGNAL_OPTIONS = (
@@ -195,26 +145,17 @@ SIGNAL_OPTIONS = (
 def run_dpo(base, out, *extra, signal_at=None):
     """`smol dpo` in a subprocess; with signal_at, SIGTERM once the checkpoint of
     that step exists."""
-    argv = ["dpo", "--data", str(base / "pairs.jsonl"), "--model", str(base / "model")]
-    argv += [*SIGNAL_OPTIONS, "--out", str(out), *extra]
-    checkpoints = out / "training" / "checkpoints"
-    mark = checkpoints / f"step_{signal_at:07d}" if signal_at is not None else None
-    return run_smol(argv, mark, signal.SIGTERM)
+    data, model = base / "pairs.jsonl", base / "model"
+    return tuning.run_in_subprocess(
+        "dpo", data, model, SIGNAL_OPTIONS, out, extra, signal_at, signal.SIGTERM
+    )
 
 
 def test_sigterm_saves_and_the_resume_gives_the_uninterrupted_adapter(base, tmp_path):
     code, _, err = run_dpo(base, tmp_path / "whole")
     assert code == 0, err
-    whole = adapter_of(tmp_path / "whole")
-    out = tmp_path / "stopped"
-    code, _, err = run_dpo(base, out, "--ckpt-every", "1", signal_at=3)
-    assert code == 143, err
-    assert "Traceback" not in err and err.strip().count("\n") == 1, err
-    step = int(re.search(r"stopped by SIGTERM after step (\d+): saved", err)[1])
-    assert 3 <= step < 30 and not (out / "adapter").exists()
-    code, printed, err = run_dpo(base, out, "--ckpt-every", "1", "--resume")
-    assert code == 0, err
-    assert f"from step {step}" in printed
-    resumed = adapter_of(out)
-    assert whole.keys() == resumed.keys()
-    assert all(torch.equal(whole[k], resumed[k]) for k in whole)
+    whole = tuning.adapter_of(tmp_path / "whole")
+    run = partial(run_dpo, base)
+    tuning.check_a_stop_resumes_to(
+        whole, run, tmp_path / "stopped", signal.SIGTERM, 143
+    )

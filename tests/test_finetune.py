@@ -2,8 +2,8 @@
 trainer running it (full and LoRA), and the command line with its errors."""
 
 import json
-import re
 import signal
+from functools import partial
 
 import pytest
 import torch
@@ -15,17 +15,10 @@ from smol.finetune import SFTTrainer, read_conversations
 from smol.lora import apply_lora, lora_layers
 from smol.sft import ConversationBatches, check_messages, collate, encode_conversation
 from smol.train import TrainConfig
-from tests.cli_args import run_smol
+from tests import tuning_runs as tuning
 from tests.tiny_models import with_real_vocab
 
 TINY = with_real_vocab()
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    from smol.gguf import GGUFFile, bundled_gguf_path, tokenizer_from_gguf
-
-    return tokenizer_from_gguf(GGUFFile(bundled_gguf_path()))
 
 
 def chat(question, answer, system=None):
@@ -250,13 +243,6 @@ def test_the_trainer_fine_tunes_on_the_replies(tokenizer, tmp_path, lora):
     assert resumed.train_batches.position == trainer.train_batches.position
 
 
-def _jsonl(path, lines):
-    path.write_text(
-        "\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n"
-    )
-    return path
-
-
 @pytest.mark.parametrize(
     "bad, message",
     [
@@ -274,19 +260,21 @@ def _jsonl(path, lines):
     ],
 )
 def test_malformed_lines_name_their_line_and_fault(tmp_path, bad, message):
-    path = _jsonl(tmp_path / "data.jsonl", [{"messages": CONVERSATIONS[0]}, bad])
+    path = tuning.write_jsonl(
+        tmp_path / "data.jsonl", [{"messages": CONVERSATIONS[0]}, bad]
+    )
     with pytest.raises(ValueError) as info:
         read_conversations(path)
     assert message in str(info.value) and str(path) in str(info.value)
 
 
 def test_blank_lines_are_skipped_and_empty_files_refused(tmp_path):
-    path = _jsonl(
+    path = tuning.write_jsonl(
         tmp_path / "ok.jsonl", [{"messages": c} for c in CONVERSATIONS[:2]] + [""]
     )
     assert read_conversations(path) == CONVERSATIONS[:2]
     with pytest.raises(ValueError, match="holds no conversations"):
-        read_conversations(_jsonl(tmp_path / "empty.jsonl", [""]))
+        read_conversations(tuning.write_jsonl(tmp_path / "empty.jsonl", [""]))
     with pytest.raises(FileNotFoundError, match="no such file"):
         read_conversations(tmp_path / "missing.jsonl")
 
@@ -300,7 +288,9 @@ def test_command_line_writes_a_merged_model_that_transformers_loads(
 
     torch.manual_seed(0)
     save_pretrained(SmolLM(TINY), tokenizer, tmp_path / "base")
-    data = _jsonl(tmp_path / "train.jsonl", [{"messages": c} for c in CONVERSATIONS])
+    data = tuning.write_jsonl(
+        tmp_path / "train.jsonl", [{"messages": c} for c in CONVERSATIONS]
+    )
     out = tmp_path / "out"
     code = main(
         [
@@ -342,7 +332,9 @@ def test_command_line_writes_a_merged_model_that_transformers_loads(
 
 
 def test_command_line_reports_a_bad_line_and_exits_1(tmp_path, capsys):
-    data = _jsonl(tmp_path / "bad.jsonl", [{"messages": CONVERSATIONS[0]}, "{oops"])
+    data = tuning.write_jsonl(
+        tmp_path / "bad.jsonl", [{"messages": CONVERSATIONS[0]}, "{oops"]
+    )
     assert main(["--data", str(data), "--out", str(tmp_path / "out")]) == 1
     err = capsys.readouterr().err
     assert "error:" in err and "line 2: not valid JSON" in err
@@ -365,31 +357,17 @@ def test_a_line_that_is_not_utf8_is_named_by_file_and_line(tmp_path):
 def base(tokenizer, tmp_path_factory):
     """A tiny model folder with SmolLM2's tokenizer and a context of 2048 (more than
     the tiny preset's 512), and the conversations as JSONL."""
-    from smol.pretrained import save_pretrained
-
-    folder = tmp_path_factory.mktemp("base")
-    torch.manual_seed(0)
-    save_pretrained(SmolLM(with_real_vocab(2048)), tokenizer, folder / "model")
-    _jsonl(folder / "data.jsonl", [{"messages": c} for c in CONVERSATIONS])
-    return folder
+    rows = [{"messages": c} for c in CONVERSATIONS]
+    return tuning.make_base(
+        tmp_path_factory.mktemp("base"), tokenizer, "data.jsonl", rows
+    )
 
 
 def finetune(base, out, *options, capsys=None):
     """main() on the base model and data: (exit status, stdout, stderr)."""
-    code = main(
-        ["--data", str(base / "data.jsonl"), "--model", str(base / "model")]
-        + ["--out", str(out), "--device", "cpu", "--no-progress", "--eval-every", "0"]
-        + ["--steps", "3", "--batch-size", "2", "--max-len", "64", "--lora-r", "2"]
-        + list(options)
+    return tuning.run_main(
+        main, base / "data.jsonl", base / "model", out, options, capsys
     )
-    captured = capsys.readouterr() if capsys else None
-    return code, captured.out if capsys else "", captured.err if capsys else ""
-
-
-def adapter_of(out):
-    from safetensors.torch import load_file
-
-    return load_file(out / "adapter" / "adapter_model.safetensors")
 
 
 def test_the_same_seed_gives_the_same_adapter_bit_for_bit(base, tmp_path, capsys):
@@ -400,7 +378,7 @@ def test_the_same_seed_gives_the_same_adapter_bit_for_bit(base, tmp_path, capsys
     for name, seed in (("a", "1"), ("b", "1"), ("c", "2")):
         code, _, err = finetune(base, tmp_path / name, "--seed", seed, capsys=capsys)
         assert code == 0, err
-        runs[name] = adapter_of(tmp_path / name)
+        runs[name] = tuning.adapter_of(tmp_path / name)
     assert runs["a"].keys() == runs["b"].keys()
     assert all(torch.equal(runs["a"][k], runs["b"][k]) for k in runs["a"])
     assert not all(torch.equal(runs["a"][k], runs["c"][k]) for k in runs["a"])
@@ -418,65 +396,43 @@ def test_max_len_is_checked_against_the_loaded_models_context(base, tmp_path, ca
     "options, says",
     [
         (
-            ["--lora-r", "0", "--lora-alpha", "4"],
-            "--lora-alpha set LoRA, but --lora-r 0",
-        ),
-        (
             ["--lora-r", "0", "--lora-targets", "q_proj", "--lora-dropout", "0.1"],
             "--lora-dropout, --lora-targets set LoRA",
         ),
         (["--lora-alpha", "nan"], "alpha must be a positive finite number, got nan"),
         (["--lora-targets", "q_proj,qproj"], r"unknown LoRA targets \['qproj'\]"),
         (["--lora-r", "-1"], "--lora-r must be >= 0"),
-        (["--resume", "--overwrite"], "resume and overwrite exclude each other"),
-        (["--steps", "0"], "steps must be a positive int"),
         (["--out", ""], "--out is empty"),
         (["--out", "{model}"], "is the model being fine-tuned"),
+        *tuning.USAGE_ERRORS,
     ],
 )
 def test_usage_errors_exit_2_before_any_work(base, capsys, monkeypatch, options, says):
-    import smol.pretrained
-
-    monkeypatch.setattr(
-        smol.pretrained,
-        "load_pretrained",
-        lambda *a, **k: pytest.fail("nothing is loaded for a bad command line"),
-    )
+    out = base / "unused"
     options = [o.format(model=base / "model") for o in options]
-    code, out, err = finetune(base, base / "unused", *options, capsys=capsys)
-    assert code == 2 and out == "" and err.count("\n") == 1, err
-    assert err.startswith("smol finetune: error:") and re.search(says, err)
-    assert not (base / "unused").exists()
+    run = partial(finetune, base, capsys=capsys)
+    tuning.check_usage_error("finetune", run, out, options, says, monkeypatch)
 
 
 def test_an_earlier_fine_tune_is_not_written_over_unasked(base, tmp_path, capsys):
-    out = tmp_path / "out"
-    assert finetune(base, out, capsys=capsys)[0] == 0
-    before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    code, _, err = finetune(base, out, "--seed", "5", capsys=capsys)
-    assert code == 1 and err.count("\n") == 1
-    assert f"--out {out} already holds a fine-tune" in err and "--overwrite" in err
-    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    out, run = tmp_path / "out", partial(finetune, base, capsys=capsys)
+    tuning.check_an_earlier_run_is_kept(run, out)
     # a model folder that no fine-tune wrote is not written over either
     from smol.pretrained import save_pretrained
 
     other = save_pretrained(SmolLM(TINY), None, tmp_path / "other")
     before_other = {p: p.read_bytes() for p in other.iterdir()}
-    code, _, err = finetune(base, other, capsys=capsys)
+    code, _, err = run(other)
     assert code == 1 and "already holds a fine-tune (config.json" in err
     assert {p: p.read_bytes() for p in other.iterdir()} == before_other
-    # --overwrite starts over: a full fine-tune leaves no adapter of the LoRA run
-    code, _, err = finetune(base, out, "--overwrite", "--lora-r", "0", capsys=capsys)
-    assert code == 0, err
-    assert "overwrite: deleted the previous fine-tune's" in err
-    assert not (out / "adapter").exists() and (out / "model.safetensors").exists()
+    tuning.check_overwrite_starts_over(run, out)
 
 
 def test_conversations_left_out_for_length_are_counted_and_named(
     base, tmp_path, capsys
 ):
     long = chat("Tell me a story. " * 30, "Once upon a time.")  # the reply past 64
-    data = _jsonl(
+    data = tuning.write_jsonl(
         tmp_path / "data.jsonl",
         [{"messages": c} for c in CONVERSATIONS[:2]] + ["", {"messages": long}],
     )
@@ -525,17 +481,10 @@ SIGNAL_OPTIONS = (
 def run_finetune(base, out, *extra, signal_at=None, sig=signal.SIGTERM):
     """`smol finetune` in a subprocess; with signal_at, send `sig` once the
     checkpoint of that step exists."""
-    argv = [
-        "finetune",
-        "--data",
-        str(base / "data.jsonl"),
-        "--model",
-        str(base / "model"),
-    ]
-    argv += [*SIGNAL_OPTIONS, "--out", str(out), *extra]
-    checkpoints = out / "training" / "checkpoints"
-    mark = checkpoints / f"step_{signal_at:07d}" if signal_at is not None else None
-    return run_smol(argv, mark, sig)
+    data, model = base / "data.jsonl", base / "model"
+    return tuning.run_in_subprocess(
+        "finetune", data, model, SIGNAL_OPTIONS, out, extra, signal_at, sig
+    )
 
 
 @pytest.fixture(scope="module")
@@ -543,26 +492,14 @@ def uninterrupted(base, tmp_path_factory):
     out = tmp_path_factory.mktemp("whole")
     code, _, err = run_finetune(base, out)
     assert code == 0, err
-    return adapter_of(out)
+    return tuning.adapter_of(out)
 
 
 @pytest.mark.parametrize("sig, status", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_saves_and_the_resume_gives_the_uninterrupted_adapter(
     base, uninterrupted, tmp_path, sig, status
 ):
-    out, name = tmp_path / "stopped", signal.Signals(sig).name
-    code, _, err = run_finetune(base, out, "--ckpt-every", "1", signal_at=3, sig=sig)
-    assert code == status, err
-    assert "Traceback" not in err and err.strip().count("\n") == 1, err
-    saved = re.search(rf"stopped by {name} after step (\d+): saved (\S+);", err)
-    step = int(saved.group(1))
-    assert 3 <= step < 30 and saved.group(2) == str(
-        out / "training" / "checkpoints" / f"step_{step:07d}"
+    run = partial(run_finetune, base, sig=sig)
+    tuning.check_a_stop_resumes_to(
+        uninterrupted, run, tmp_path / "stopped", sig, status
     )
-    assert not (out / "adapter").exists()
-    code, printed, err = run_finetune(base, out, "--ckpt-every", "1", "--resume")
-    assert code == 0, err
-    assert f"from step {step}" in printed
-    resumed = adapter_of(out)
-    assert uninterrupted.keys() == resumed.keys()
-    assert all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)
