@@ -1,12 +1,33 @@
-"""Helpers of the benchmark scripts: alternating timed runs of named callables (used by
-bench/forward.py), and writing a results table (used by every script)."""
+"""Helpers of the benchmark scripts: a parser with --threads, alternating timed runs of
+named callables (used by bench/forward.py), and writing a results table (used by every
+script)."""
 
 from __future__ import annotations
 
+import argparse
 import csv
 import statistics
 import time
 from collections.abc import Callable
+
+
+def threads_parser(doc: str) -> argparse.ArgumentParser:
+    """The parser of a benchmark script: its docstring `doc` as the description, kept
+    as written, and --threads (default 2); parse with parse_and_set_threads."""
+    parser = argparse.ArgumentParser(
+        description=doc, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--threads", type=int, default=2)
+    return parser
+
+
+def parse_and_set_threads(parser: argparse.ArgumentParser) -> argparse.Namespace:
+    """The command line's arguments, torch's threads set to --threads."""
+    import torch
+
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    return args
 
 
 def alternate(runs: dict[str, Callable[[], object]], repeats: int, sync=None):

@@ -16,13 +16,12 @@ llama.cpp (`make llama-cpp`) is left out where llama-cpp-python is not installed
 
 from __future__ import annotations
 
-import argparse
 import functools
 import statistics
 import time
 
 import torch
-from common import alternate, write_csv
+from common import alternate, parse_and_set_threads, threads_parser, write_csv
 from generate import PROMPT, llama_cpp
 from torch.profiler import ProfilerActivity, profile
 
@@ -86,15 +85,11 @@ def profiled_parts(run, n: int) -> dict[str, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--threads", type=int, default=2)
+    parser = threads_parser(__doc__)
     parser.add_argument("--new-tokens", type=int, default=200)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--csv", help="write the rows here")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_and_set_threads(parser)
     n = args.new_tokens
     _, tokenizer = load_pretrained()
     ids = torch.tensor([tokenizer.encode(PROMPT)])

@@ -13,14 +13,13 @@ and int4 (Int4Linear), and whole-model greedy decoding with smol's KV cache.
 
 from __future__ import annotations
 
-import argparse
 import copy
 import statistics
 import time
 
 import torch
 import torch.nn.functional as F
-from common import alternate, write_csv
+from common import alternate, parse_and_set_threads, threads_parser, write_csv
 from generate import PROMPT, SUMMARY
 
 from smol.generate import generate
@@ -176,16 +175,12 @@ def decode(models: dict, tokenizer, new_tokens: int, runs: int) -> list[list]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--threads", type=int, default=2)
+    parser = threads_parser(__doc__)
     parser.add_argument("--repeats", type=int, default=300)
     parser.add_argument("--new-tokens", type=int, default=50)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--csv", help="write the results here")
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    args = parse_and_set_threads(parser)
     model, tokenizer = load_pretrained(device="cpu")
     models = {
         "float32": model,
