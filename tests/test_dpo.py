@@ -23,7 +23,7 @@ from smol.dpo import (
 from smol.lora import apply_lora, lora_layers
 from smol.model import IGNORE_INDEX
 from smol.train import TrainConfig
-from tests.tiny_models import with_real_vocab
+from tests.tiny_models import same_random_lora, with_real_vocab
 
 TINY = with_real_vocab()
 TARGETS = ("q_proj", "v_proj", "down_proj")
@@ -46,21 +46,31 @@ PAIRS = [
 ]
 
 
-def smol_trainer(tmp_path, model, tokenizer, pairs=PAIRS, **options):
-    cfg = TrainConfig(
+def cpu_config(out, lr: float, **settings) -> TrainConfig:
+    """A run on the CPU in float32 at the constant learning rate `lr`, into `out`: no
+    preset, weight decay, evaluation or progress bar; `settings` for the rest."""
+    return TrainConfig(
         preset=None,
-        steps=1,
-        batch_size=len(pairs),
-        seq_len=128,
-        lr=1e-3,
-        min_lr=1e-3,
-        warmup_steps=0,
+        lr=lr,
+        min_lr=lr,
         weight_decay=0.0,
         eval_every=0,
         device="cpu",
         dtype="fp32",
-        out_dir=str(tmp_path / "smol"),
+        out_dir=str(out),
         progress=False,
+        **settings,
+    )
+
+
+def smol_trainer(tmp_path, model, tokenizer, pairs=PAIRS, **options):
+    cfg = cpu_config(
+        tmp_path / "smol",
+        1e-3,
+        steps=1,
+        batch_size=len(pairs),
+        seq_len=128,
+        warmup_steps=0,
     )
     return DPOTrainer(cfg, model, tokenizer, pairs, **options)
 
@@ -139,14 +149,7 @@ def test_loss_rewards_and_gradients_equal_trl(tokenizer, hf_tokenizer, tmp_path,
             ),
         )
         # the same nonzero A and B on both sides: the policy is not its reference
-        named = dict(trl.model.named_parameters())
-        g = torch.Generator().manual_seed(1)
-        with torch.no_grad():
-            for name, layer in lora_layers(policy).items():
-                for part in ("lora_A", "lora_B"):
-                    value = torch.randn(getattr(layer, part).shape, generator=g) * 0.1
-                    getattr(layer, part).copy_(value)
-                    named[f"base_model.model.{name}.{part}.default.weight"].copy_(value)
+        same_random_lora(policy, dict(trl.model.named_parameters()), seed=1)
         ours = smol_trainer(tmp_path, policy, tokenizer, beta=beta)
     else:
         _perturbed(policy, seed=1)
@@ -364,22 +367,15 @@ def _lora_run(tokenizer, out, steps=20, until=None, resume=False):
     torch.manual_seed(0)
     model = SmolLM(TINY)
     apply_lora(model, 4, 8.0, TARGETS)
-    cfg = TrainConfig(
-        preset=None,
+    cfg = cpu_config(
+        out,
+        1e-2,
         steps=steps,
         batch_size=2,
         seq_len=64,
-        lr=1e-2,
-        min_lr=1e-2,
         warmup_steps=1,
-        weight_decay=0.0,
-        eval_every=0,
         log_every=5,
         ckpt_every=5,
-        device="cpu",
-        dtype="fp32",
-        out_dir=str(out),
-        progress=False,
         resume=resume,
     )
     trainer = DPOTrainer(cfg, model, tokenizer, PAIRS, beta=0.5)

@@ -28,6 +28,7 @@ from smol.checkpoint import CheckpointError
 from smol.pretrained import save_pretrained
 from tests.conftest import TINY_CONFIGS
 from tests.test_parity import ATOL, llama_pair
+from tests.tiny_models import same_random_lora
 
 ALL = list(TARGETS)
 
@@ -41,14 +42,7 @@ def peft_pair(config, r=4, alpha=8.0, targets=("q_proj", "v_proj"), seed=0):
     )
     peft_model = get_peft_model(ref, config)
     apply_lora(model, r, alpha, targets)
-    theirs = dict(peft_model.named_parameters())
-    g = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, layer in lora_layers(model).items():
-            for part in ("lora_A", "lora_B"):
-                value = torch.randn(getattr(layer, part).shape, generator=g) * 0.1
-                getattr(layer, part).copy_(value)
-                theirs[f"base_model.model.{name}.{part}.default.weight"].copy_(value)
+    same_random_lora(model, dict(peft_model.named_parameters()), seed + 1)
     return peft_model, model
 
 

@@ -1,8 +1,9 @@
-"""Small models the tests share."""
+"""Small models the tests share, and the same random LoRA in smol's model and peft's."""
 
 import torch
 
 from smol import SmolConfig, SmolLM
+from smol.lora import lora_layers
 
 SHAPE = (
     "vocab_size hidden_size intermediate_size num_hidden_layers num_attention_heads "
@@ -34,3 +35,15 @@ def peaked(config: SmolConfig, seed: int = 0) -> SmolLM:
     for p in model.parameters():
         p.mul_(8 if p.dim() > 1 else 1)
     return model
+
+
+def same_random_lora(model, theirs: dict, seed: int) -> None:
+    """The same random, nonzero A and B (drawn from `seed`) in the LoRA layers of
+    smol's `model` and in peft's parameters `theirs` (its named_parameters)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, layer in lora_layers(model).items():
+            for part in ("lora_A", "lora_B"):
+                value = torch.randn(getattr(layer, part).shape, generator=g) * 0.1
+                getattr(layer, part).copy_(value)
+                theirs[f"base_model.model.{name}.{part}.default.weight"].copy_(value)
