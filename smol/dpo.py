@@ -339,16 +339,8 @@ class DPOTrainer(Trainer):
 
     def batch_loss(self, batch) -> torch.Tensor:
         out = self.pair_loss(self.train_model, batch)
-        self._rewards.append(
-            torch.stack(
-                [
-                    out.chosen_rewards.mean(),
-                    out.rejected_rewards.mean(),
-                    out.margins.mean(),
-                    out.accuracy,
-                ]
-            )
-        )
+        logs = (out.chosen_rewards, out.rejected_rewards, out.margins)
+        self._rewards.append(torch.stack([*(t.mean() for t in logs), out.accuracy]))
         return out.loss
 
     def train_step(self) -> torch.Tensor:
