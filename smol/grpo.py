@@ -117,8 +117,10 @@ def completion_logprobs(
 class GRPOLoss:
     """The loss of a batch of completions and the numbers people log, each a mean over
     the completion tokens (over completions where the ratio is one per sequence): the
-    KL term to the reference (weighed by w as in the loss) and the share of tokens whose ratio is clipped below
-    (w < 1 - eps_low with A < 0), above (w > 1 + eps_high with A > 0) or either."""
+    KL term to the reference (weighed by w where the loss weighs it) and the share of
+    tokens whose ratio is clipped below (w < 1 - eps_low with A < 0), above (w > 1 +
+    eps_high with A > 0) or either; cispo's clip_high is the share with w > eps_high
+    and A > 0, and sapo, which clips nothing, logs zeros."""
 
     loss: torch.Tensor  # ()
     kl: torch.Tensor  # ()

@@ -11,6 +11,7 @@ importance sampling, entropy bonus, vespo) are not covered. Then each piece agai
 the wrong version it is named for, and bad inputs."""
 
 import copy
+import math
 
 import pytest
 import torch
@@ -21,6 +22,7 @@ from smol.grpo import (
     completion_logprobs,
     group_advantages,
     grpo_loss,
+    kl_k3,
 )
 from tests.tiny_models import with_real_vocab
 
@@ -236,3 +238,214 @@ def test_loss_metrics_and_gradients_equal_trl(models, batch, tmp_path, case):
     for name, p in mine.named_parameters():
         assert p.grad is not None and p.grad.abs().sum() > 0, name
         torch.testing.assert_close(p.grad, named[name].grad, rtol=1e-4, atol=1e-6)
+
+
+# --- the pieces, each against the wrong version it is named for ---------------------
+
+# two completions of three token slots, the second one token shorter (padded, logp 0)
+MASK = torch.tensor([[1, 1, 1], [1, 1, 0]])
+LOGPS = torch.tensor([[-1.0, -2.0, -0.5], [-1.5, -0.7, 0.0]])
+# ratios w = exp(logp - old): e^0.5 = 1.65 and e^-0.5 = 0.61 leave [0.8, 1.2]
+OLD = LOGPS - torch.tensor([[0.5, -0.5, 0.05], [0.5, -0.5, 0.0]])
+REF = LOGPS + torch.tensor([[1.0, -0.8, 0.1], [-1.2, 0.6, 0.0]])
+ADV = torch.tensor([1.0, -1.0])
+
+
+def by_hand(loss_type="dapo", beta=0.0, eps=0.2):
+    """The loss token by token, as the docstring of smol.grpo writes it."""
+    rows = []
+    for b in range(2):
+        row = []
+        for t in range(3):
+            if MASK[b, t]:
+                w, a = math.exp(LOGPS[b, t] - OLD[b, t]), ADV[b].item()
+                clipped = min(max(w, 1 - eps), 1 + eps)
+                d = (REF[b, t] - LOGPS[b, t]).item()
+                kl = w * (math.exp(d) - d - 1)  # weighed by w, as TRL's default
+                row.append(-min(w * a, clipped * a) + beta * kl)
+        rows.append(row)
+    if loss_type == "grpo":  # each completion's mean, then the mean of those
+        return sum(sum(r) / len(r) for r in rows) / len(rows)
+    return sum(map(sum, rows)) / sum(map(len, rows))  # dapo, bnpo: token mean
+
+
+def ours(loss_type="dapo", beta=0.0):
+    logps = LOGPS.clone().requires_grad_()
+    return grpo_loss(logps, OLD, REF, ADV, MASK, loss_type=loss_type, beta=beta)
+
+
+def _ratio_and_kl(mask=MASK):
+    w = torch.exp(LOGPS - OLD)
+    return w, w * kl_k3(LOGPS, REF), mask.float()
+
+
+def unclipped(beta=0.0):
+    """The ratio times the advantage, never clipped."""
+    w, kl, m = _ratio_and_kl()
+    return ((-w * ADV[:, None] + beta * kl) * m).sum() / m.sum()
+
+
+def clipped_on_the_wrong_side(beta=0.0):
+    """The optimistic max of the two objectives in place of the pessimistic min."""
+    w, kl, m = _ratio_and_kl()
+    A = ADV[:, None]
+    objective = torch.max(w * A, w.clamp(0.8, 1.2) * A)
+    return ((-objective + beta * kl) * m).sum() / m.sum()
+
+
+def kl_sign_flipped(beta=0.0):
+    """The k3 estimate with d = logp - ref: the KL of the reference to the policy."""
+    w, _, m = _ratio_and_kl()
+    A = ADV[:, None]
+    d = LOGPS - REF
+    kl = w * (torch.exp(d) - d - 1)
+    objective = torch.min(w * A, w.clamp(0.8, 1.2) * A)
+    return ((-objective + beta * kl) * m).sum() / m.sum()
+
+
+def padding_counted(beta=0.0):
+    """Every token slot averaged, the padding after a short completion too."""
+    w, kl, _ = _ratio_and_kl()
+    A = ADV[:, None]
+    objective = torch.min(w * A, w.clamp(0.8, 1.2) * A)
+    return (-objective + beta * kl).mean()
+
+
+def per_token_for_per_sequence(beta=0.0):
+    """grpo's average taken over tokens (dapo's), not over completions."""
+    return ours("dapo", beta).loss
+
+
+def per_sequence_for_per_token(beta=0.0):
+    """dapo's average taken over completions (grpo's), not over tokens."""
+    return ours("grpo", beta).loss
+
+
+@pytest.mark.parametrize(
+    "loss_type, beta, mutant",
+    [
+        ("dapo", 0.0, unclipped),
+        ("dapo", 0.0, clipped_on_the_wrong_side),
+        ("dapo", 1.0, kl_sign_flipped),
+        ("dapo", 0.0, padding_counted),
+        ("grpo", 0.0, per_token_for_per_sequence),
+        ("dapo", 0.0, per_sequence_for_per_token),
+    ],
+)
+def test_the_loss_rejects_the_wrong_version(loss_type, beta, mutant):
+    want = by_hand(loss_type, beta)
+    got = ours(loss_type, beta).loss.item()
+    assert got == pytest.approx(want, abs=1e-6)
+    assert abs(mutant(beta) - want) > 1e-2, mutant.__name__
+
+
+def test_the_clip_ratios_and_the_gradient_of_a_clipped_token():
+    out = ours("dapo")
+    # completion 0 (A > 0): token 0's w = 1.65 > 1.2; completion 1 (A < 0): token 1's
+    # w = 0.61 < 0.8; w = 1.65 with A < 0 and w = 0.61 with A > 0 are not clipped
+    assert out.clip_high.item() == pytest.approx(1 / 5)
+    assert out.clip_low.item() == pytest.approx(1 / 5)
+    assert out.clip_region.item() == pytest.approx(2 / 5)
+    logps = LOGPS.clone().requires_grad_()
+    grpo_loss(logps, OLD, None, ADV, MASK).loss.backward()
+    # a clipped token gets no gradient; the others -A w / tokens; padding none
+    w = torch.exp(LOGPS - OLD)
+    want = -ADV[:, None] * w / 5 * MASK
+    want[0, 0] = want[1, 1] = 0.0
+    torch.testing.assert_close(logps.grad, want)
+
+
+def test_on_policy_the_ratio_is_one_and_the_kl_is_zero_at_the_reference():
+    out = grpo_loss(LOGPS, None, LOGPS, ADV, MASK, beta=1.0)
+    assert out.kl.item() == 0.0 and out.clip_region.item() == 0.0
+    # w = 1: the loss is minus the mean advantage of the tokens
+    assert out.loss.item() == pytest.approx(-(3 * 1.0 + 2 * -1.0) / 5)
+    assert (kl_k3(LOGPS, REF) >= 0).all()
+
+
+def batch_normalised(rewards, group_size):
+    """Advantages against the whole batch's mean and std, not each group's."""
+    return (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+
+
+def no_zero_variance_guard(rewards, group_size):
+    """Each group's std with no epsilon: 0 / 0 for a group of equal rewards."""
+    grouped = rewards.view(-1, group_size)
+    mean, std = grouped.mean(1, keepdim=True), grouped.std(1, keepdim=True)
+    return ((grouped - mean) / std).view(-1)
+
+
+def test_advantages_are_per_group_and_never_nan():
+    rewards = torch.tensor([0.0, 1.0, 1.0, 1.0, 5.0, 6.0, 6.0, 6.0, 2.0, 2.0, 2.0, 2.0])
+    got = group_advantages(rewards, 4)
+    # each group by hand: mean 0.75 (5.75), unbiased std 0.5
+    one = torch.tensor([-0.75, 0.25, 0.25, 0.25]) / (0.5 + 1e-4)
+    torch.testing.assert_close(got, torch.cat([one, one, torch.zeros(4)]))
+    assert not torch.allclose(batch_normalised(rewards, 4), got, atol=1e-2)
+    assert no_zero_variance_guard(rewards, 4).isnan().any()
+    assert not got.isnan().any() and (got[8:] == 0).all()
+    # Dr. GRPO: the difference only, not divided by the std
+    torch.testing.assert_close(
+        group_advantages(rewards, 4, scale=False),
+        torch.cat([one * (0.5 + 1e-4), one * (0.5 + 1e-4), torch.zeros(4)]),
+    )
+    # eight rewards of 0.3: their float32 mean is not exactly 0.3, and (r - mean) /
+    # (std + 1e-4) would be 3e-4 (as TRL's is): smol's are exactly 0
+    assert (group_advantages(torch.full((16,), 0.3), 8) == 0).all()
+
+
+# --- bad inputs ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "rewards, group_size, error, says",
+    [
+        ([1.0, 2.0, 3.0], 1, ValueError, "at least 2, got 1: a group of one"),
+        ([1.0, 2.0, float("nan"), 0.0], 2, ValueError, "reward 2 is nan"),
+        ([1.0, float("inf"), 3.0, 0.0], 2, ValueError, "reward 1 is inf"),
+        ([1.0, 2.0, 3.0], 2, ValueError, "3 rewards do not split into groups of 2"),
+        ([[1.0, 2.0]], 2, ValueError, "shape (N,), got (1, 2)"),
+        ([1.0, 2.0], 2.0, TypeError, "group_size must be an int"),
+    ],
+)
+def test_bad_rewards_are_named(rewards, group_size, error, says):
+    with pytest.raises(error) as info:
+        group_advantages(torch.tensor(rewards), group_size)
+    assert says in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "change, says",
+    [
+        ({"completion_mask": MASK[:, :2]}, "tensors of one shape (B, T)"),
+        ({"old_logps": OLD[:1]}, "'old_logps': (1, 3)"),
+        ({"advantages": torch.ones(3)}, "advantages must have shape (B,) = (2,)"),
+        ({"loss_type": "ppo"}, "loss_type must be one of"),
+        ({"loss_type": "dr_grpo"}, "divides by max_completion_length"),
+        ({"ref_logps": None, "beta": 0.1}, "needs ref_logps"),
+        ({"importance_sampling_level": "word"}, "'token' or 'sequence'"),
+    ],
+)
+def test_bad_loss_inputs_are_named(change, says):
+    args = {
+        "logps": LOGPS,
+        "old_logps": OLD,
+        "ref_logps": REF,
+        "advantages": ADV,
+        "completion_mask": MASK,
+    }
+    args.update(change)
+    with pytest.raises(ValueError) as info:
+        grpo_loss(**args)
+    assert says in str(info.value)
+
+
+def test_completion_logprobs_refuses_mismatched_rows():
+    model = SmolLM(TINY)
+    prompt, completion = torch.ones(2, 3, dtype=torch.long), torch.ones(3, 2).long()
+    with pytest.raises(ValueError, match="2 prompts but 3 completions"):
+        completion_logprobs(model, prompt, prompt, completion, completion)
+    with pytest.raises(ValueError, match="completion_ids .* completion_mask"):
+        completion_logprobs(model, prompt, prompt, completion, completion[:, :1])
+    with pytest.raises(ValueError, match="temperature must be positive"):
+        completion_logprobs(model, prompt, prompt, prompt, prompt, temperature=0)
