@@ -1,0 +1,380 @@
+"""GRPO training: smol.grpo's loss on smol.train's Trainer. Each step draws a batch of
+questions from a task's training split (smol.tasks), samples group_size replies to
+each with the policy, scores every reply with reward functions, and trains on the
+replies that beat their group's mean (Shao et al., 2024). The command is `smol grpo`
+(smol/commands/grpo.py).
+
+A reward function takes (problem, reply) and returns a number; a reply's reward is
+the weighted sum of the functions' (task_rewards: 1 for a right answer, tasks.check,
+and format_weight for a reply that is a number only, tasks.well_formed). A reward
+function that raises or returns a number that is not finite stops the run with a
+RewardError that names it, the question and the reply, before that step changes a
+weight: a checker that fails once may be wrong unnoticed elsewhere.
+
+One update per batch: the replies come from the weights being trained, so the old
+log-probabilities are the current ones, detached (the ratio is 1 in value and no
+token is clipped). The sampler's random generator is part of a checkpoint's data
+state, so a resumed run samples the replies an uninterrupted one would have."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from smol import tasks
+from smol.dpo import adapters_off
+from smol.generate import generate
+from smol.grpo import (
+    LOSS_TYPES,
+    GRPOLoss,
+    completion_logprobs,
+    group_advantages,
+    grpo_loss,
+)
+from smol.sft import ConversationBatches
+from smol.tasks import Problem
+from smol.train import TrainConfig, Trainer
+
+Reward = Callable[[Problem, str], float]
+# what each step logs into the history, besides the loss
+LOGGED = ("reward", "equal_groups", "kl", "clip_ratio", "completion_length")
+TIMED = ("sample_s", "update_s")  # seconds spent sampling, and the rest of the step
+
+
+class RewardError(ValueError):
+    """A reward function raised or gave a number that is not finite."""
+
+
+def correct(problem: Problem, reply: str) -> float:
+    """1 when the reply's last number is the answer (tasks.check), else 0."""
+    return float(tasks.check(reply, problem.answer))
+
+
+def number_only(problem: Problem, reply: str) -> float:
+    """1 when the reply is one number and nothing else (tasks.well_formed), else 0."""
+    return float(tasks.well_formed(reply))
+
+
+def task_rewards(format_weight: float = 0.0) -> dict[str, tuple[Reward, float]]:
+    """{name: (function, weight)}: correct with weight 1, and number_only with
+    format_weight when it is not 0."""
+    rewards = {"correct": (correct, 1.0)}
+    if format_weight:
+        rewards["format"] = (number_only, float(format_weight))
+    return rewards
+
+
+def score(rewards: dict, problems: list[Problem], replies: list[str]) -> torch.Tensor:
+    """(N,) float32: each reply's weighted sum of rewards. A function that raises or
+    gives a value that is not a finite number is a RewardError naming it."""
+    if len(problems) != len(replies):
+        raise ValueError(f"{len(problems)} problems but {len(replies)} replies")
+    total = torch.zeros(len(replies))
+    for name, (function, weight) in rewards.items():
+        for i, (problem, reply) in enumerate(zip(problems, replies)):
+            where = f"on {problem.question!r} and the reply {reply[:60]!r}"
+            try:
+                value = float(function(problem, reply))
+            except Exception as e:
+                raise RewardError(
+                    f"reward {name!r} raised {type(e).__name__}: {e} {where}; "
+                    "stopping before this step trains"
+                ) from e
+            if not math.isfinite(value):
+                raise RewardError(
+                    f"reward {name!r} gave {value} {where}: not a finite number; "
+                    "stopping before this step trains"
+                )
+            total[i] += weight * value
+    return total
+
+
+def completion_mask(completion_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
+    """(B, T) -> (B, T) long: 1 on each completion's tokens up to and including its
+    first eos, 0 on the eos padding that generate writes after it."""
+    is_eos = (completion_ids == eos_id).long()
+    before = is_eos.cumsum(1) - is_eos  # (B, T): eos tokens strictly before
+    return (before == 0).long()
+
+
+@dataclasses.dataclass
+class Rollout:
+    """One batch of sampled replies, each prompt's group in consecutive rows."""
+
+    problems: list[Problem]  # (P,) the questions
+    prompt_ids: torch.Tensor  # (N, L) N = P * group_size, left-padded
+    prompt_mask: torch.Tensor  # (N, L)
+    completion_ids: torch.Tensor  # (N, T) eos after a reply's end
+    completion_mask: torch.Tensor  # (N, T) 1 up to and including the first eos
+    replies: list[str]  # (N,) the decoded replies
+    rewards: torch.Tensor  # (N,)
+    advantages: torch.Tensor  # (N,)
+
+
+class ProblemBatches(ConversationBatches):
+    """Endless batches of questions (lists of Problem) in a new random order each
+    epoch; the state is the position and the sampler's generator, which draws the
+    replies."""
+
+    def __init__(self, problems, batch_size, generator, **options):
+        super().__init__(problems, batch_size, pad_id=0, **options)
+        self.generator = generator
+
+    def collate(self, picked: list) -> list[Problem]:
+        return picked
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "sampler": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.generator.set_state(state["sampler"].cpu())
+
+
+class GRPOTrainer(Trainer):
+    """smol.train's Trainer with GRPO on a task of smol.tasks: `model` is the policy
+    (with LoRA adapters only they train). `reference`: the frozen model of the KL
+    term (beta > 0); None takes the policy with its adapters off. `rewards`: {name:
+    (function, weight)} (default task_rewards()). epsilon clips the ratio below,
+    epsilon_high above (default epsilon); loss_type is one of smol.grpo.LOSS_TYPES;
+    scale_rewards divides advantages by the group's std (False: Dr. GRPO). A prompt
+    and its reply must fit in config.seq_len tokens."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        model,
+        tokenizer,
+        task: str,
+        *,
+        group_size: int = 8,
+        beta: float = 0.04,
+        epsilon: float = 0.2,
+        epsilon_high: float | None = None,
+        loss_type: str = "dapo",
+        temperature: float = 1.0,
+        max_new_tokens: int = 24,
+        rewards: dict[str, tuple[Reward, float]] | None = None,
+        reference: nn.Module | None = None,
+        scale_rewards: bool = True,
+    ):
+        _check_int("group_size", group_size, 2, "a group of one has no one to beat")
+        _check_int("max_new_tokens", max_new_tokens, 1)
+        epsilon_high = epsilon if epsilon_high is None else epsilon_high
+        _check_number("epsilon", epsilon, 0)
+        _check_number("epsilon_high", epsilon_high, 0)
+        _check_number("temperature", temperature, 0)
+        _check_number("beta", beta, 0, strict=False)
+        if loss_type not in LOSS_TYPES:
+            raise ValueError(
+                f"loss_type must be one of {list(LOSS_TYPES)}, got {loss_type!r}"
+            )
+        self.rewards = task_rewards() if rewards is None else _check_rewards(rewards)
+        if reference is None and beta > 0:
+            with adapters_off(model):  # raises without adapters
+                pass
+        elif reference is not None and reference.config != model.config:
+            raise ValueError(
+                "the reference model's config differs from the policy's: the KL "
+                "term compares the two on the same tokens"
+            )
+        self.group_size, self.max_new_tokens = group_size, max_new_tokens
+        self.beta, self.epsilon, self.epsilon_high = beta, epsilon, epsilon_high
+        self.loss_type, self.temperature = loss_type, temperature
+        self.scale_rewards, self.task, self.tokenizer = scale_rewards, task, tokenizer
+        super().__init__(config, model=model)
+        self.reference = reference
+        if reference is not None:
+            self.reference = reference.to(self.device).eval().requires_grad_(False)
+        for name in (*LOGGED, *TIMED, "val_accuracy"):
+            self.history.setdefault(name, [])
+        # the most completion tokens a step samples (the progress bar's tokens/s)
+        self.tokens_per_step = (
+            config.batch_size * group_size * max_new_tokens * config.grad_accum
+        )
+        self.last_rollout: Rollout | None = None
+        self._logs: list[torch.Tensor] = []  # this step's micro-batches'
+        self._pending_logs: list[tuple[torch.Tensor, float, float]] = []
+        self._sample_s = 0.0
+
+    def _load_data(self, train_tokens=None, val_tokens=None) -> None:
+        cfg, tokenizer = self.cfg, self.tokenizer
+        if tokenizer.eos_token_id is None:
+            raise ValueError("the tokenizer has no eos token: replies could not end")
+        pool = tasks.pool(self.task, "train")  # raises for an unknown task
+        self.problems = tasks.problems(self.task, "train", len(pool), cfg.seed)
+        held_out = len(tasks.pool(self.task, "held_out"))
+        n = min(cfg.eval_batches * cfg.batch_size, held_out)
+        self.held_out = tasks.problems(self.task, "held_out", n, cfg.seed)
+        longest = max(len(self._prompt_ids(p)) for p in self.problems)
+        if longest + self.max_new_tokens > cfg.seq_len:
+            raise ValueError(
+                f"the longest prompt of {self.task} ({longest} tokens) and "
+                f"max_new_tokens {self.max_new_tokens} do not fit in seq_len "
+                f"{cfg.seq_len}"
+            )
+        generator = torch.Generator(self.device).manual_seed(cfg.seed)
+        self.train_batches = ProblemBatches(
+            self.problems,
+            cfg.batch_size,
+            generator,
+            seed=cfg.seed,
+            rank=self.rank,
+            world_size=self.world_size,
+        )
+
+    def _prompt_ids(self, problem: Problem) -> list[int]:
+        return self.tokenizer.encode(
+            self.tokenizer.apply_chat_template(problem.messages())
+        )
+
+    @torch.no_grad()
+    def rollout(self, problems: list[Problem]) -> Rollout:
+        """group_size sampled replies to each question, scored, with advantages."""
+        G, eos = self.group_size, self.tokenizer.eos_token_id
+        start = time.perf_counter()
+        prompts = [self.tokenizer.apply_chat_template(p.messages()) for p in problems]
+        ids, mask = self.tokenizer.batch_encode(prompts, device=self.device)  # (P, L)
+        ids, mask = ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)  # (N, L)
+        with self.autocast():
+            out = generate(
+                self.model,
+                ids,
+                self.max_new_tokens,
+                temperature=self.temperature,
+                attention_mask=mask,
+                eos_token_id=eos,
+                generator=self.train_batches.generator,
+            )  # (N, L + T)
+        completion = out[:, ids.shape[1] :]  # (N, T)
+        replies = self.tokenizer.batch_decode(completion.tolist(), True)
+        self._sample_s += time.perf_counter() - start
+        rows = [p for p in problems for _ in range(G)]
+        rewards = score(self.rewards, rows, replies).to(self.device)  # (N,)
+        advantages = group_advantages(rewards, G, self.scale_rewards)
+        c_mask = completion_mask(completion, eos)
+        return Rollout(
+            problems, ids, mask, completion, c_mask, replies, rewards, advantages
+        )
+
+    def rollout_loss(self, model, rollout: Rollout) -> GRPOLoss:
+        """GRPO's loss of a rollout, the policy run through `model` (the training
+        wrapper of self.model, or self.model)."""
+        r = rollout
+        batch = (r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
+        with self.autocast():
+            logps = completion_logprobs(model, *batch, self.temperature)  # (N, T)
+            ref = None
+            if self.beta:
+                with torch.no_grad():
+                    ref = self._reference_logprobs(batch)  # (N, T)
+        return grpo_loss(
+            logps,
+            None,  # one update per batch: the sampling policy is this one
+            ref,
+            r.advantages,
+            r.completion_mask,
+            loss_type=self.loss_type,
+            epsilon_low=self.epsilon,
+            epsilon_high=self.epsilon_high,
+            beta=self.beta,
+            max_completion_length=self.max_new_tokens,
+        )
+
+    def _reference_logprobs(self, batch) -> torch.Tensor:
+        if self.reference is not None:
+            return completion_logprobs(self.reference, *batch, self.temperature)
+        with adapters_off(self.model):
+            return completion_logprobs(self.model, *batch, self.temperature)
+
+    def batch_loss(self, batch: list[Problem]) -> torch.Tensor:
+        rollout = self.rollout(batch)
+        out = self.rollout_loss(self.train_model, rollout)
+        self.last_rollout = rollout
+        groups = rollout.rewards.view(-1, self.group_size)  # (P, G)
+        equal = (groups == groups[:, :1]).all(1).float().mean()
+        length = rollout.completion_mask.sum(1).float().mean()
+        logs = (rollout.rewards.mean(), equal, out.kl, out.clip_region, length)
+        self._logs.append(torch.stack([t.float() for t in logs]))
+        return out.loss
+
+    def train_step(self) -> torch.Tensor:
+        start, self._sample_s = time.perf_counter(), 0.0
+        loss = super().train_step()
+        logs = torch.stack(self._logs).mean(0)  # (5,) over micro-batches
+        self._logs = []
+        if self.world_size > 1:
+            dist.all_reduce(logs)
+            logs /= self.world_size
+        if self.device.type == "cuda":
+            torch.cuda.synchronize()
+        spent = time.perf_counter() - start
+        self._pending_logs.append((logs, self._sample_s, spent - self._sample_s))
+        return loss
+
+    def _read_back(self, pending, due, caught) -> bool:
+        stop = super()._read_back(pending, due, caught)
+        for logs, sample_s, update_s in self._pending_logs:
+            for name, value in zip(LOGGED, logs.tolist()):
+                self.history[name].append(value)
+            self.history["sample_s"].append(sample_s)
+            self.history["update_s"].append(update_s)
+        self._pending_logs = []
+        return stop
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """The share of the held-out questions (eval_batches * batch_size of them, the
+        same each time) whose greedy reply is wrong: the run's validation loss; the
+        accuracy goes into history["val_accuracy"]."""
+        replies = tasks.answer(
+            self.model,
+            self.tokenizer,
+            self.held_out,
+            max_new_tokens=self.max_new_tokens,
+            batch_size=self.cfg.batch_size * self.group_size,
+        )
+        right = [tasks.check(r[0], p.answer) for p, r in zip(self.held_out, replies)]
+        accuracy = sum(right) / len(right)
+        self.history["val_accuracy"].append(accuracy)
+        return 1.0 - accuracy
+
+
+def _real(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_number(name: str, value, least: float, strict: bool = True) -> None:
+    ok = _real(value) and math.isfinite(value)
+    if not (ok and (value > least if strict else value >= least)):
+        sign = ">" if strict else ">="
+        raise ValueError(
+            f"{name} must be a finite number {sign} {least}, got {value!r}"
+        )
+
+
+def _check_int(name: str, value, least: int, why: str = "") -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < least:
+        why = f": {why}" if why else ""
+        raise ValueError(f"{name} must be an int >= {least}, got {value!r}{why}")
+
+
+def _check_rewards(rewards) -> dict:
+    """{name: (function, weight)}, each function callable and each weight finite."""
+    if not isinstance(rewards, dict) or not rewards:
+        raise ValueError(f"rewards must be a non-empty dict, got {rewards!r}")
+    for name, entry in rewards.items():
+        pair = isinstance(entry, tuple) and len(entry) == 2
+        if not (pair and callable(entry[0]) and _real(entry[1])) or not math.isfinite(
+            entry[1]
+        ):
+            raise ValueError(
+                f"reward {name!r} must be (function, finite weight), got {entry!r}"
+            )
+    return dict(rewards)
