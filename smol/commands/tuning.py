@@ -1,8 +1,8 @@
-"""What `smol finetune` and `smol dpo` share: the options of a run that tunes a
-loaded model (LoRA's, the schedule's, resuming), the checks on its output folder and
-on a resume's settings, loading the model and putting LoRA on it, the report of the
-examples left out for length, the run itself from start to the merged model (and the
-adapter) written."""
+"""What `smol finetune`, `smol dpo` and `smol grpo` share: the options of a run that
+tunes a loaded model (LoRA's, the schedule's, resuming), the checks on its output
+folder and on a resume's settings, loading the model and putting LoRA on it, the
+report of the examples left out for length, the run itself from start to the merged
+model (and the adapter) written."""
 
 from __future__ import annotations
 
@@ -88,15 +88,22 @@ def add_model_options(p: argparse.ArgumentParser, out: str) -> None:
 
 
 def add_run_options(
-    p: argparse.ArgumentParser, examples: str, lrs: tuple[float, float]
+    p: argparse.ArgumentParser,
+    examples: str,
+    lrs: tuple[float, float],
+    max_len: str | None = None,
 ) -> None:
     """The schedule's options, the device's, resuming and overwriting; `lrs` are the
-    default peak learning rates with LoRA and without."""
+    default peak learning rates with LoRA and without; `max_len` the help of
+    --max-len (default: tokens per `examples`, truncated)."""
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument(
-        "--max-len", type=int, default=512, help=f"tokens per {examples} (truncated)"
+        "--max-len",
+        type=int,
+        default=512,
+        help=max_len or f"tokens per {examples} (truncated)",
     )
     p.add_argument(
         "--lr",
@@ -260,11 +267,14 @@ def resolved(model: str | None) -> str | None:
 
 def run_settings(args) -> dict:
     """What a resume must keep besides TrainConfig's settings: the model, the data
-    (its files' sha256) and LoRA's settings."""
+    (its files' sha256, for a command that reads --data) and LoRA's settings."""
+    files = {}
+    if hasattr(args, "data"):
+        files["data"] = file_sha256(Path(args.data))
+        files["val_data"] = file_sha256(Path(args.val_data)) if args.val_data else None
     return {
         "model": resolved(args.model),
-        "data": file_sha256(Path(args.data)),
-        "val_data": file_sha256(Path(args.val_data)) if args.val_data else None,
+        **files,
         "lora_r": args.lora_r,
         "lora_alpha": args.lora_alpha,
         "lora_dropout": args.lora_dropout,
