@@ -13,6 +13,7 @@ VERBS = {
     "train": "train a SmolLM from scratch (torchrun -m smol train for DDP)",
     "finetune": "fine-tune on conversations, fully or with LoRA",
     "dpo": "tune a model to prefer the chosen reply of each pair (DPO)",
+    "grpo": "tune a model on a task's questions by rewarding right answers (GRPO)",
     "eval": "measure a model on MMLU and the card's benchmarks, or compare two runs",
     "export": "write a model as a GGUF file",
     "grade": "grade exercise notebooks, or a class's submissions",
