@@ -26,6 +26,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
+from tqdm.auto import tqdm
 
 from smol import tasks
 from smol.dpo import adapters_off
@@ -171,6 +172,10 @@ class GRPOTrainer(Trainer):
         _check_number("epsilon_high", epsilon_high, 0)
         _check_number("temperature", temperature, 0)
         _check_number("beta", beta, 0, strict=False)
+        if task not in tasks.TASKS:
+            raise ValueError(
+                f"unknown task {task!r}: expected one of {list(tasks.TASKS)}"
+            )
         if loss_type not in LOSS_TYPES:
             raise ValueError(
                 f"loss_type must be one of {list(LOSS_TYPES)}, got {loss_type!r}"
@@ -207,9 +212,9 @@ class GRPOTrainer(Trainer):
         cfg, tokenizer = self.cfg, self.tokenizer
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no eos token: replies could not end")
-        pool = tasks.pool(self.task, "train")  # raises for an unknown task
-        self.problems = tasks.problems(self.task, "train", len(pool), cfg.seed)
-        held_out = len(tasks.pool(self.task, "held_out"))
+        # every training question, in an order of the seed's; the batches reshuffle
+        train, held_out = (len(tasks.pool(self.task, s)) for s in tasks.SPLITS)
+        self.problems = tasks.problems(self.task, "train", train, cfg.seed)
         n = min(cfg.eval_batches * cfg.batch_size, held_out)
         self.held_out = tasks.problems(self.task, "held_out", n, cfg.seed)
         longest = max(len(self._prompt_ids(p)) for p in self.problems)
@@ -326,6 +331,14 @@ class GRPOTrainer(Trainer):
             self.history["sample_s"].append(sample_s)
             self.history["update_s"].append(update_s)
         self._pending_logs = []
+        if self.is_main and self.cfg.progress:
+            h = self.history
+            tqdm.write(
+                f"step {self.step}: reward {h['reward'][-1]:.3f}, equal groups "
+                f"{h['equal_groups'][-1]:.2f}, kl {h['kl'][-1]:.4f}, reply length "
+                f"{h['completion_length'][-1]:.1f}, sampling "
+                f"{h['sample_s'][-1]:.1f} s, update {h['update_s'][-1]:.1f} s"
+            )
         return stop
 
     @torch.no_grad()

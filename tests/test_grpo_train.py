@@ -241,9 +241,10 @@ def _first_eos(model, tokenizer, problem) -> float:
 
 
 def test_a_few_steps_raise_the_reward_and_evaluation_counts_right_replies(
-    tokenizer, tmp_path, monkeypatch
+    tokenizer, tmp_path, monkeypatch, capsys
 ):
     train = {"steps": 10, "batch_size": 4, "lr": 1e-2, "min_lr": 1e-2}
+    train |= {"log_every": 5, "progress": True}
     trainer = lora_trainer(tokenizer, tmp_path, lora=False, train=train, beta=0.0)
     question = tasks.problems("add", "held_out", 1)[0]
     before = _first_eos(trainer.model, tokenizer, question)
@@ -252,6 +253,13 @@ def test_a_few_steps_raise_the_reward_and_evaluation_counts_right_replies(
     assert _first_eos(trainer.model, tokenizer, question) > before + 0.2
     assert sum(history["reward"][-3:]) > sum(history["reward"][:3])
     assert all(0 <= s <= 1 for s in history["equal_groups"])
+    # each log step's line: the last of its steps' numbers
+    lines = [x for x in capsys.readouterr().out.splitlines() if x.startswith("step")]
+    assert [x.split(":")[0] for x in lines] == ["step 5", "step 10"]
+    reward, equal = history["reward"][-1], history["equal_groups"][-1]
+    assert lines[1].startswith(
+        f"step 10: reward {reward:.3f}, equal groups {equal:.2f}"
+    )
     # held-out accuracy, greedy: here the replies of a stand-in that is right twice
     held_out = trainer.held_out
     right = {p.question for p in held_out[:2]}
