@@ -1,10 +1,14 @@
 """What a set of multiple-choice verdicts (smol.evaluate's Results) says: accuracy and
 normalised accuracy with their 95% Wilson intervals, per subject, and whether two runs
-on the same questions differ (the sign test over the verdicts that changed)."""
+on the same questions differ (the sign test over the verdicts that changed); and, for
+sampled replies, pass@k (Chen et al., 2021) averaged over problems with a bootstrap
+interval."""
 
 from __future__ import annotations
 
 import math
+import numbers
+import random
 from collections import defaultdict
 
 from smol.evaluate import Result
@@ -77,4 +81,69 @@ def paired(before: dict, after: dict) -> dict:
         "lost": lost,
         "gained": gained,
         "p": sign_test(lost, gained),
+    }
+
+
+def _count(name: str, value) -> int:
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if value < 0:
+        raise ValueError(f"{name} must be >= 0, got {value}")
+    return int(value)
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The chance that at least one of k replies drawn without replacement from n
+    sampled replies, c of them right, is right: 1 - C(n - c, k) / C(n, k), the
+    unbiased estimator of pass@k (Chen et al., 2021), as their product
+    1 - prod_{i = n-c+1}^{n} (1 - k / i), which neither overflows nor divides huge
+    numbers. (1 - (1 - c/n)^k, drawing with replacement, is biased.)"""
+    n, c, k = _count("n", n), _count("c", c), _count("k", k)
+    if k < 1:
+        raise ValueError("k must be >= 1: pass@0 is not defined")
+    if k > n:
+        raise ValueError(f"k = {k} > n = {n}: k replies cannot be drawn from {n}")
+    if c > n:
+        raise ValueError(f"c = {c} > n = {n}: more right replies than replies")
+    if n - c < k:
+        return 1.0  # every k-subset holds a right reply
+    return 1.0 - math.prod(1.0 - k / i for i in range(n - c + 1, n + 1))
+
+
+def mean_pass_at_k(
+    counts: list[tuple[int, int]],
+    k: int,
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict:
+    """pass@k averaged over problems, each given as (n replies, c right), with a
+    percentile bootstrap interval: the problems are drawn again with replacement
+    `resamples` times (random.Random(seed): the same interval every run), and the
+    interval holds the middle `level` of the resampled means. The per-problem
+    estimates carry the sampling of replies too, so the interval covers both. When
+    every problem has the same estimate (all 0 or all 1) the interval is that point:
+    the bootstrap sees nothing beyond its data; report the problems' count beside it."""
+    if not counts:
+        raise ValueError("counts is empty: no problem to average over")
+    if not 0 < level < 1:
+        raise ValueError(f"level must be in (0, 1), got {level!r}")
+    if not isinstance(resamples, int) or isinstance(resamples, bool) or resamples < 1:
+        raise ValueError(f"resamples must be a positive int, got {resamples!r}")
+    estimates = []
+    for i, (n, c) in enumerate(counts):
+        try:
+            estimates.append(pass_at_k(n, c, k))
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"problem {i}: {e}") from None
+    m, rng = len(estimates), random.Random(seed)
+    means = sorted(sum(rng.choices(estimates, k=m)) / m for _ in range(resamples))
+    tail = (1 - level) / 2
+    return {
+        "problems": m,
+        "k": k,
+        "pass_at_k": sum(estimates) / m,
+        "ci_low": means[round(tail * (resamples - 1))],
+        "ci_high": means[round((1 - tail) * (resamples - 1))],
     }
