@@ -170,6 +170,11 @@ PRESETS: dict[str, SmolConfig] = {
 }
 
 
+# the smallest temperature but 0: below it logits / temperature overflow float32 for
+# logits in the hundreds, and sampling is greedy in all but name
+MIN_TEMPERATURE = 1e-6
+
+
 @dataclass(frozen=True)
 class GenerationConfig:
     """How smol.generate.generate continues a text, each field checked once, here.
@@ -193,6 +198,11 @@ class GenerationConfig:
         number = isinstance(t, numbers.Real) and not isinstance(t, bool)
         _require(
             number and 0 <= t < math.inf, "temperature must be a finite number >= 0", t
+        )
+        _require(
+            not 0 < t < MIN_TEMPERATURE,
+            f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}",
+            t,
         )
         _require(
             k is None or _is_int(k) and k >= 1,

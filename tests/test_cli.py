@@ -100,6 +100,17 @@ INT4_DRAFT = ["generate", "Hi", "--speculative", "4", "--draft", "int4"]
         (["chat", "--compile"], "--compile works for one message, not the interactive"),
         (["generate", "Hi", "--threads", "0"], "--threads must be >= 1, got 0"),
         (["chat", "Hi", "--threads", "-2"], "--threads must be >= 1, got -2"),
+        (
+            ["generate", "Hi", "--temperature", "1e-320"],
+            "--temperature must be 0 (greedy) or at least 1e-06, got 1e-320",
+        ),
+        (
+            ["generate", "Hi", "--seed", str(2**64)],
+            f"--seed must lie in [0, 2**64 - 1], got {2**64}",
+        ),
+        (["chat", "Hi", "--seed", "-1"], "--seed must lie in [0, 2**64 - 1], got -1"),
+        (["generate", "Hi", "--source", ""], "--source is empty"),
+        (["chat", "Hi", "--system", " "], "--system is empty"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(argv, message, capsys, monkeypatch):

@@ -438,6 +438,11 @@ def test_kv_cache_names_bad_arguments(args, error, says):
         (dict(max_new_tokens=-1), ValueError, "max_new_tokens must be >= 0, got -1"),
         (dict(temperature="1"), ValueError, "temperature must be a finite .*, got '1'"),
         (dict(temperature=float("nan")), ValueError, "temperature must .*, got nan"),
+        (
+            dict(temperature=1e-320),
+            ValueError,
+            r"temperature must be 0 \(greedy\) or at least 1e-06, got 1e-320",
+        ),
         (dict(top_k=0), ValueError, "top_k must be a positive int or None, got 0"),
         (dict(top_k=2.0), ValueError, "top_k must be a positive int or None, got 2.0"),
         (dict(top_p=1.01), ValueError, r"top_p must lie in \[0, 1\] .*, got 1.01"),

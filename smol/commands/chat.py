@@ -40,6 +40,11 @@ def _parse(argv):
     args = build_parser().parse_args(argv)
     if args.message is not None and not args.message.strip():
         raise UsageError("the message is empty (leave it out for an interactive chat)")
+    if args.system is not None and not args.system.strip():
+        raise UsageError(
+            "--system is empty: give a system prompt, or leave it out for the "
+            "template's own"
+        )
     check_options(args)
     if args.message is None:
         for flag in ("speculative", "compile"):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from smol.commands.common import Parser, UsageError, parser, run
-from smol.config import GenerationConfig
+from smol.config import MIN_TEMPERATURE, GenerationConfig
 from smol.generate import DecodingPath, decoding_path
 
 
@@ -123,6 +123,17 @@ def check_options(args) -> None:
         raise UsageError(
             f"--temperature must be a finite number >= 0, got {args.temperature}"
         )
+    if 0 < args.temperature < MIN_TEMPERATURE:
+        raise UsageError(
+            f"--temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, "
+            f"got {args.temperature}"
+        )
+    check_seed(args.seed)
+    if args.source is not None and not args.source.strip():
+        raise UsageError(
+            "--source is empty: give a .gguf file, a model folder or a hub id, or "
+            "leave it out for the bundled weights"
+        )
     if args.top_k is not None and args.top_k < 1:
         raise UsageError(f"--top-k must be >= 1, got {args.top_k}")
     if args.top_p is not None and not 0 < args.top_p <= 1:
@@ -151,6 +162,13 @@ def check_options(args) -> None:
         raise UsageError("--quantize int8 takes --dtype float32 or bfloat16")
     if args.device is not None:
         _check_device(args.device)
+
+
+def check_seed(seed: int | None, flag: str = "--seed") -> None:
+    """A seed torch.Generator takes: a whole number from 0 to 2**64 - 1 (None: no
+    seed)."""
+    if seed is not None and not 0 <= seed < 2**64:
+        raise UsageError(f"{flag} must lie in [0, 2**64 - 1], got {seed}")
 
 
 def _check_int4_draft(args) -> None:
