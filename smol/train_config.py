@@ -153,6 +153,8 @@ def _check_counts(c: TrainConfig) -> None:
     for name in NON_NEGATIVE_INTS:
         if not _is_int(value := getattr(c, name)) or value < 0:
             raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    if c.seed >= 2**64:  # torch.manual_seed's limit
+        raise ValueError(f"seed must lie in [0, 2**64 - 1], got {c.seed}")
     for name in FLAGS:
         if not isinstance(value := getattr(c, name), bool):
             raise ValueError(f"{name} must be True or False, got {value!r}")
@@ -220,6 +222,11 @@ def _check_run_folder(c: TrainConfig) -> None:
 def _check_model(c: TrainConfig) -> None:
     if not isinstance(c.sample_prompt, str):
         raise ValueError(f"sample_prompt must be a str, got {c.sample_prompt!r}")
+    if not c.sample_prompt and c.sample_tokens:
+        raise ValueError(
+            "sample_prompt is empty: give a text for the samples to continue, or "
+            "sample_tokens=0 for none"
+        )
     if c.preset is None:  # the Trainer checks seq_len against the model it is given
         return
     context = c.model_config().max_position_embeddings

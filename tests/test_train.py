@@ -1020,6 +1020,8 @@ def test_settings_are_checked_when_the_config_is_made(tmp_path, bad, says):
         (["--lr", "-1"], "lr must be a positive number"),
         (["--warmup-steps", "400"], r"warmup_steps \(400\) must lie in \[0, steps"),
         (["--steps", "ten"], "argument --steps: invalid int value: 'ten'"),
+        (["--sample-prompt", ""], "sample_prompt is empty: give a text"),
+        (["--seed", str(2**64)], rf"seed must lie in \[0, 2\*\*64 - 1\], got {2**64}"),
     ],
 )
 def test_cli_usage_errors_are_one_line_and_exit_status_2(tmp_path, capsys, args, says):
