@@ -83,6 +83,7 @@ def test_another_reference_is_used_and_one_of_another_config_refused(
         (["--beta", "nan"], "--beta must be a positive number"),
         (["--out", "{model}"], "is the model being tuned"),
         (["--reference", "{out}"], "is the reference model"),
+        (["--reference", ""], "--reference is empty: name a .gguf file"),
         *tuning.USAGE_ERRORS,
     ],
 )

@@ -404,6 +404,8 @@ def test_max_len_is_checked_against_the_loaded_models_context(base, tmp_path, ca
         (["--lora-r", "-1"], "--lora-r must be >= 0"),
         (["--out", ""], "--out is empty"),
         (["--out", "{model}"], "is the model being fine-tuned"),
+        (["--data", ""], "--data is empty: name a JSONL file"),
+        (["--val-data", " "], "--val-data is empty: name a JSONL file"),
         *tuning.USAGE_ERRORS,
     ],
 )

@@ -63,6 +63,8 @@ USAGE_ERRORS = [
     (["--lora-r", "0", "--lora-alpha", "4"], "--lora-alpha set LoRA, but --lora-r 0"),
     (["--resume", "--overwrite"], "resume and overwrite exclude each other"),
     (["--steps", "0"], "steps must be a positive int"),
+    (["--model", ""], "--model is empty: name a .gguf file, a folder or a hub id"),
+    (["--seed", str(2**64)], r"seed must lie in \[0, 2\*\*64 - 1\]"),
 ]
 
 

@@ -134,9 +134,22 @@ def add_run_options(
     )
 
 
+# options that may not be empty strings, and what to give instead
+EMPTY = (
+    ("data", "name a JSONL file"),
+    ("val_data", "name a JSONL file, or leave it out"),
+    ("model", "name a .gguf file, a folder or a hub id, or leave it out"),
+    ("reference", "name a .gguf file, a folder or a hub id, or leave it out"),
+)
+
+
 def check_model_args(args, tuned: str = "the model being fine-tuned") -> None:
     """Refuse LoRA settings that cannot work and an --out that is the model (a
     UsageError: exit status 2); fill in LoRA's defaults."""
+    for name, wanted in EMPTY:
+        value = getattr(args, name, None)
+        if value is not None and not value.strip():
+            raise UsageError(f"--{name.replace('_', '-')} is empty: {wanted}")
     if args.lora_r < 0:
         raise UsageError(
             f"--lora-r must be >= 0 (0: full fine-tuning), got {args.lora_r}"
