@@ -405,6 +405,8 @@ def test_max_len_is_checked_against_the_loaded_models_context(base, tmp_path, ca
         (["--out", ""], "--out is empty"),
         (["--out", "{model}"], "is the model being fine-tuned"),
         (["--data", ""], "--data is empty: name a JSONL file"),
+        (["--lora-targets", ""], "--lora-targets '' holds an empty name: give"),
+        (["--lora-targets", "q_proj,,v_proj"], "'q_proj,,v_proj' holds an empty name"),
         (["--val-data", " "], "--val-data is empty: name a JSONL file"),
         *tuning.USAGE_ERRORS,
     ],

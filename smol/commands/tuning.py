@@ -168,13 +168,20 @@ def check_model_args(args, tuned: str = "the model being fine-tuned") -> None:
         if args.lora_alpha is None:
             args.lora_alpha = 2.0 * args.lora_r
         args.lora_dropout = args.lora_dropout or 0.0
-        names = (args.lora_targets or ",".join(TARGETS)).split(",")
+        names = TARGETS
+        if args.lora_targets is not None:
+            names = [name.strip() for name in args.lora_targets.split(",")]
+            if not all(names):
+                raise UsageError(
+                    f"--lora-targets {args.lora_targets!r} holds an empty name: give "
+                    f"comma-separated names from {','.join(TARGETS)}"
+                )
         try:
             targets = check_settings(
                 args.lora_r,
                 args.lora_alpha,
                 args.lora_dropout,
-                [t.strip() for t in names],
+                list(names),
             )
         except ValueError as e:
             raise UsageError(str(e)) from None
