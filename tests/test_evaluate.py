@@ -340,6 +340,45 @@ def test_the_command_line_compares_two_runs(tmp_path, capsys):
     assert "share no question" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("", "holds no questions"),
+        ("question,subject\n0,x\n", "has no 'correct normalised' column"),
+        (
+            "question,correct,correct normalised\nzero,1,1\n",
+            "line 2: expected a question number and a verdict of 0 or 1, got 'zero'",
+        ),
+        ("question,correct,correct normalised\n0,1,yes\n", "got '0' and 'yes'"),
+        (b"question,correct,correct normalised\n0,1,1,caf\xe9\n", "is not UTF-8"),
+    ],
+)
+def test_compare_names_a_hand_edited_run_file(tmp_path, capsys, text, says):
+    write_run(tmp_path / "base", {0: (1, 1)})
+    (tmp_path / "edited").mkdir()
+    edited = tmp_path / "edited" / "mmlu_questions.csv"
+    if isinstance(text, bytes):
+        edited.write_bytes(text)
+    else:
+        edited.write_text(text, encoding="utf-8")
+    argv = ["compare", str(tmp_path / "base"), str(tmp_path / "edited")]
+    assert eval_cli.main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{edited}" in err and says in err, err
+
+
+def test_compare_adds_its_row_to_no_other_file(tmp_path, capsys):
+    write_run(tmp_path / "base", {0: (1, 1)})
+    notes = tmp_path / "notes.csv"
+    notes.write_text("my,own\n1,2\n", encoding="utf-8")
+    base = str(tmp_path / "base")
+    for target, says in ((notes, "holds something other"), (tmp_path, "folder")):
+        assert eval_cli.main(["compare", base, base, "--csv", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "--csv" in err and says in err, err
+    assert notes.read_text(encoding="utf-8") == "my,own\n1,2\n"
+
+
 def test_the_wilson_interval():
     low, high = stats.wilson_interval(0, 10)
     assert low == pytest.approx(0.0, abs=1e-12) and high == pytest.approx(

@@ -331,8 +331,49 @@ def verdicts(path: Path, by: str) -> dict[int, bool]:
     if not path.is_file():
         raise UsageError(f"no such file: {path} (written by mmlu --out)")
     column = "correct normalised" if by == "normalised" else "correct"
-    with open(path, newline="", encoding="utf-8") as f:
-        return {int(r["question"]): r[column] == "1" for r in csv.DictReader(f)}
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path} is not UTF-8 text ({e.reason})") from None
+    if not rows:
+        raise ValueError(f"{path} holds no questions (written by mmlu --out)")
+    found: dict[int, bool] = {}
+    for line, row in enumerate(rows, start=2):
+        number, verdict = row.get("question"), row.get(column)
+        if number is None or verdict is None:
+            raise ValueError(
+                f"{path} has no {'question' if number is None else column!r} "
+                "column (written by mmlu --out)"
+            )
+        if not number.isdigit() or verdict not in ("0", "1"):
+            raise ValueError(
+                f"{path}, line {line}: expected a question number and a verdict of "
+                f"0 or 1, got {number!r} and {verdict!r}"
+            )
+        found[int(number)] = verdict == "1"
+    return found
+
+
+COMPARISON = (
+    "before,after,by,questions,before (%),after (%),right to wrong,wrong to right,"
+    "sign test p"
+)  # the header of compare's --csv
+
+
+def check_comparisons(path: Path | None) -> None:
+    """--csv: new, or a CSV of earlier comparisons, which a row is added to."""
+    if path is None or not path.exists():
+        return
+    if path.is_dir():
+        raise UsageError(f"--csv must be a file, got the folder {path}")
+    with open(path, "rb") as f:
+        first = f.readline().rstrip(b"\r\n")
+    if first != COMPARISON.encode():
+        raise UsageError(
+            f"--csv {path} holds something other than earlier comparisons: give a "
+            "new file, or one that compare wrote"
+        )
 
 
 def compare(args) -> None:
@@ -363,6 +404,8 @@ def _parse(argv) -> argparse.Namespace:
     if args.task != "compare":
         check_args(args)
         check_out(args)
+    else:
+        check_comparisons(args.csv)
     return args
 
 
