@@ -111,6 +111,10 @@ INT4_DRAFT = ["generate", "Hi", "--speculative", "4", "--draft", "int4"]
         (["chat", "Hi", "--seed", "-1"], "--seed must lie in [0, 2**64 - 1], got -1"),
         (["generate", "Hi", "--source", ""], "--source is empty"),
         (["chat", "Hi", "--system", " "], "--system is empty"),
+        (
+            ["grpo", "--task", "add", "--temperature", "1e-320"],
+            "--temperature must be at least 1e-06, got 1e-320",
+        ),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(argv, message, capsys, monkeypatch):

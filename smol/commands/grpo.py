@@ -34,6 +34,7 @@ from smol.commands.tuning import (
     trained_parameters,
     tune,
 )
+from smol.config import MIN_TEMPERATURE
 from smol.grpo import LOSS_TYPES
 from smol.grpo_train import GRPOTrainer, task_rewards
 from smol.tasks import TASKS
@@ -108,6 +109,11 @@ def _parse_args(argv) -> tuple[argparse.Namespace, TrainConfig]:
         ("--format-weight", args.format_weight, None),
     ):
         _check_number(flag, value, least)
+    if args.temperature < MIN_TEMPERATURE:
+        raise UsageError(
+            f"--temperature must be at least {MIN_TEMPERATURE:g}, got "
+            f"{args.temperature}"
+        )
     if args.beta < 0:
         raise UsageError(f"--beta must be >= 0, got {args.beta}")
     if args.loss_type not in LOSS_TYPES:
