@@ -1,0 +1,697 @@
+"""A survey of the commands' answers to bad input: each case runs `smol VERB ...` in
+this process on files made in a temporary folder, and is classed
+
+    clear   one line on stderr, the exit status expected, naming what was wrong
+    raw     a traceback, another status, or a message that does not name the input
+    silent  accepted (exit status 0) where it should have been refused
+    lost    a file the user had was changed or deleted
+
+    python -m tests.bad_inputs            # every case (minutes: a case that is
+                                          # accepted may load the bundled weights)
+    python -m tests.bad_inputs -k export  # the cases whose command line holds K
+
+It prints a table (command, input, class, the message's first line) and the totals;
+its exit status is 1 when any case is not clear. A case still running after LIMIT
+seconds counts as silent: it went to work on the bad input."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+Argv = list[str] | Callable[[Path], list[str]]
+HUGE = str(2**70)  # a seed past 64 bits
+
+
+@dataclass
+class Case:
+    verb: str
+    argv: Argv  # the arguments after the verb; a function of the files' folder
+    expect: int = 2  # the exit status
+    says: str = ""  # what the message must name (lower case)
+    keep: str | None = None  # a file under the folder that must survive unchanged
+    about: str = ""  # the input, for the table (default: the arguments)
+
+    def args(self, root: Path) -> list[str]:
+        return self.argv(root) if callable(self.argv) else list(self.argv)
+
+
+@dataclass
+class Outcome:
+    case: Case
+    kind: str
+    status: int | None
+    message: str
+    shown: str = field(default="")
+
+
+def conversation(q: str = "Hi", a: str = "Hello") -> dict:
+    return {
+        "messages": [
+            {"role": "user", "content": q},
+            {"role": "assistant", "content": a},
+        ]
+    }
+
+
+PAIR = {"prompt": "Say hi", "chosen": "Hi", "rejected": "Go away"}
+
+
+def make_files(root: Path) -> None:
+    """The inputs the cases name, under root."""
+    (root / "empty.jsonl").write_text("", encoding="utf-8")
+    (root / "blank.jsonl").write_text("\n\n", encoding="utf-8")
+    (root / "latin1.jsonl").write_bytes(b'{"messages": "caf\xe9"}\n')
+    (root / "notjson.jsonl").write_text("this is not json\n", encoding="utf-8")
+    (root / "list.jsonl").write_text("[1, 2]\n", encoding="utf-8")
+    (root / "noreply.jsonl").write_text(
+        json.dumps({"messages": [{"role": "user", "content": "Hi"}]}) + "\n",
+        encoding="utf-8",
+    )
+    (root / "badrole.jsonl").write_text(
+        json.dumps({"messages": [{"role": "wizard", "content": "Hi"}]}) + "\n",
+        encoding="utf-8",
+    )
+    (root / "chat.jsonl").write_text(
+        "\n".join(json.dumps(conversation()) for _ in range(4)) + "\n",
+        encoding="utf-8",
+    )
+    (root / "chat_then_junk.jsonl").write_text(
+        json.dumps(conversation()) + "\n{oops\n", encoding="utf-8"
+    )
+    (root / "pairs.jsonl").write_text(
+        "\n".join(json.dumps(PAIR) for _ in range(4)) + "\n", encoding="utf-8"
+    )
+    (root / "norejected.jsonl").write_text(
+        json.dumps({"prompt": "Hi", "chosen": "Hello"}) + "\n", encoding="utf-8"
+    )
+    (root / "pair_numbers.jsonl").write_text(
+        json.dumps({"prompt": 1, "chosen": 2, "rejected": 3}) + "\n", encoding="utf-8"
+    )
+    (root / "folder").mkdir()
+    (root / "folder.jsonl").mkdir()
+    (root / "file.txt").write_text("a file\n", encoding="utf-8")
+    (root / "precious.gguf").write_text("the user's file\n", encoding="utf-8")
+    (root / "empty.gguf").write_bytes(b"")
+    (root / "junk.gguf").write_bytes(b"GGUF" + b"\0" * 12)
+    (root / "dir.gguf").mkdir()
+    gpt2 = root / "gpt2"
+    gpt2.mkdir()
+    (gpt2 / "config.json").write_text(
+        json.dumps({"model_type": "gpt2", "n_layer": 2, "n_embd": 32}),
+        encoding="utf-8",
+    )
+    (gpt2 / "model.safetensors").write_bytes(b"")
+    badconfig = root / "badconfig"
+    badconfig.mkdir()
+    (badconfig / "config.json").write_text("{not json", encoding="utf-8")
+    # a model folder that holds an earlier run's results
+    for name in ("earlier_run", "earlier_eval"):
+        (root / name).mkdir()
+    (root / "earlier_run" / "model.safetensors").write_text("x", encoding="utf-8")
+    (root / "earlier_eval" / "mmlu.csv").write_text("model\nx\n", encoding="utf-8")
+    train = root / "train_run"
+    train.mkdir()
+    (train / "summary.json").write_text("{}", encoding="utf-8")
+    (train / "step_00000010").mkdir()
+    # eval compare: runs' question files, well made and hand-edited
+    header = "question,subject,answer,correct,correct normalised\n"
+    good = root / "run_a"
+    good.mkdir()
+    (good / "mmlu_questions.csv").write_text(
+        header + "0,x,A,1,1\n1,x,B,0,1\n", encoding="utf-8"
+    )
+    for name, text in {
+        "run_badnumber": header + "zero,x,A,1,1\n",
+        "run_nocolumn": "question,subject\n0,x\n",
+        "run_empty": "",
+        "run_header": header,
+        "run_verdict": header + "0,x,A,yes,1\n",
+    }.items():
+        (root / name).mkdir()
+        (root / name / "mmlu_questions.csv").write_text(text, encoding="utf-8")
+    (root / "run_latin1").mkdir()
+    (root / "run_latin1" / "mmlu_questions.csv").write_bytes(
+        header.encode() + b"0,caf\xe9,A,1,1\n"
+    )
+    # grade
+    (root / "notebooks").mkdir()
+    (root / "notebooks" / "broken.ipynb").write_text("{not json", encoding="utf-8")
+    (root / "text.ipynb").write_text("not a notebook", encoding="utf-8")
+    (root / "grades.csv").write_text(
+        "student,exercise,task\nalice,1\nbob,oops,extra,columns,here\n",
+        encoding="utf-8",
+    )
+    (root / "class").mkdir()
+    (root / "class" / "alice").mkdir()
+
+
+def tuning_cases(verb: str, data: str) -> list[Case]:
+    """What finetune and dpo share."""
+
+    def d(*more: str) -> Argv:
+        return lambda r: ["--data", str(r / data), "--out", str(r / "out"), *more]
+
+    return [
+        Case(verb, lambda r: ["--data", str(r / "missing.jsonl")], 1, "missing.jsonl"),
+        Case(verb, lambda r: ["--data", str(r / "folder")], 1, "folder"),
+        Case(verb, lambda r: ["--data", str(r / "empty.jsonl")], 1, "empty.jsonl"),
+        Case(verb, lambda r: ["--data", str(r / "blank.jsonl")], 1, "blank.jsonl"),
+        Case(verb, lambda r: ["--data", str(r / "latin1.jsonl")], 1, "latin1.jsonl"),
+        Case(verb, lambda r: ["--data", str(r / "notjson.jsonl")], 1, "notjson.jsonl"),
+        Case(verb, lambda r: ["--data", str(r / "list.jsonl")], 1, "list.jsonl"),
+        Case(
+            verb,
+            lambda r: ["--data", str(r / data), "--val-data", str(r / "nope.jsonl")],
+            1,
+            "nope.jsonl",
+        ),
+        Case(verb, ["--data", ""], 2, "--data"),
+        Case(verb, d("--lora-targets", ""), 2, "target"),
+        Case(verb, d("--lora-targets", "q_proj,bogus"), 2, "bogus"),
+        Case(verb, d("--lora-targets", "q_proj,,v_proj"), 2, "target"),
+        Case(verb, d("--lora-r", "-1"), 2, "--lora-r"),
+        Case(verb, d("--lora-r", "0", "--lora-alpha", "16"), 2, "--lora-alpha"),
+        Case(verb, d("--lora-alpha", "nan"), 2, "alpha"),
+        Case(verb, d("--lora-alpha", "-4"), 2, "alpha"),
+        Case(verb, d("--lora-dropout", "1.5"), 2, "dropout"),
+        Case(verb, d("--lora-dropout", "nan"), 2, "dropout"),
+        Case(verb, d("--steps", "0"), 2, "steps"),
+        Case(verb, d("--batch-size", "-2"), 2, "batch_size"),
+        Case(verb, d("--max-len", "0"), 2, "seq_len"),
+        Case(verb, d("--lr", "nan"), 2, "lr"),
+        Case(verb, d("--lr", "inf"), 2, "lr"),
+        Case(verb, d("--weight-decay", "-1"), 2, "weight_decay"),
+        Case(verb, d("--warmup-steps", "-1"), 2, "warmup"),
+        Case(verb, d("--seed", HUGE), 2, "seed"),
+        Case(verb, d("--seed", "-1"), 2, "seed"),
+        Case(verb, d("--dtype", "fp64"), 2, "dtype"),
+        Case(verb, d("--device", "tpu"), 2, "device"),
+        Case(verb, d("--resume", "--overwrite"), 2, "overwrite"),
+        Case(verb, lambda r: ["--data", str(r / data), "--out", ""], 2, "--out"),
+        Case(
+            verb,
+            lambda r: ["--data", str(r / data), "--out", str(r / "file.txt")],
+            1,
+            "file.txt",
+            keep="file.txt",
+        ),
+        Case(
+            verb,
+            lambda r: ["--data", str(r / data), "--out", str(r / "earlier_run")],
+            1,
+            "earlier_run",
+            keep="earlier_run/model.safetensors",
+        ),
+        Case(
+            verb,
+            lambda r: [
+                "--data",
+                str(r / data),
+                "--model",
+                str(r / "earlier_run"),
+                "--out",
+                str(r / "earlier_run"),
+            ],
+            2,
+            "--out",
+            keep="earlier_run/model.safetensors",
+        ),
+        Case(verb, d("--model", ""), 2, "--model"),
+        Case(verb, d("--resume"), 1, "resume", about="--resume with nothing to resume"),
+        Case(
+            verb,
+            lambda r: [
+                "--data",
+                str(r / data),
+                "--out",
+                str(r / "out"),
+                "--model",
+                str(r / "missing_model"),
+            ],
+            1,
+            "missing_model",
+        ),
+        Case(
+            verb,
+            lambda r: (
+                ["--data", str(r / data), "--out", str(r / "o"), "--model"]
+                + [str(r / "gpt2")]
+            ),
+            1,
+            "gpt2",
+        ),
+        Case(
+            verb,
+            lambda r: (
+                ["--data", str(r / data), "--out", str(r / "o"), "--model"]
+                + [str(r / "badconfig")]
+            ),
+            1,
+            "config.json",
+        ),
+    ]
+
+
+def cases() -> list[Case]:
+    g, c = "generate", "chat"
+    out: list[Case] = [
+        Case(g, [""], 2, "prompt"),
+        Case(g, ["hi", "--max-new-tokens", "0"], 2, "--max-new-tokens"),
+        Case(g, ["hi", "--max-new-tokens", "-5"], 2, "--max-new-tokens"),
+        Case(g, ["hi", "--max-new-tokens", "ten"], 2, "--max-new-tokens"),
+        Case(g, ["hi", "--max-new-tokens", HUGE], 2, "--max-new-tokens"),
+        Case(g, ["hi", "--temperature", "nan"], 2, "--temperature"),
+        Case(g, ["hi", "--temperature", "inf"], 2, "--temperature"),
+        Case(g, ["hi", "--temperature", "-1"], 2, "--temperature"),
+        Case(g, ["hi", "--temperature", "1e-320"], 2, "--temperature"),
+        Case(g, ["hi", "--top-k", "0"], 2, "--top-k"),
+        Case(g, ["hi", "--top-p", "0"], 2, "--top-p"),
+        Case(g, ["hi", "--top-p", "1.5"], 2, "--top-p"),
+        Case(g, ["hi", "--top-p", "nan"], 2, "--top-p"),
+        Case(g, ["hi", "--seed", HUGE], 2, "--seed"),
+        Case(g, ["hi", "--seed", "-1"], 2, "--seed"),
+        Case(g, ["hi", "--speculative", "-1"], 2, "--speculative"),
+        Case(g, ["hi", "--speculative", "4", "--temperature", "0.7"], 2, "--temp"),
+        Case(g, ["hi", "--speculative", "4", "--compile"], 2, "--compile"),
+        Case(g, ["hi", "--draft", "int4"], 2, "--draft"),
+        Case(g, ["hi", "--quantize", "int8", "--dtype", "float16"], 2, "--quantize"),
+        Case(g, ["hi", "--dtype", "float64"], 2, "--dtype"),
+        Case(g, ["hi", "--device", "tpu"], 2, "--device"),
+        Case(g, ["hi", "--threads", "0"], 2, "--threads"),
+        Case(g, ["hi", "--bogus"], 2, "--bogus"),
+        Case(g, ["hi", "--source", ""], 2, "--source"),
+        Case(g, lambda r: ["hi", "--source", str(r / "missing.gguf")], 1, "missing"),
+        Case(g, lambda r: ["hi", "--source", str(r / "empty.gguf")], 1, "empty.gguf"),
+        Case(g, lambda r: ["hi", "--source", str(r / "junk.gguf")], 1, "junk.gguf"),
+        Case(g, lambda r: ["hi", "--source", str(r / "dir.gguf")], 1, "dir.gguf"),
+        Case(g, lambda r: ["hi", "--source", str(r / "folder")], 1, "folder"),
+        Case(g, lambda r: ["hi", "--source", str(r / "file.txt")], 1, "file.txt"),
+        Case(g, lambda r: ["hi", "--source", str(r / "gpt2")], 1, "gpt2"),
+        Case(g, lambda r: ["hi", "--source", str(r / "badconfig")], 1, "config.json"),
+        Case(c, ["   "], 2, "message"),
+        Case(c, ["hi", "--system", ""], 2, "--system"),
+        Case(c, ["--speculative", "2"], 2, "--speculative"),
+        Case(c, ["hi", "--max-new-tokens", "0"], 2, "--max-new-tokens"),
+        Case(c, ["hi", "--top-p", "2"], 2, "--top-p"),
+        Case(c, ["hi", "--seed", HUGE], 2, "--seed"),
+    ]
+    t = "train"
+
+    def o(*more: str) -> Argv:
+        return lambda r: ["--out-dir", str(r / "run"), *more]
+
+    out += [
+        Case(t, o("--steps", "0"), 2, "steps"),
+        Case(t, o("--steps", "1e3"), 2, "--steps"),
+        Case(t, o("--lr", "nan"), 2, "lr"),
+        Case(t, o("--lr", "-1"), 2, "lr"),
+        Case(t, o("--batch-size", "0"), 2, "batch_size"),
+        Case(t, o("--grad-accum", "0"), 2, "grad_accum"),
+        Case(t, o("--seq-len", "100000"), 2, "seq_len"),
+        Case(t, o("--preset", "huge"), 2, "preset"),
+        Case(t, o("--set", "bogus=1"), 2, "bogus"),
+        Case(t, o("--set", "num_hidden_layers=two"), 2, "num_hidden_layers"),
+        Case(t, o("--set", "num_hidden_layers=0"), 2, "num_hidden_layers"),
+        Case(t, o("--set", "num_hidden_layers"), 2, "num_hidden_layers"),
+        Case(t, o("--set", "rms_norm_eps=nan"), 2, "rms_norm_eps"),
+        Case(t, o("--seed", HUGE), 2, "seed"),
+        Case(t, o("--dtype", "fp8"), 2, "dtype"),
+        Case(t, o("--device", "tpu"), 2, "device"),
+        Case(t, o("--schedule", "linear"), 2, "schedule"),
+        Case(t, o("--beta2", "1"), 2, "beta2"),
+        Case(t, o("--sample-prompt", ""), 2, "sample_prompt"),
+        Case(t, o("--sample-tokens", "-1"), 2, "sample_tokens"),
+        Case(t, o("--resume", "--overwrite"), 2, "overwrite"),
+        Case(t, ["--out-dir", ""], 2, "out_dir"),
+        Case(
+            t,
+            lambda r: ["--out-dir", str(r / "file.txt"), "--warmup-steps", "0"],
+            1,
+            "file.txt",
+            keep="file.txt",
+        ),
+        Case(
+            t,
+            lambda r: ["--out-dir", str(r / "train_run"), "--warmup-steps", "0"],
+            1,
+            "train_run",
+            keep="train_run/summary.json",
+        ),
+        Case(
+            t,
+            lambda r: ["--out-dir", str(r / "run"), "--resume", str(r / "nowhere")],
+            1,
+            "nowhere",
+        ),
+    ]
+    out += tuning_cases("finetune", "chat.jsonl")
+    out += [
+        Case("finetune", lambda r, f=f: ["--data", str(r / f)], 1, f)
+        for f in ("noreply.jsonl", "badrole.jsonl", "chat_then_junk.jsonl")
+    ]
+    dpo = tuning_cases("dpo", "pairs.jsonl")
+    out += [case for case in dpo if "lora" not in " ".join(case.args(Path("/r")))]
+
+    def p(*more: str) -> Argv:
+        return lambda r: [
+            "--data",
+            str(r / "pairs.jsonl"),
+            "--out",
+            str(r / "o"),
+            *more,
+        ]
+
+    out += [
+        Case("dpo", lambda r, f=f: ["--data", str(r / f)], 1, f)
+        for f in ("norejected.jsonl", "pair_numbers.jsonl", "chat.jsonl")
+    ]
+    out += [
+        Case("dpo", p("--beta", "0"), 2, "--beta"),
+        Case("dpo", p("--beta", "nan"), 2, "--beta"),
+        Case("dpo", p("--beta", "-1"), 2, "--beta"),
+        Case("dpo", lambda r: p("--reference", str(r / "o"))(r), 2, "reference model"),
+        Case("dpo", lambda r: p("--reference", str(r / "gone"))(r), 1, "gone"),
+        Case("dpo", p("--reference", ""), 2, "--reference"),
+    ]
+
+    def q(*more: str) -> Argv:
+        return lambda r: ["--task", "add", "--out", str(r / "o"), *more]
+
+    out += [
+        Case("grpo", lambda r: ["--task", "bogus", "--out", str(r / "o")], 2, "bogus"),
+        Case("grpo", lambda r: ["--task", "", "--out", str(r / "o")], 2, "--task"),
+        Case("grpo", ["--out", "x"], 2, "--task"),
+        Case("grpo", q("--group-size", "1"), 2, "--group-size"),
+        Case("grpo", q("--epsilon", "0"), 2, "--epsilon"),
+        Case("grpo", q("--epsilon", "nan"), 2, "--epsilon"),
+        Case("grpo", q("--epsilon-high", "-0.1"), 2, "--epsilon-high"),
+        Case("grpo", q("--temperature", "0"), 2, "--temperature"),
+        Case("grpo", q("--temperature", "1e-320"), 2, "--temperature"),
+        Case("grpo", q("--loss-type", "bogus"), 2, "bogus"),
+        Case("grpo", q("--max-new-tokens", "0"), 2, "--max-new-tokens"),
+        Case("grpo", q("--beta", "-1"), 2, "--beta"),
+        Case("grpo", q("--format-weight", "inf"), 2, "--format-weight"),
+        Case("grpo", q("--lora-targets", ""), 2, "target"),
+        Case("grpo", q("--seed", HUGE), 2, "seed"),
+        Case(
+            "grpo",
+            lambda r: q("--out", str(r / "earlier_run"))(r),
+            1,
+            "earlier_run",
+            keep="earlier_run/model.safetensors",
+        ),
+    ]
+    e = "eval"
+
+    def m(*more: str) -> Argv:
+        return ["mmlu", *more]
+
+    out += [
+        Case(e, ["bogus"], 2, "bogus"),
+        Case(e, [], 2, "task"),
+        Case(e, m("--limit", "0"), 2, "--limit"),
+        Case(e, m("--limit", "-3"), 2, "--limit"),
+        Case(e, m("--shots", "-1"), 2, "--shots"),
+        Case(e, m("--shots", "1000"), 2, "--shots"),
+        Case(e, m("--token-budget", "0"), 2, "--token-budget"),
+        Case(e, m("--threads", "0"), 2, "--threads"),
+        Case(e, m("--seed", HUGE), 2, "--seed"),
+        Case(e, m("--dtype", "float16"), 2, "--dtype"),
+        Case(e, m("--device", "tpu"), 2, "--device"),
+        Case(e, m("--model", ""), 2, "--model"),
+        Case(e, lambda r: m("--model", str(r / "nowhere")), 2, "nowhere"),
+        Case(e, lambda r: m("--model", str(r / "gpt2"), "--limit", "1"), 1, "gpt2"),
+        Case(e, lambda r: m("--model", str(r / "empty.gguf")), 1, "empty.gguf"),
+        Case(
+            e, lambda r: m("--out", str(r / "file.txt")), 2, "file.txt", keep="file.txt"
+        ),
+        Case(
+            e,
+            lambda r: m("--out", str(r / "earlier_eval")),
+            2,
+            "earlier_eval",
+            keep="earlier_eval/mmlu.csv",
+        ),
+        Case(e, ["hellaswag", "--limit", "0"], 2, "--limit"),
+        Case(
+            e, lambda r: ["compare", str(r / "nowhere"), str(r / "run_a")], 2, "nowhere"
+        ),
+    ]
+    for name in ("badnumber", "nocolumn", "empty", "header", "verdict", "latin1"):
+        out.append(
+            Case(
+                e,
+                lambda r, n=name: ["compare", str(r / f"run_{n}"), str(r / "run_a")],
+                1,
+                f"run_{name}",
+            )
+        )
+    out += [
+        Case(
+            e,
+            lambda r: (
+                ["compare", str(r / "run_a"), str(r / "run_a"), "--csv"]
+                + [str(r / "folder")]
+            ),
+            1,
+            "folder",
+        ),
+        Case(
+            e,
+            lambda r: (
+                ["compare", str(r / "run_a"), str(r / "run_a"), "--csv"]
+                + [str(r / "precious.gguf")]
+            ),
+            2,
+            "precious.gguf",
+            keep="precious.gguf",
+        ),
+    ]
+    x = "export"
+    out += [
+        Case(x, ["smollm2", "out.bin"], 2, ".gguf"),
+        Case(
+            x,
+            lambda r: ["smollm2", str(r / "precious.gguf")],
+            2,
+            "precious.gguf",
+            keep="precious.gguf",
+        ),
+        Case(x, lambda r: ["smollm2", str(r / "no" / "where.gguf")], 2, "no"),
+        Case(x, lambda r: ["smollm2", str(r / "dir.gguf")], 2, "dir.gguf"),
+        Case(
+            x,
+            lambda r: ["smollm2", str(r / "dir.gguf"), "--overwrite"],
+            2,
+            "dir.gguf",
+        ),
+        Case(x, lambda r: [str(r / "junk.gguf"), str(r / "junk.gguf")], 2, "model"),
+        Case(x, ["smollm2", "o.gguf", "--type", "q4_k"], 2, "--type"),
+        Case(x, ["smollm2", "o.gguf", "--name", ""], 2, "--name"),
+        Case(x, ["", "o.gguf"], 2, "model"),
+        Case(x, lambda r: [str(r / "nowhere"), str(r / "o.gguf")], 2, "nowhere"),
+        Case(x, lambda r: [str(r / "gpt2"), str(r / "o.gguf")], 1, "gpt2"),
+        Case(x, lambda r: [str(r / "folder"), str(r / "o.gguf")], 1, "folder"),
+        Case(x, lambda r: [str(r / "empty.gguf"), str(r / "o.gguf")], 1, "empty.gguf"),
+        Case(x, lambda r: [str(r / "junk.gguf"), str(r / "o.gguf")], 1, "junk.gguf"),
+        Case(x, lambda r: [str(r / "file.txt"), str(r / "o.gguf")], 1, "file.txt"),
+        Case(x, lambda r: [str(r / "badconfig"), str(r / "o.gguf")], 1, "config.json"),
+    ]
+    gr = "grade"
+    out += [
+        Case(gr, lambda r: [str(r / "nowhere")], 2, "nowhere"),
+        Case(gr, lambda r: [str(r / "folder")], 2, "folder"),
+        Case(gr, lambda r: [str(r / "file.txt")], 2, "file.txt"),
+        Case(gr, lambda r: [str(r / "folder"), "--timeout", "0"], 2, "--timeout"),
+        Case(gr, lambda r: [str(r / "folder"), "--timeout", "nan"], 2, "--timeout"),
+        Case(gr, lambda r: [str(r / "folder"), "--check-timeout", "-1"], 2, "timeout"),
+        Case(gr, lambda r: [str(r / "folder"), "--jobs", "0"], 2, "--jobs"),
+        Case(
+            gr,
+            lambda r: [str(r / "class"), "--feedback", str(r / "fb")],
+            2,
+            "--feedback",
+        ),
+        Case(
+            gr,
+            lambda r: (
+                [str(r / "class"), str(r / "folder"), "--gradebook"]
+                + [str(r / "g.csv")]
+            ),
+            2,
+            "--gradebook",
+        ),
+        Case(
+            gr,
+            lambda r: [str(r / "class"), "--gradebook", str(r / "grades.csv")],
+            1,
+            "grades.csv",
+            keep="grades.csv",
+        ),
+        Case(
+            gr,
+            lambda r: [str(r / "class"), "--gradebook", str(r / "file.txt")],
+            2,
+            "file.txt",
+            keep="file.txt",
+        ),
+        Case(
+            gr,
+            lambda r: [str(r / "notebooks"), "--json", str(r / "precious.gguf")],
+            2,
+            "precious.gguf",
+            keep="precious.gguf",
+        ),
+        Case(
+            gr,
+            lambda r: [str(r / "notebooks"), "--json", str(r / "no" / "r.json")],
+            2,
+            "no",
+        ),
+        Case(
+            gr,
+            lambda r: [str(r / "notebooks"), "--tasks", "no_such_module"],
+            2,
+            "no_such",
+        ),
+        Case(gr, lambda r: [str(r / "text.ipynb"), "--json", "-"], 1, "text.ipynb"),
+    ]
+    return out
+
+
+LIMIT = 30  # seconds: a case still running by then went to work on the bad input
+
+
+class TooLong(BaseException):
+    """A case still running after LIMIT seconds."""
+
+
+def _too_long(signum, frame):
+    raise TooLong
+
+
+def run_case(case: Case, root: Path) -> Outcome:
+    from smol.commands import main
+
+    argv = [case.verb, *case.args(root)]
+    before = _snapshot(root, case.keep)
+    err, out = io.StringIO(), io.StringIO()
+    cwd = os.getcwd()
+    work = Path(tempfile.mkdtemp(dir=root))
+    try:
+        os.chdir(work)
+        previous = signal.signal(signal.SIGALRM, _too_long)
+        signal.alarm(LIMIT)
+        try:
+            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+                status = main(argv)
+        finally:
+            signal.alarm(0)
+            signal.signal(signal.SIGALRM, previous)
+    except TooLong:
+        return Outcome(case, "silent", None, f"still working after {LIMIT} s")
+    except SystemExit as e:
+        status = e.code if isinstance(e.code, int) else 1
+    except BaseException as e:  # noqa: BLE001 (what escapes is the finding)
+        tb = traceback.format_exception_only(type(e), e)[-1].strip()
+        return Outcome(case, "raw", None, f"traceback: {tb}")
+    finally:
+        os.chdir(cwd)
+        shutil.rmtree(work, ignore_errors=True)
+    errors = [line for line in err.getvalue().splitlines() if ": error: " in line]
+    message = errors[0].split(": error: ", 1)[1] if errors else ""
+    shown = message or (err.getvalue().strip().splitlines() or [""])[-1]
+    if case.keep is not None and _snapshot(root, case.keep) != before:
+        return Outcome(case, "lost", status, shown)
+    if status == 0:
+        return Outcome(case, "silent", status, shown)
+    clear = (
+        status == case.expect
+        and len(errors) == 1
+        and "Traceback" not in err.getvalue()
+        and case.says.lower() in message.lower()
+    )
+    return Outcome(case, "clear" if clear else "raw", status, shown)
+
+
+def _snapshot(root: Path, keep: str | None):
+    if keep is None:
+        return None
+    path = root / keep
+    return path.read_bytes() if path.is_file() else None
+
+
+def survey(select: str = "") -> list[Outcome]:
+    """Run the cases whose command line holds `select`, each on fresh files."""
+    outcomes = []
+    with tempfile.TemporaryDirectory() as tmp:
+        base = Path(tmp) / "base"
+        base.mkdir()
+        make_files(base)
+        for i, case in enumerate(cases()):
+            root = Path(tmp) / f"case{i}"
+            shutil.copytree(base, root, symlinks=True)
+            text = " ".join([case.verb, *case.args(root)])
+            if select and select not in text:
+                continue
+            outcomes.append(run_case(case, root))
+            shutil.rmtree(root, ignore_errors=True)
+    return outcomes
+
+
+def shown_input(case: Case, root: str = "$TMP") -> str:
+    if case.about:
+        return case.about
+    args = case.args(Path(root))
+    return " ".join(repr(a) if a == "" or " " in a else a for a in args)
+
+
+def report(outcomes: list[Outcome]) -> str:
+    lines = [f"{'command':<9} {'class':<7} {'status':>6}  input -> message"]
+    for o in outcomes:
+        status = "-" if o.status is None else str(o.status)
+        lines.append(
+            f"{o.case.verb:<9} {o.kind:<7} {status:>6}  {shown_input(o.case)}"
+            f" -> {o.message[:160]}"
+        )
+    counts = {k: sum(o.kind == k for o in outcomes) for k in CLASSES}
+    total = len(outcomes)
+    share = 100 * counts["clear"] / total if total else 0.0
+    lines.append(
+        f"{total} cases: "
+        + ", ".join(f"{n} {k}" for k, n in counts.items())
+        + f" ({share:.0f}% clear)"
+    )
+    return "\n".join(lines)
+
+
+CLASSES = ("clear", "raw", "silent", "lost")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m tests.bad_inputs",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("-k", default="", help="only the cases whose command line holds K")
+    args = p.parse_args(argv)
+    outcomes = survey(args.k)
+    print(report(outcomes))
+    return 0 if all(o.kind == "clear" for o in outcomes) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
