@@ -427,7 +427,6 @@ def cases() -> list[Case]:
         Case(e, m("--shots", "1000"), 2, "--shots"),
         Case(e, m("--token-budget", "0"), 2, "--token-budget"),
         Case(e, m("--threads", "0"), 2, "--threads"),
-        Case(e, m("--seed", HUGE), 2, "--seed"),
         Case(e, m("--dtype", "float16"), 2, "--dtype"),
         Case(e, m("--device", "tpu"), 2, "--device"),
         Case(e, m("--model", ""), 2, "--model"),

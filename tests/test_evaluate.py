@@ -569,3 +569,25 @@ def test_lm_eval_gives_the_same_log_likelihoods_and_accuracy(real_model, tmp_pat
         )
     accuracy = out["results"]["smol_mmlu_cloze"]["acc,none"]
     assert accuracy == stats.summarize(ours)["accuracy"]
+
+
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        (["--model", ""], "--model is empty: name a .gguf file or a model folder"),
+        (["--device", "tpu"], "--device must be cpu, cuda or cuda:N, got 'tpu'"),
+    ],
+)
+def test_eval_names_an_empty_model_and_a_bad_device_before_loading(
+    capsys, monkeypatch, options, says
+):
+    import smol.pretrained
+
+    monkeypatch.setattr(
+        smol.pretrained,
+        "load_pretrained",
+        lambda *a, **k: pytest.fail("nothing is loaded for a bad command line"),
+    )
+    assert eval_cli.main(["mmlu", *options]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err, err

@@ -127,6 +127,14 @@ def check_args(args) -> None:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
     if args.shots < 0:
         raise UsageError(f"--shots must be >= 0, got {args.shots}")
+    if args.model is not None and not args.model.strip():
+        raise UsageError(
+            "--model is empty: name a .gguf file or a model folder, or leave it out"
+        )
+    if args.device is not None:
+        from smol.commands.generate import _check_device
+
+        _check_device(args.device)
     hub_id = args.model is not None and re.fullmatch(r"[\w.-]+/[\w.-]+", args.model)
     if args.model is not None and not (Path(args.model).exists() or hub_id):
         raise UsageError(f"--model: no such file or folder, nor a hub id: {args.model}")
