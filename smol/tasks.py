@@ -12,9 +12,9 @@ back into its Problem, answer included.
 number is an operand. `well_formed(reply)` says whether the reply is what the question
 asks for, the number and nothing else.
 
-`answer(model, tokenizer, problems)` gives each question's replies, greedy or sampled;
-`preference_pairs(problems, replies)` pairs a checked-right reply with a wrong one of the
-same question: the preference pairs of chapter 15, built from the model's own replies."""
+`answer(model, tokenizer, problems)` gives each question's replies, greedy or
+sampled; `preference_pairs(problems, replies)` pairs a checked-right reply with a wrong
+one of the same question: chapter 15's pairs, made of the model's own replies."""
 
 from __future__ import annotations
 
