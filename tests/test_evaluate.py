@@ -9,6 +9,7 @@ import torch
 
 from smol import SmolLM, benchmarks, evaluate, stats
 from smol.commands import eval as eval_cli
+from smol.commands import eval_runs
 from tests.tiny_models import config, peaked
 
 # MMLU's published test-set sizes (Hendrycks et al., 2021; the hub's cais/mmlu).
@@ -469,7 +470,7 @@ def test_bfloat16_on_a_cpu_without_its_instructions_is_warned_about(
     bfloat16 is not that slow, and for float32, it says nothing. Its summary names
     the CPU's kind."""
     seconds = {torch.float32: 1.0, torch.bfloat16: 6.0}
-    monkeypatch.setattr(eval_cli, "matmul_seconds", lambda dtype: seconds[dtype])
+    monkeypatch.setattr(eval_runs, "matmul_seconds", lambda dtype: seconds[dtype])
     argv = ["mmlu", "--limit", "2", "--out", str(tmp_path), "--overwrite"]
     assert eval_cli.main([*argv, "--dtype", "bfloat16"]) == 0
     err = " ".join(capsys.readouterr().err.split())
@@ -482,12 +483,12 @@ def test_bfloat16_on_a_cpu_without_its_instructions_is_warned_about(
     assert "warning" not in capsys.readouterr().err
     with open(tmp_path / "mmlu.csv") as f:
         (summary,) = csv.DictReader(f)
-    assert summary["cpu"] == eval_cli.cpu_kind()
+    assert summary["cpu"] == eval_runs.cpu_kind()
     assert summary["cpu"].startswith(torch.backends.cpu.get_cpu_capability())
-    assert eval_cli.bfloat16_warning(1.0, 1.5) is not None
-    assert eval_cli.bfloat16_warning(1.0, 1.49) is None
+    assert eval_runs.bfloat16_warning(1.0, 1.5) is not None
+    assert eval_runs.bfloat16_warning(1.0, 1.49) is None
     monkeypatch.undo()
-    assert 0 < eval_cli.matmul_seconds(torch.float32) < 1
+    assert 0 < eval_runs.matmul_seconds(torch.float32) < 1
 
 
 @pytest.mark.parametrize(
