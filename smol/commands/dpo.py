@@ -26,16 +26,18 @@ from pathlib import Path
 from smol.commands.common import Parser, UsageError, run
 from smol.commands.train import FAILURES
 from smol.commands.tuning import (
-    add_run_options,
-    check_model_args,
     load,
     load_tuned,
     prepare,
     report_left_out,
     resolved,
-    train_config,
     trained_parameters,
     tune,
+)
+from smol.commands.tuning_options import (
+    add_run_options,
+    check_model_args,
+    train_config,
     tuning_parser,
 )
 from smol.dpo import DPOTrainer, numbered_pairs

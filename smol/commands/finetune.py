@@ -22,14 +22,16 @@ import argparse
 from smol.commands.common import Parser, run
 from smol.commands.train import FAILURES
 from smol.commands.tuning import (
-    add_run_options,
-    check_model_args,
     load_tuned,
     prepare,
     report_left_out,
-    train_config,
     trained_parameters,
     tune,
+)
+from smol.commands.tuning_options import (
+    add_run_options,
+    check_model_args,
+    train_config,
     tuning_parser,
 )
 from smol.finetune import SFTTrainer, numbered_conversations

@@ -25,14 +25,16 @@ import math
 from smol.commands.common import Parser, UsageError, parser, run
 from smol.commands.train import FAILURES
 from smol.commands.tuning import (
+    load_tuned,
+    prepare,
+    trained_parameters,
+    tune,
+)
+from smol.commands.tuning_options import (
     add_model_options,
     add_run_options,
     check_model_args,
-    load_tuned,
-    prepare,
     train_config,
-    trained_parameters,
-    tune,
 )
 from smol.config import MIN_TEMPERATURE
 from smol.grpo import LOSS_TYPES
