@@ -1,5 +1,6 @@
 """The shape of the package: each module's size and what it imports of smol, read from
-the source (nothing is imported), and any circle among those imports.
+the source (nothing is imported), any module over the house's length, and any circle
+among those imports.
 
     python -m tests.house            # sizes, largest first; the import graph; circles
 """
@@ -10,6 +11,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+MOST_LINES = 400  # no module of smol is longer: split it by what it holds
 
 
 def modules() -> dict[str, Path]:
@@ -19,6 +21,21 @@ def modules() -> dict[str, Path]:
         parts = path.relative_to(ROOT).with_suffix("").parts
         out[".".join(parts).removesuffix(".__init__")] = path
     return out
+
+
+def sizes() -> dict[str, int]:
+    """Dotted name -> lines of every module of smol."""
+    return {
+        name: len(path.read_text(encoding="utf-8").splitlines())
+        for name, path in modules().items()
+    }
+
+
+def too_long(lines: dict[str, int], most: int = MOST_LINES) -> list[str]:
+    """'module: N lines' for each module of `lines` (name -> lines) over `most`,
+    longest first."""
+    over = sorted((n, name) for name, n in lines.items() if n > most)
+    return [f"{name}: {n} lines" for n, name in reversed(over)]
 
 
 def imports(name: str, path: Path, known: dict[str, Path]) -> set[str]:
@@ -63,13 +80,12 @@ def circles(edges: dict[str, set[str]]) -> list[list[str]]:
 
 
 def main() -> None:
-    sizes = {
-        name: len(path.read_text(encoding="utf-8").splitlines())
-        for name, path in modules().items()
-    }
+    lines = sizes()
     print("lines  module")
-    for name, n in sorted(sizes.items(), key=lambda item: -item[1]):
+    for name, n in sorted(lines.items(), key=lambda item: -item[1]):
         print(f"{n:5}  {name}")
+    over = too_long(lines)
+    print(f"\n{len(over)} over {MOST_LINES} lines" + "".join(f"\n  {m}" for m in over))
     edges = graph()
     print("\nimports of smol, module by module")
     for name in sorted(edges):

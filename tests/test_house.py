@@ -1,7 +1,10 @@
-"""The package's shape (tests/house.py): no import circle, and the command lines in
-smol/commands/ only, so that the library's modules hold none."""
+"""The package's shape (tests/house.py): no import circle, no module over 400 lines,
+and the command lines in smol/commands/ only, so that the library's modules hold
+none."""
 
 import ast
+
+import pytest
 
 from tests import house
 
@@ -35,6 +38,27 @@ def test_circles_are_found():
     edges = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert house.circles(edges) == [["a", "b", "c", "a"]]
     assert house.circles({"a": {"b"}, "b": set()}) == []
+
+
+def check_lengths(lines: dict[str, int]) -> None:
+    """Fail naming each module of `lines` (name -> lines) over the house's length."""
+    over = house.too_long(lines)
+    assert not over, (
+        f"over {house.MOST_LINES} lines, to split by what they hold: {', '.join(over)}"
+    )
+
+
+def test_no_module_of_smol_is_over_400_lines():
+    assert house.MOST_LINES == 400
+    check_lengths(house.sizes())
+
+
+def test_a_module_over_400_lines_is_named_with_its_length():
+    check_lengths({"smol.a": 400, "smol.b": 12})
+    fake = {"smol.a": 400, "smol.b": 401, "smol.commands.c": 999}
+    assert house.too_long(fake) == ["smol.commands.c: 999 lines", "smol.b: 401 lines"]
+    with pytest.raises(AssertionError, match=r"smol\.commands\.c: 999 lines, smol\.b"):
+        check_lengths(fake)
 
 
 def test_only_the_commands_parse_command_lines_or_run_as_programs():
