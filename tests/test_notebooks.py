@@ -57,6 +57,7 @@ SHOWN = {
     "12_fine_tuning_with_lora": ["# smol/lora.py", "# smol/sft.py"],
     "13_shipping_your_model": ["# smol/export.py"],
     "14_measuring_the_model": ["# smol/evaluate.py", "# smol/stats.py"],
+    "15_preference_tuning": ["# smol/dpo.py"],
 }
 
 # Modules of smol that no chapter shows, on purpose; every other module is shown.
@@ -89,6 +90,17 @@ NOT_SHOWN = {
     "smol/reference.py": "transformers' twin of a config, for parity tests and bench/",
     "smol/chat.py": "the command line's conversation around generate and its KV cache",
     "smol/grading/": "the grader, which the exercises use",
+    "smol/tasks.py": (
+        "arithmetic questions and their checker; chapter 15 builds its pairs with them"
+    ),
+    "smol/grpo.py": (
+        "GRPO's group advantages and clipped loss, proven equal to TRL's; no chapter "
+        "teaches learning from rewards yet"
+    ),
+    "smol/grpo_train.py": (
+        "GRPO on smol.train's Trainer, sampling and scoring a task's questions; no "
+        "chapter teaches learning from rewards yet"
+    ),
 }
 
 
