@@ -38,7 +38,7 @@ import torch
 from common import write_csv
 
 from smol import evaluate, load_pretrained, stats, tasks
-from smol.grpo_train import GRPOTrainer, score, task_rewards
+from smol.grpo_train import from_options, score, task_rewards
 from smol.lora import TARGETS, apply_lora, merge_lora
 from smol.train import TrainConfig
 
@@ -138,17 +138,7 @@ def train(base, tokenizer, args) -> tuple:
             seed=args.seed,
             device="cpu",
         )
-        trainer = GRPOTrainer(
-            cfg,
-            model,
-            tokenizer,
-            args.task,
-            group_size=args.group_size,
-            beta=args.beta,
-            max_new_tokens=args.max_new_tokens,
-            rewards=task_rewards(args.format_weight),
-        )
-        history = trainer.fit()
+        history = from_options(cfg, model, tokenizer, args).fit()
     return merge_lora(model).eval(), history, time.perf_counter() - start
 
 

@@ -46,6 +46,8 @@ Reward = Callable[[Problem, str], float]
 # what each step logs into the history, besides the loss
 LOGGED = ("reward", "equal_groups", "kl", "clip_ratio", "completion_length")
 TIMED = ("sample_s", "update_s")  # seconds spent sampling, and the rest of the step
+# GRPOTrainer's keywords that from_options takes from the options that hold them
+OPTIONS = "group_size beta epsilon epsilon_high loss_type temperature max_new_tokens"
 
 
 class RewardError(ValueError):
@@ -200,9 +202,8 @@ class GRPOTrainer(Trainer):
         for name in (*LOGGED, *TIMED, "val_accuracy"):
             self.history.setdefault(name, [])
         # the most completion tokens a step samples (the progress bar's tokens/s)
-        self.tokens_per_step = (
-            config.batch_size * group_size * max_new_tokens * config.grad_accum
-        )
+        per_question = group_size * max_new_tokens * config.grad_accum
+        self.tokens_per_step = config.batch_size * per_question
         self.last_rollout: Rollout | None = None
         self._logs: list[torch.Tensor] = []  # this step's micro-batches'
         self._pending_logs: list[tuple[torch.Tensor, float, float]] = []
@@ -359,6 +360,13 @@ class GRPOTrainer(Trainer):
         return 1.0 - accuracy
 
 
+def from_options(config, model, tokenizer, args, reference=None) -> GRPOTrainer:
+    """The GRPOTrainer of parsed options: task, task_rewards(format_weight), OPTIONS."""
+    kept = {k: getattr(args, k) for k in OPTIONS.split() if hasattr(args, k)}
+    kept["rewards"] = task_rewards(args.format_weight)
+    return GRPOTrainer(config, model, tokenizer, args.task, reference=reference, **kept)
+
+
 def _real(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
@@ -383,10 +391,8 @@ def _check_rewards(rewards) -> dict:
     if not isinstance(rewards, dict) or not rewards:
         raise ValueError(f"rewards must be a non-empty dict, got {rewards!r}")
     for name, entry in rewards.items():
-        pair = isinstance(entry, tuple) and len(entry) == 2
-        if not (pair and callable(entry[0]) and _real(entry[1])) or not math.isfinite(
-            entry[1]
-        ):
+        ok = isinstance(entry, tuple) and len(entry) == 2 and callable(entry[0])
+        if not (ok and _real(entry[1]) and math.isfinite(entry[1])):
             raise ValueError(
                 f"reward {name!r} must be (function, finite weight), got {entry!r}"
             )

@@ -21,6 +21,7 @@ import contextlib
 import io
 import json
 import os
+import shlex
 import shutil
 import signal
 import sys
@@ -157,11 +158,33 @@ def make_files(root: Path) -> None:
     (root / "class" / "alice").mkdir()
 
 
+def refused(verb: str, argv: Callable[..., Argv], *rows: str) -> list[Case]:
+    """A case of `verb` refused with status 2 for each row "ARGS -> SAYS": ARGS, split
+    as a shell would, go to `argv`; SAYS is what the message must name."""
+    cases = []
+    for row in rows:
+        args, says = row.rsplit(" -> ", 1)
+        cases.append(Case(verb, argv(*shlex.split(args)), 2, says))
+    return cases
+
+
 def tuning_cases(verb: str, data: str) -> list[Case]:
     """What finetune and dpo share."""
 
     def d(*more: str) -> Argv:
         return lambda r: ["--data", str(r / data), "--out", str(r / "out"), *more]
+
+    def not_a_model(folder: str, says: str, out: str = "o") -> Case:
+        """--model naming a folder of the files' that holds no model smol loads."""
+        return Case(
+            verb,
+            lambda r: (
+                ["--data", str(r / data), "--out", str(r / out), "--model"]
+                + [str(r / folder)]
+            ),
+            1,
+            says,
+        )
 
     return [
         Case(verb, lambda r: ["--data", str(r / "missing.jsonl")], 1, "missing.jsonl"),
@@ -178,27 +201,31 @@ def tuning_cases(verb: str, data: str) -> list[Case]:
             "nope.jsonl",
         ),
         Case(verb, ["--data", ""], 2, "--data"),
-        Case(verb, d("--lora-targets", ""), 2, "target"),
-        Case(verb, d("--lora-targets", "q_proj,bogus"), 2, "bogus"),
-        Case(verb, d("--lora-targets", "q_proj,,v_proj"), 2, "target"),
-        Case(verb, d("--lora-r", "-1"), 2, "--lora-r"),
-        Case(verb, d("--lora-r", "0", "--lora-alpha", "16"), 2, "--lora-alpha"),
-        Case(verb, d("--lora-alpha", "nan"), 2, "alpha"),
-        Case(verb, d("--lora-alpha", "-4"), 2, "alpha"),
-        Case(verb, d("--lora-dropout", "1.5"), 2, "dropout"),
-        Case(verb, d("--lora-dropout", "nan"), 2, "dropout"),
-        Case(verb, d("--steps", "0"), 2, "steps"),
-        Case(verb, d("--batch-size", "-2"), 2, "batch_size"),
-        Case(verb, d("--max-len", "0"), 2, "seq_len"),
-        Case(verb, d("--lr", "nan"), 2, "lr"),
-        Case(verb, d("--lr", "inf"), 2, "lr"),
-        Case(verb, d("--weight-decay", "-1"), 2, "weight_decay"),
-        Case(verb, d("--warmup-steps", "-1"), 2, "warmup"),
-        Case(verb, d("--seed", HUGE), 2, "seed"),
-        Case(verb, d("--seed", "-1"), 2, "seed"),
-        Case(verb, d("--dtype", "fp64"), 2, "dtype"),
-        Case(verb, d("--device", "tpu"), 2, "device"),
-        Case(verb, d("--resume", "--overwrite"), 2, "overwrite"),
+        *refused(
+            verb,
+            d,
+            "--lora-targets '' -> target",
+            "--lora-targets q_proj,bogus -> bogus",
+            "--lora-targets q_proj,,v_proj -> target",
+            "--lora-r -1 -> --lora-r",
+            "--lora-r 0 --lora-alpha 16 -> --lora-alpha",
+            "--lora-alpha nan -> alpha",
+            "--lora-alpha -4 -> alpha",
+            "--lora-dropout 1.5 -> dropout",
+            "--lora-dropout nan -> dropout",
+            "--steps 0 -> steps",
+            "--batch-size -2 -> batch_size",
+            "--max-len 0 -> seq_len",
+            "--lr nan -> lr",
+            "--lr inf -> lr",
+            "--weight-decay -1 -> weight_decay",
+            "--warmup-steps -1 -> warmup",
+            f"--seed {HUGE} -> seed",
+            "--seed -1 -> seed",
+            "--dtype fp64 -> dtype",
+            "--device tpu -> device",
+            "--resume --overwrite -> overwrite",
+        ),
         Case(verb, lambda r: ["--data", str(r / data), "--out", ""], 2, "--out"),
         Case(
             verb,
@@ -230,68 +257,48 @@ def tuning_cases(verb: str, data: str) -> list[Case]:
         ),
         Case(verb, d("--model", ""), 2, "--model"),
         Case(verb, d("--resume"), 1, "resume", about="--resume with nothing to resume"),
-        Case(
-            verb,
-            lambda r: [
-                "--data",
-                str(r / data),
-                "--out",
-                str(r / "out"),
-                "--model",
-                str(r / "missing_model"),
-            ],
-            1,
-            "missing_model",
-        ),
-        Case(
-            verb,
-            lambda r: (
-                ["--data", str(r / data), "--out", str(r / "o"), "--model"]
-                + [str(r / "gpt2")]
-            ),
-            1,
-            "gpt2",
-        ),
-        Case(
-            verb,
-            lambda r: (
-                ["--data", str(r / data), "--out", str(r / "o"), "--model"]
-                + [str(r / "badconfig")]
-            ),
-            1,
-            "config.json",
-        ),
+        not_a_model("missing_model", "missing_model", out="out"),
+        not_a_model("gpt2", "gpt2"),
+        not_a_model("badconfig", "config.json"),
     ]
 
 
 def cases() -> list[Case]:
     g, c = "generate", "chat"
+
+    def hi(*more: str) -> list[str]:
+        return ["hi", *more]
+
     out: list[Case] = [
         Case(g, [""], 2, "prompt"),
-        Case(g, ["hi", "--max-new-tokens", "0"], 2, "--max-new-tokens"),
-        Case(g, ["hi", "--max-new-tokens", "-5"], 2, "--max-new-tokens"),
-        Case(g, ["hi", "--max-new-tokens", "ten"], 2, "--max-new-tokens"),
-        Case(g, ["hi", "--max-new-tokens", HUGE], 2, "--max-new-tokens"),
-        Case(g, ["hi", "--temperature", "nan"], 2, "--temperature"),
-        Case(g, ["hi", "--temperature", "inf"], 2, "--temperature"),
-        Case(g, ["hi", "--temperature", "-1"], 2, "--temperature"),
-        Case(g, ["hi", "--temperature", "1e-320"], 2, "--temperature"),
-        Case(g, ["hi", "--top-k", "0"], 2, "--top-k"),
-        Case(g, ["hi", "--top-p", "0"], 2, "--top-p"),
-        Case(g, ["hi", "--top-p", "1.5"], 2, "--top-p"),
-        Case(g, ["hi", "--top-p", "nan"], 2, "--top-p"),
-        Case(g, ["hi", "--seed", HUGE], 2, "--seed"),
-        Case(g, ["hi", "--seed", "-1"], 2, "--seed"),
-        Case(g, ["hi", "--speculative", "-1"], 2, "--speculative"),
-        Case(g, ["hi", "--speculative", "4", "--temperature", "0.7"], 2, "--temp"),
-        Case(g, ["hi", "--speculative", "4", "--compile"], 2, "--compile"),
-        Case(g, ["hi", "--draft", "int4"], 2, "--draft"),
-        Case(g, ["hi", "--quantize", "int8", "--dtype", "float16"], 2, "--quantize"),
-        Case(g, ["hi", "--dtype", "float64"], 2, "--dtype"),
-        Case(g, ["hi", "--device", "tpu"], 2, "--device"),
-        Case(g, ["hi", "--threads", "0"], 2, "--threads"),
-        Case(g, ["hi", "--bogus"], 2, "--bogus"),
-        Case(g, ["hi", "--source", ""], 2, "--source"),
+        *refused(
+            g,
+            hi,
+            "--max-new-tokens 0 -> --max-new-tokens",
+            "--max-new-tokens -5 -> --max-new-tokens",
+            "--max-new-tokens ten -> --max-new-tokens",
+            f"--max-new-tokens {HUGE} -> --max-new-tokens",
+            "--temperature nan -> --temperature",
+            "--temperature inf -> --temperature",
+            "--temperature -1 -> --temperature",
+            "--temperature 1e-320 -> --temperature",
+            "--top-k 0 -> --top-k",
+            "--top-p 0 -> --top-p",
+            "--top-p 1.5 -> --top-p",
+            "--top-p nan -> --top-p",
+            f"--seed {HUGE} -> --seed",
+            "--seed -1 -> --seed",
+            "--speculative -1 -> --speculative",
+            "--speculative 4 --temperature 0.7 -> --temp",
+            "--speculative 4 --compile -> --compile",
+            "--draft int4 -> --draft",
+            "--quantize int8 --dtype float16 -> --quantize",
+            "--dtype float64 -> --dtype",
+            "--device tpu -> --device",
+            "--threads 0 -> --threads",
+            "--bogus -> --bogus",
+            "--source '' -> --source",
+        ),
         Case(g, lambda r: ["hi", "--source", str(r / "missing.gguf")], 1, "missing"),
         Case(g, lambda r: ["hi", "--source", str(r / "empty.gguf")], 1, "empty.gguf"),
         Case(g, lambda r: ["hi", "--source", str(r / "junk.gguf")], 1, "junk.gguf"),
@@ -303,9 +310,13 @@ def cases() -> list[Case]:
         Case(c, ["   "], 2, "message"),
         Case(c, ["hi", "--system", ""], 2, "--system"),
         Case(c, ["--speculative", "2"], 2, "--speculative"),
-        Case(c, ["hi", "--max-new-tokens", "0"], 2, "--max-new-tokens"),
-        Case(c, ["hi", "--top-p", "2"], 2, "--top-p"),
-        Case(c, ["hi", "--seed", HUGE], 2, "--seed"),
+        *refused(
+            c,
+            hi,
+            "--max-new-tokens 0 -> --max-new-tokens",
+            "--top-p 2 -> --top-p",
+            f"--seed {HUGE} -> --seed",
+        ),
     ]
     t = "train"
 
@@ -313,27 +324,31 @@ def cases() -> list[Case]:
         return lambda r: ["--out-dir", str(r / "run"), *more]
 
     out += [
-        Case(t, o("--steps", "0"), 2, "steps"),
-        Case(t, o("--steps", "1e3"), 2, "--steps"),
-        Case(t, o("--lr", "nan"), 2, "lr"),
-        Case(t, o("--lr", "-1"), 2, "lr"),
-        Case(t, o("--batch-size", "0"), 2, "batch_size"),
-        Case(t, o("--grad-accum", "0"), 2, "grad_accum"),
-        Case(t, o("--seq-len", "100000"), 2, "seq_len"),
-        Case(t, o("--preset", "huge"), 2, "preset"),
-        Case(t, o("--set", "bogus=1"), 2, "bogus"),
-        Case(t, o("--set", "num_hidden_layers=two"), 2, "num_hidden_layers"),
-        Case(t, o("--set", "num_hidden_layers=0"), 2, "num_hidden_layers"),
-        Case(t, o("--set", "num_hidden_layers"), 2, "num_hidden_layers"),
-        Case(t, o("--set", "rms_norm_eps=nan"), 2, "rms_norm_eps"),
-        Case(t, o("--seed", HUGE), 2, "seed"),
-        Case(t, o("--dtype", "fp8"), 2, "dtype"),
-        Case(t, o("--device", "tpu"), 2, "device"),
-        Case(t, o("--schedule", "linear"), 2, "schedule"),
-        Case(t, o("--beta2", "1"), 2, "beta2"),
-        Case(t, o("--sample-prompt", ""), 2, "sample_prompt"),
-        Case(t, o("--sample-tokens", "-1"), 2, "sample_tokens"),
-        Case(t, o("--resume", "--overwrite"), 2, "overwrite"),
+        *refused(
+            t,
+            o,
+            "--steps 0 -> steps",
+            "--steps 1e3 -> --steps",
+            "--lr nan -> lr",
+            "--lr -1 -> lr",
+            "--batch-size 0 -> batch_size",
+            "--grad-accum 0 -> grad_accum",
+            "--seq-len 100000 -> seq_len",
+            "--preset huge -> preset",
+            "--set bogus=1 -> bogus",
+            "--set num_hidden_layers=two -> num_hidden_layers",
+            "--set num_hidden_layers=0 -> num_hidden_layers",
+            "--set num_hidden_layers -> num_hidden_layers",
+            "--set rms_norm_eps=nan -> rms_norm_eps",
+            f"--seed {HUGE} -> seed",
+            "--dtype fp8 -> dtype",
+            "--device tpu -> device",
+            "--schedule linear -> schedule",
+            "--beta2 1 -> beta2",
+            "--sample-prompt '' -> sample_prompt",
+            "--sample-tokens -1 -> sample_tokens",
+            "--resume --overwrite -> overwrite",
+        ),
         Case(t, ["--out-dir", ""], 2, "out_dir"),
         Case(
             t,
@@ -421,15 +436,19 @@ def cases() -> list[Case]:
     out += [
         Case(e, ["bogus"], 2, "bogus"),
         Case(e, [], 2, "task"),
-        Case(e, m("--limit", "0"), 2, "--limit"),
-        Case(e, m("--limit", "-3"), 2, "--limit"),
-        Case(e, m("--shots", "-1"), 2, "--shots"),
-        Case(e, m("--shots", "1000"), 2, "--shots"),
-        Case(e, m("--token-budget", "0"), 2, "--token-budget"),
-        Case(e, m("--threads", "0"), 2, "--threads"),
-        Case(e, m("--dtype", "float16"), 2, "--dtype"),
-        Case(e, m("--device", "tpu"), 2, "--device"),
-        Case(e, m("--model", ""), 2, "--model"),
+        *refused(
+            e,
+            m,
+            "--limit 0 -> --limit",
+            "--limit -3 -> --limit",
+            "--shots -1 -> --shots",
+            "--shots 1000 -> --shots",
+            "--token-budget 0 -> --token-budget",
+            "--threads 0 -> --threads",
+            "--dtype float16 -> --dtype",
+            "--device tpu -> --device",
+            "--model '' -> --model",
+        ),
         Case(e, lambda r: m("--model", str(r / "nowhere")), 2, "nowhere"),
         Case(e, lambda r: m("--model", str(r / "gpt2"), "--limit", "1"), 1, "gpt2"),
         Case(e, lambda r: m("--model", str(r / "empty.gguf")), 1, "empty.gguf"),
@@ -532,26 +551,13 @@ def cases() -> list[Case]:
             2,
             "--gradebook",
         ),
-        Case(
-            gr,
-            lambda r: [str(r / "class"), "--gradebook", str(r / "grades.csv")],
-            1,
-            "grades.csv",
-            keep="grades.csv",
-        ),
-        Case(
-            gr,
-            lambda r: [str(r / "class"), "--gradebook", str(r / "file.txt")],
-            2,
-            "file.txt",
-            keep="file.txt",
-        ),
-        Case(
-            gr,
-            lambda r: [str(r / "notebooks"), "--json", str(r / "precious.gguf")],
-            2,
-            "precious.gguf",
-            keep="precious.gguf",
+        *(  # a file that gradebook or json would write, left as it was
+            Case(gr, lambda r, a=a, f=f, k=k: [str(r / a), f, str(r / k)], s, k, keep=k)
+            for a, f, k, s in (
+                ("class", "--gradebook", "grades.csv", 1),
+                ("class", "--gradebook", "file.txt", 2),
+                ("notebooks", "--json", "precious.gguf", 2),
+            )
         ),
         Case(
             gr,

@@ -38,13 +38,39 @@ from smol.commands.tuning_options import (
 )
 from smol.config import MIN_TEMPERATURE
 from smol.grpo import LOSS_TYPES
-from smol.grpo_train import GRPOTrainer, task_rewards
+from smol.grpo_train import OPTIONS, GRPOTrainer, from_options
 from smol.tasks import TASKS
 from smol.train import TrainConfig
 
 # the settings a resume must keep besides TrainConfig's (which smol.resume checks)
 SETTINGS_FILE = "grpo.json"
 LRS = (5e-5, 1e-6)  # the default peak learning rates, with LoRA and without
+# the options that set the trainer, in --help's order: flag, type, default, help
+TRAINER_OPTIONS = (
+    ("--group-size", int, 8, "replies sampled a question (>= 2)"),
+    ("--beta", float, 0.04, "the weight of the KL term to the reference (0: none)"),
+    ("--epsilon", float, 0.2, "the ratio's clip below (1 - eps)"),
+    (
+        "--epsilon-high",
+        float,
+        None,
+        "the ratio's clip above (1 + eps; default: --epsilon)",
+    ),
+    (
+        "--loss-type",
+        None,
+        "dapo",
+        f"how token losses are averaged: {', '.join(LOSS_TYPES)}",
+    ),
+    ("--temperature", float, 1.0, "for sampling"),
+    ("--max-new-tokens", int, 24, "the longest reply sampled"),
+    (
+        "--format-weight",
+        float,
+        0.0,
+        "a reward for a reply that is a number only (a right one earns 1)",
+    ),
+)
 
 
 def build_parser() -> Parser:
@@ -54,38 +80,8 @@ def build_parser() -> Parser:
         "--task", required=True, help=f"the questions, one of {', '.join(TASKS)}"
     )
     add_model_options(p, "runs/grpo")
-    p.add_argument(
-        "--group-size", type=int, default=8, help="replies sampled a question (>= 2)"
-    )
-    p.add_argument(
-        "--beta",
-        type=float,
-        default=0.04,
-        help="the weight of the KL term to the reference (0: none)",
-    )
-    p.add_argument(
-        "--epsilon", type=float, default=0.2, help="the ratio's clip below (1 - eps)"
-    )
-    p.add_argument(
-        "--epsilon-high",
-        type=float,
-        help="the ratio's clip above (1 + eps; default: --epsilon)",
-    )
-    p.add_argument(
-        "--loss-type",
-        default="dapo",
-        help=f"how token losses are averaged: {', '.join(LOSS_TYPES)}",
-    )
-    p.add_argument("--temperature", type=float, default=1.0, help="for sampling")
-    p.add_argument(
-        "--max-new-tokens", type=int, default=24, help="the longest reply sampled"
-    )
-    p.add_argument(
-        "--format-weight",
-        type=float,
-        default=0.0,
-        help="a reward for a reply that is a number only (a right one earns 1)",
-    )
+    for flag, kind, default, text in TRAINER_OPTIONS:
+        p.add_argument(flag, type=kind, default=default, help=text)
     add_run_options(
         p, "question", LRS, "tokens a prompt and its reply may take together"
     )
@@ -167,17 +163,7 @@ def _grpo(settings: tuple[argparse.Namespace, TrainConfig]) -> int:
         "GRPO run",
         {
             name: getattr(args, name)
-            for name in (
-                "task",
-                "group_size",
-                "beta",
-                "epsilon",
-                "epsilon_high",
-                "loss_type",
-                "temperature",
-                "max_new_tokens",
-                "format_weight",
-            )
+            for name in ("task", *OPTIONS.split(), "format_weight")
         },
         build,
         lambda trainer: _report(trainer, args),
@@ -188,21 +174,7 @@ def _grpo(settings: tuple[argparse.Namespace, TrainConfig]) -> int:
 def _trainer(args, cfg, model, tokenizer, reference) -> GRPOTrainer:
     """The GRPOTrainer; its error for a --max-len too short in the command's words."""
     try:
-        return GRPOTrainer(
-            cfg,
-            model,
-            tokenizer,
-            args.task,
-            group_size=args.group_size,
-            beta=args.beta,
-            epsilon=args.epsilon,
-            epsilon_high=args.epsilon_high,
-            loss_type=args.loss_type,
-            temperature=args.temperature,
-            max_new_tokens=args.max_new_tokens,
-            rewards=task_rewards(args.format_weight),
-            reference=reference,
-        )
+        return from_options(cfg, model, tokenizer, args, reference)
     except ValueError as e:
         if str(e).startswith("the longest prompt of"):
             raise ValueError(
