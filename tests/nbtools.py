@@ -117,7 +117,8 @@ if "google.colab" in sys.modules:
     pip = [sys.executable, "-m", "pip", "install", "-q"]
     if missing_or_older("smol", "{version}"):
         repo = "git+{url}@{branch}"
-        print("Installing smol {version} with {extra_names} from", repo)
+        names = "{extra_names}"
+        print("Installing smol {version} with", names, "from", repo)
         subprocess.run([*pip, f"smol[{extra}] @ {{repo}}"], check=True)
     if missing_or_older("{weights}", "{weights_version}"):
         print("Installing the released SmolLM2 weights: {weights}=={weights_version}")
