@@ -16,8 +16,9 @@ nothing) and the seconds spent sampling and updating; with --mmlu, a stratified 
 subset, paired, for the cost elsewhere. If RL only sharpens what the model could
 already do, pass@1 rises while pass@k at the largest k does not.
 
-    python bench/grpo.py --threads 2 --task add --csv bench/results/grpo.csv \\
-        --curve-csv bench/results/grpo_pass_at_k.csv
+    python bench/grpo.py --threads 2 --task add --tasks add,multiply \\
+        --csv bench/results/grpo.csv --curve-csv bench/results/grpo_pass_at_k.csv \\
+        --history-csv bench/results/grpo_history.csv
 
 Time, measured with tiny settings on 2 CPU cores shared with other work: 2.3 s a
 sampled reply and 76 s a training step of 8 replies (45 s sampling, 32 s updating).
@@ -38,7 +39,7 @@ import torch
 from common import write_csv
 
 from smol import evaluate, load_pretrained, stats, tasks
-from smol.grpo_train import from_options, score, task_rewards
+from smol.grpo_train import LOGGED, TIMED, from_options, score, task_rewards
 from smol.lora import TARGETS, apply_lora, merge_lora
 from smol.train import TrainConfig
 
@@ -69,6 +70,7 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--mmlu", type=int, default=570, help="MMLU questions (0: none)")
     p.add_argument("--csv", help="write one row a model and task here")
     p.add_argument("--curve-csv", help="write pass@k for k = 1..G here")
+    p.add_argument("--history-csv", help="write what each training step logged here")
     args = p.parse_args()
     names = args.tasks.split(",")
     for task in {args.task, *names}:
@@ -220,6 +222,11 @@ def main() -> None:
             "95% high",
         ]
         write_csv(args.curve_csv, header, curve)
+    if args.history_csv:
+        names = ["loss", *LOGGED, *TIMED]
+        steps = zip(*(history[name] for name in names))
+        rows = [[i, *(round(v, 4) for v in values)] for i, values in enumerate(steps, 1)]
+        write_csv(args.history_csv, ["step", *names], rows)
 
 
 HEADER = [
