@@ -313,8 +313,72 @@ def test_command_line_names_what_it_cannot_write(tmp_path, shakespeare, capsys):
     assert main([str(tmp_path / "model"), str(out), "--type", "q8_0"]) == 1
     assert "multiple of 32 values, got 48" in capsys.readouterr().err
     assert not out.exists() and not list(tmp_path.glob(".m.gguf*"))
-    assert main([str(tmp_path / "nothing"), str(out)]) == 1
-    assert "no such file or folder" in capsys.readouterr().err
+    assert main([str(tmp_path / "nothing"), str(out)]) == 2  # before any work
+    assert "no such model: " in capsys.readouterr().err
+
+
+def test_command_line_refusals_are_usage_errors_naming_the_input(tmp_path, capsys):
+    """A folder under OUT's name (even with --overwrite), an empty --name or model, a
+    model that is not there, or OUT the model itself: status 2 before any work, one
+    line naming what was wrong, nothing written."""
+    (tmp_path / "dir.gguf").mkdir()
+    (tmp_path / "m.gguf").write_bytes(b"GGUF")
+    out = str(tmp_path / "o.gguf")
+    for argv, says in (
+        (
+            ["smollm2", str(tmp_path / "dir.gguf"), "--overwrite"],
+            "dir.gguf is a folder",
+        ),
+        (["smollm2", out, "--name", " "], "--name is empty"),
+        (["", out], "the model is empty"),
+        ([str(tmp_path / "nowhere"), out], "no such model: "),
+        ([str(tmp_path / "m.gguf")] * 2, "is the model being exported"),
+    ):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and says in err[0], (argv, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.gguf", "m.gguf"]
+    assert (tmp_path / "m.gguf").read_bytes() == b"GGUF"
+
+
+@pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
+def test_an_interrupted_export_leaves_no_file_under_the_final_name(
+    tmp_path, shakespeare, capsys, monkeypatch, stop
+):
+    """Ctrl-C or SIGTERM halfway through the tensors: the file being replaced is as it
+    was, a new one is not there, no temporary file is left, and the one line says so
+    (status 130 or 143)."""
+    import os
+    import signal
+
+    import smol.export
+
+    save_pretrained(peaked(CONFIGS["gqa-tied"]), shakespeare, tmp_path / "model")
+    infos = []
+    pack = smol.export.pack_tensor_info
+
+    def signalled(*args, **kwargs):  # the header is on disk by now
+        infos.append(args[0])
+        if len(infos) == 3:
+            os.kill(os.getpid(), getattr(signal, stop))
+        return pack(*args, **kwargs)
+
+    monkeypatch.setattr(smol.export, "pack_tensor_info", signalled)
+    earlier = tmp_path / "earlier.gguf"
+    earlier.write_bytes(b"an earlier export")
+    for out, extra, kept in (
+        (earlier, ["--overwrite"], " (the earlier"),
+        ("new", [], ""),
+    ):
+        path = tmp_path / "new.gguf" if out == "new" else out
+        infos.clear()
+        status = main([str(tmp_path / "model"), str(path), *extra])
+        assert status == 128 + getattr(signal, stop)
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and f"{path} was not written{kept}" in err[0], err
+    assert earlier.read_bytes() == b"an earlier export"
+    assert not (tmp_path / "new.gguf").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier.gguf", "model"]
 
 
 def test_refusals(shakespeare):

@@ -50,8 +50,9 @@ def run(
 ) -> int:
     """A command's exit status: `parse()`'s settings go to `work`, whose status it
     is (None: 0); 2 after a UsageError, 1 after one of `failures`, 130 after Ctrl-C
-    and 143 after SIGTERM, each with one line on stderr. `--help` gives 0. Either way
-    this process leaves its torch.distributed group, if it joined one."""
+    and 143 after SIGTERM, each with one line on stderr (for an interruption, with
+    the notes the work added to it: what it kept or discarded). `--help` gives 0.
+    Either way this process leaves its torch.distributed group, if it joined one."""
     try:
         try:
             settings = parse()
@@ -62,11 +63,11 @@ def run(
         return 0 if status is None else status
     except UsageError as e:
         return _error(prog, e, 2)
-    except Terminated:
-        print(f"\n{prog}: stopped by SIGTERM", file=sys.stderr, flush=True)
+    except Terminated as e:
+        print(f"\n{prog}: stopped by SIGTERM{_notes(e)}", file=sys.stderr, flush=True)
         return 128 + signal.SIGTERM
-    except KeyboardInterrupt:
-        print(f"\n{prog}: interrupted", file=sys.stderr, flush=True)
+    except KeyboardInterrupt as e:
+        print(f"\n{prog}: interrupted{_notes(e)}", file=sys.stderr, flush=True)
         return 128 + signal.SIGINT
     except failures as e:
         return _error(prog, e, 1)
@@ -74,6 +75,13 @@ def run(
         dist = sys.modules.get("torch.distributed")  # imported only where it is used
         if dist is not None and dist.is_available() and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _notes(e: BaseException) -> str:
+    """What a command added to an interruption (what it kept, what it discarded), as
+    the rest of the line that says it stopped."""
+    notes = getattr(e, "__notes__", [])
+    return "".join(f"; {note}" for note in notes)
 
 
 def _error(prog: str, e: BaseException, status: int) -> int:

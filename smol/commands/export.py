@@ -9,6 +9,7 @@ smollm2, the released SmolLM2-135M-Instruct.
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from smol.commands.common import Parser, UsageError, parser, run
@@ -35,15 +36,31 @@ def build_parser() -> Parser:
 def _parse(argv) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     out = args.out
+    if not args.model.strip():
+        raise UsageError(
+            f"the model is empty: name a model folder, a .gguf file or {RELEASED!r}"
+        )
+    args.source = None if args.model == RELEASED else args.model
+    if args.source is not None:
+        source = Path(args.source)
+        hub_id = re.fullmatch(r"[\w.-]+/[\w.-]+", args.source)
+        if not source.exists() and not hub_id:
+            raise UsageError(
+                f"no such model: {args.source} (a model folder, a .gguf file, a hub "
+                f"id, or {RELEASED!r})"
+            )
+        if source.resolve() == out.resolve():
+            raise UsageError(f"OUT {out} is the model being exported")
+    if args.name is not None and not args.name.strip():
+        raise UsageError("--name is empty: give the model a name, or leave it out")
     if out.suffix != ".gguf":
         raise UsageError(f"OUT must end in .gguf, got {out}")
+    if out.is_dir():
+        raise UsageError(f"OUT {out} is a folder, not a file that can be replaced")
     if out.exists() and not args.overwrite:
         raise UsageError(f"{out} exists; pass --overwrite to replace it")
     if not out.parent.is_dir():
         raise UsageError(f"no such folder: {out.parent}")
-    args.source = None if args.model == RELEASED else args.model
-    if args.source is not None and Path(args.source).resolve() == out.resolve():
-        raise UsageError("OUT is the model being exported")
     return args
 
 
@@ -52,7 +69,15 @@ def _export(args) -> None:
 
     config, state_dict, tokenizer = read_model(args.source)
     name = args.name or (RELEASED if args.source is None else Path(args.source).stem)
-    export_gguf(config, state_dict, tokenizer, args.out, args.type, name)
+    earlier = args.out.exists()
+    try:  # written to a temporary file in the same folder, then renamed
+        export_gguf(config, state_dict, tokenizer, args.out, args.type, name)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (common.Terminated)
+        e.add_note(
+            f"{args.out} was not written"
+            + (" (the earlier file is as it was)" if earlier else "")
+        )
+        raise
     size = args.out.stat().st_size / 2**20
     print(f"wrote {args.out} ({size:.1f} MiB, {args.type})")
 
