@@ -170,6 +170,14 @@ def test_prompt_longer_than_the_context_exits_1(fake_load, capsys):
     assert err.count("error:") == 1 and err.endswith("8192\n")  # after the status line
 
 
+def test_more_new_tokens_than_the_context_holds_is_a_usage_error(fake_load, capsys):
+    """A --max-new-tokens past the model's context (no prompt leaves room for them) is
+    refused with status 2, not clamped into thousands of tokens of work."""
+    code, out, err = run(["generate", "hi", "--max-new-tokens", str(2**70)], capsys)
+    assert code == 2 and err.count("error:") == 1
+    assert f"--max-new-tokens {2**70} is more than" in err and "(8192 tokens)" in err
+
+
 def test_fast_options_give_the_same_text(fake_load, capsys, monkeypatch):
     base = [
         "generate",
