@@ -671,6 +671,20 @@ def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
     assert "longer than the model's context" in capsys.readouterr().err
 
 
+def test_cli_keeps_an_earlier_run_s_results_without_a_flag(tmp_path, capsys):
+    """An out-dir holding an earlier run's summary.json (its checkpoints moved away or
+    deleted) is refused before any work, naming it; the summary stays as it was."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text('{"step": 300}')
+    argv = ["--out-dir", str(out), "--no-progress", "--device", "cpu"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"out_dir {out} holds an earlier run's" in err
+    assert (out / "summary.json").read_text() == '{"step": 300}'
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
+
+
 # Output folders, existing runs, damaged checkpoints
 
 

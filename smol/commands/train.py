@@ -114,6 +114,7 @@ def _train(cfg: TrainConfig) -> int:
     """Train, then write summary.json and loss.png into out_dir."""
 
     def start() -> Trainer:
+        check_earlier_results(cfg)
         trainer = Trainer(cfg)
         if trainer.is_main:
             print(
@@ -130,6 +131,18 @@ def _train(cfg: TrainConfig) -> int:
             _write_results(trainer, history, summary)
 
     return fit_until_stopped(start, finish)
+
+
+def check_earlier_results(cfg: TrainConfig) -> None:
+    """FileExistsError where out_dir holds an earlier run's summary.json (which this
+    run would replace) and neither --resume nor --overwrite says to go on."""
+    summary = Path(cfg.out_dir) / "summary.json"
+    if summary.exists() and not (cfg.resume or cfg.overwrite):
+        raise FileExistsError(
+            f"out_dir {cfg.out_dir} holds an earlier run's results ({summary.name}): "
+            "continue that run with --resume, replace it with --overwrite, or give "
+            "another --out-dir"
+        )
 
 
 def fit_until_stopped(
