@@ -60,6 +60,7 @@ NOTEBOOKS = {  # topic -> file stem, in course order: exercise NN follows chapte
     "gguf": "13_gguf",
     "multiple_choice": "14_multiple_choice",
     "dpo": "15_dpo",
+    "grpo": "16_grpo",
 }
 
 __all__ = [

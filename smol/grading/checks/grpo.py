@@ -1,0 +1,399 @@
+"""16 GRPO: each completion's advantage against its group, and the clipped objective
+with its KL penalty averaged over the completion tokens (a batch loss that composes
+them: `grpo_batch`).
+
+Each check's inputs keep the other checks' bugs out of sight: where the averaging is
+checked the ratios stay inside the clipping range and beta is 0, where the clipping
+is checked every completion fills its row (no padding, so every averaging agrees),
+where the KL is checked the ratios are unclipped, and where the padding is checked
+every completion has the same length, so that a bug loses the points of the check
+written for it. The loss is the one of the GRPO paper (the KL not weighed by the
+ratio: smol.grpo's use_bias_correction_kl=False)."""
+
+import torch
+
+from smol.grading.checks._util import close, is_tensor, untouched
+from smol.grading.registry import probe_check, task
+
+task(
+    "group_advantages",
+    "grpo",
+    "group_advantages(rewards, group_size): each reward against its group's mean "
+    "and std",
+)
+task(
+    "grpo_loss",
+    "grpo",
+    "grpo_loss(logps, old_logps, ref_logps, advantages, completion_mask, ...): the "
+    "clipped objective with its KL penalty",
+)
+
+# --- group_advantages
+
+
+def _advantages_reference(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    from smol.grpo import group_advantages
+
+    return group_advantages(rewards, group_size)
+
+
+def _groups(rows: list[list[float]]) -> dict:
+    """Groups of one size, consecutive, as (N,) float32 rewards."""
+    return {"rewards": torch.tensor(rows).flatten(), "group_size": len(rows[0])}
+
+
+def _spread_cases():
+    """Groups of 2, 3, 4, 6 and 8 rewards, each group's mean and spread its own, no
+    group of equal rewards: a checker's 0 and 1, partial credit, a scalar score."""
+    pairs = [[0.0, 1.0], [1.0, 0.0], [0.5, 2.0], [3.0, 1.0]]
+    fours = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
+    fours = torch.cat([fours, torch.randint(0, 3, (3, 2)) / 2], 1)
+    eights = torch.randn(2, 8) * 2 + torch.tensor([[5.0], [-3.0]])
+    return [
+        _groups(pairs),
+        _groups(fours.tolist()),
+        _groups(eights.tolist()),
+        _groups([[1.0, 0.0, 0.0], [2.0, 5.0, 3.0]]),
+        _groups([[0.0, 1.0, 1.0, 1.0, 0.0, 1.0]]),  # one prompt: the batch is a group
+    ]
+
+
+def _rounding_neighbours(value: float, n: int) -> list[float]:
+    """n rewards equal up to rounding: value and the next float32 after it, in turn."""
+    x = torch.tensor(value)
+    after = torch.nextafter(x, torch.tensor(float("inf")))
+    return [(x if i % 2 == 0 else after).item() for i in range(n)]
+
+
+def _equal_cases():
+    """Groups of equal rewards (advantages 0: every mean is exact), and groups equal
+    up to float32 rounding (std of about 1e-8: the 1e-4 keeps their advantages
+    near 0)."""
+    return [
+        _groups([[1.0] * 4, [0.0] * 4, _rounding_neighbours(0.3, 4), [2.0] * 4]),
+        _groups([[0.5, 0.5], [1.0, 1.0], _rounding_neighbours(0.7, 2)]),
+        _groups([[0.25] * 8, _rounding_neighbours(1.3, 8)]),
+        _groups([[1.0] * 3]),
+    ]
+
+
+def _what_rewards(c: dict) -> str:
+    G = c["group_size"]
+    return f"{len(c['rewards']) // G} groups of {G}"
+
+
+def _run_advantages(fn, inputs):
+    return [fn(c["rewards"], c["group_size"]) for c in inputs]
+
+
+def _judge_advantages(atol: float, rtol: float):
+    def judge(inputs, outputs) -> None:
+        assert isinstance(outputs, list) and len(outputs) == len(inputs)
+        for c, out in zip(inputs, outputs):
+            want = _advantages_reference(c["rewards"], c["group_size"])
+            close(
+                is_tensor(out), want, f"the advantages ({_what_rewards(c)})", atol, rtol
+            )
+
+    return judge
+
+
+for name, points, hint, make, judge in (
+    (
+        "each group's own mean and std (unbiased, as torch.std)",
+        2,
+        "the rewards of a prompt's group are consecutive: rewards.view(-1, group_size) "
+        "gives a row per group; subtract each row's mean and divide by its std "
+        "(.std(1, keepdim=True), unbiased, as torch.std and TRL), then flatten back; "
+        "the whole batch's mean and std mix the prompts",
+        _spread_cases,
+        _judge_advantages(1e-3, 1e-3),
+    ),
+    (
+        "std + 1e-4: equal rewards give 0, not NaN; near-equal ones stay near 0",
+        2,
+        "divide by std + 1e-4 (smol.grpo.EPS, TRL's): a group of equal rewards has "
+        "std 0, and 0 / 0 is NaN; rewards equal up to rounding have a std of 1e-8, "
+        "and dividing by that alone blows rounding up to advantages of 0.7",
+        _equal_cases,
+        _judge_advantages(1e-5, 1e-5),
+    ),
+):
+    probe_check("group_advantages", name, points, hint, inputs=make, judge=judge)(
+        _run_advantages
+    )
+
+
+def _judge_rewards_kept(inputs, outputs) -> None:
+    for c, after in zip(inputs, outputs):
+        untouched(after, c["rewards"], f"the rewards ({_what_rewards(c)})")
+
+
+@probe_check(
+    "group_advantages",
+    "the rewards are left unchanged",
+    1,
+    "rewards.view(...) shares the caller's memory: grouped -= grouped.mean(...) "
+    "writes into it; write grouped - grouped.mean(...) instead",
+    inputs=lambda: _spread_cases()[:3],
+    judge=_judge_rewards_kept,
+)
+def _(fn, inputs):
+    out = []
+    for c in inputs:
+        fn(c["rewards"], c["group_size"])
+        out.append(c["rewards"])
+    return out
+
+
+# --- grpo_loss
+TENSORS = ("logps", "old_logps", "ref_logps", "advantages", "completion_mask")
+DEFAULTS = {"loss_type": "grpo", "beta": 0.0, "epsilon_low": 0.2, "epsilon_high": 0.2}
+OPTIONS = tuple(DEFAULTS)
+
+
+def _batch(B, T, log_ratio, lengths=None, padding="zero", kl_spread=0.0, **options):
+    """B completions of T token slots: log-probabilities under the policy (logps),
+    the sampling policy (logps - log_ratio: log_ratio (lo, hi) draws each row's
+    log-ratios from T evenly spaced values between them, in a random order) and the
+    reference (logps plus noise of std kl_spread), an advantage per completion (one
+    of them 0, as a group of equal rewards gives) and the mask of each completion's
+    `lengths` tokens. padding "zero": 0 after a completion's end in all three, as
+    smol.grpo.completion_logprobs writes them; "any": the values a model gives there
+    (TRL's), and the reference then equals the policy on the real tokens. options:
+    the loss's (OPTIONS), and dtype."""
+    options = DEFAULTS | options
+    dtype = options.pop("dtype", torch.float32)
+    lengths = [T] * B if lengths is None else lengths
+    mask = (torch.arange(T)[None] < torch.tensor(lengths)[:, None]).long()
+    logps = -torch.rand(B, T) * 4 - 0.1
+    grid = torch.linspace(*log_ratio, T)
+    ratio = torch.stack([grid[torch.randperm(T)] for _ in range(B)])
+    old = logps - ratio
+    ref = logps + torch.randn(B, T) * kl_spread
+    real = mask.bool()
+    if padding == "zero":
+        logps, old, ref = (x.masked_fill(~real, 0.0) for x in (logps, old, ref))
+    else:  # anything at the padding: a model's own numbers
+        ref = torch.where(real, logps, -torch.rand(B, T) * 3)
+        old = torch.where(real, old, -torch.rand(B, T) * 3)
+    advantages = torch.randn(B)  # both signs, and a 0 last where B > 2
+    advantages[:2] = torch.tensor([1.0, -1.0]) * advantages[:2].abs().clamp(min=0.3)
+    if B > 2:
+        advantages[-1] = 0.0
+    out = {"logps": logps, "old_logps": old, "ref_logps": ref, "advantages": advantages}
+    return (
+        {k: v.to(dtype) for k, v in out.items()} | {"completion_mask": mask} | options
+    )
+
+
+INSIDE = (-0.14, 0.14)  # ratios 0.87 to 1.15: inside [0.8, 1.2], never clipped
+
+
+def _loss_reference(c: dict, logps: torch.Tensor | None = None) -> torch.Tensor:
+    """smol's loss of the case, in float32 (logps: a leaf to take gradients of)."""
+    from smol.grpo import grpo_loss
+
+    x = {k: c[k].float() if k != "completion_mask" else c[k] for k in TENSORS}
+    if logps is not None:
+        x["logps"] = logps
+    T = c["logps"].shape[1]
+    options = {k: c[k] for k in OPTIONS} | {"max_completion_length": T}
+    tensors = [x[k] for k in TENSORS]
+    return grpo_loss(*tensors, **options, use_bias_correction_kl=False).loss
+
+
+def _what_batch(c: dict) -> str:
+    B, T = c["logps"].shape
+    lengths = c["completion_mask"].sum(1).tolist()
+    eps = f"eps=({c['epsilon_low']}, {c['epsilon_high']})"
+    dtype = str(c["logps"].dtype).removeprefix("torch.")
+    return f"{c['loss_type']}, B={B}, T={T}, lengths {lengths}, beta={c['beta']}, " + (
+        f"{eps}, {dtype}"
+    )
+
+
+def _call_loss(fn, c: dict, grad: bool = False) -> dict:
+    """Probe side: the student's loss, the inputs after the call and, with grad, the
+    gradient the loss sends to logps (given as a model's output, not a leaf)."""
+    given = {k: c[k] for k in TENSORS}
+    if grad:
+        leaf = c["logps"].clone().requires_grad_(True)
+        given["logps"] = leaf.clone()
+    out = fn(*(given[k] for k in TENSORS), **{k: c[k] for k in OPTIONS})
+    loss = is_tensor(getattr(out, "loss", out), "the loss")
+    result = {"loss": loss, "after": {k: c[k] for k in TENSORS}}  # given, or clones
+    if grad:
+        assert loss.requires_grad, "the loss is not connected to logps' graph"
+        loss.sum().backward()
+        result["grad"] = leaf.grad
+    return result
+
+
+def _judge_loss(inputs, outputs) -> None:
+    for c, out in zip(inputs, outputs):
+        loss = is_tensor(out["loss"], "the loss")
+        assert loss.numel() == 1, f"the loss has shape {tuple(loss.shape)}: one number"
+        tol = 3e-2 if c["logps"].dtype == torch.bfloat16 else 1e-5
+        want = _loss_reference(c)
+        close(loss.reshape(()), want, f"the loss ({_what_batch(c)})", tol, tol)
+
+
+def _judge_grad(inputs, outputs) -> None:
+    for c, out in zip(inputs, outputs):
+        assert out["grad"] is not None, f"{_what_batch(c)}: no gradient reached logps"
+        leaf = c["logps"].clone().requires_grad_(True)
+        _loss_reference(c, leaf).backward()
+        close(out["grad"], leaf.grad, f"the gradient of logps ({_what_batch(c)})")
+
+
+def _judge_inputs_kept(inputs, outputs) -> None:
+    for c, out in zip(inputs, outputs):
+        for k in TENSORS:
+            untouched(out["after"][k], c[k], f"{k} ({_what_batch(c)})")
+
+
+def _averaging_cases():
+    """Completions of unequal lengths, padded with 0, each averaging; ratios inside
+    the clipping range, beta 0; as many completions as token slots (where advantages
+    broadcast along the tokens run, to be caught by their values), and bfloat16."""
+    cases = []
+    for loss_type in ("grpo", "dapo", "dr_grpo"):
+        cases.append(_batch(4, 6, INSIDE, [6, 3, 1, 5], loss_type=loss_type))
+        cases.append(_batch(5, 5, INSIDE, [2, 5, 4, 1, 3], loss_type=loss_type))
+    cases.append(
+        _batch(3, 7, INSIDE, [7, 2, 4], loss_type="grpo", dtype=torch.bfloat16)
+    )
+    return cases
+
+
+def _padding_cases():
+    """Completions of one length, followed by padding that holds a model's numbers
+    (under the reference too), beta > 0: every averaging but Dr. GRPO's constant
+    agrees on them, and only padding changes the KL."""
+    return [
+        _batch(3, 6, INSIDE, [4, 4, 4], padding="any", loss_type=t, beta=b)
+        for t, b in (("grpo", 0.0), ("dapo", 0.0), ("grpo", 0.5), ("dapo", 0.1))
+    ]
+
+
+def _clip_cases():
+    """Ratios from 0.41 to 2.46 on both sides of [1 - eps, 1 + eps], advantages of
+    both signs, every completion full length (every averaging agrees), beta 0."""
+    wide = (-0.9, 0.9)
+    return [
+        _batch(4, 8, wide, loss_type="grpo"),
+        _batch(6, 5, wide, loss_type="dapo"),
+        _batch(3, 6, wide, loss_type="dr_grpo"),
+    ]
+
+
+def _asymmetric_cases():
+    """eps_low != eps_high, ratios where only the range of one epsilon for both
+    sides would clip: 0.92 to 1.26 for (0.1, 0.28), 0.74 to 1.07 for (0.3, 0.1)."""
+    return [
+        _batch(
+            6, 8, (-0.08, 0.23), epsilon_low=0.1, epsilon_high=0.28, loss_type="dapo"
+        ),
+        _batch(6, 8, (-0.3, 0.07), epsilon_low=0.3, epsilon_high=0.1),
+    ]
+
+
+def _kl_cases():
+    """beta > 0 with the reference away from the policy (log-ratios of std 0.7),
+    ratios inside the clipping range, every completion full length."""
+    return [
+        _batch(4, 6, INSIDE, kl_spread=0.7, loss_type=t, beta=b)
+        for t, b in (("grpo", 0.04), ("dapo", 0.5), ("dr_grpo", 1.0))
+    ]
+
+
+def _grad_cases():
+    """Full-length completions, ratios inside the clipping range, beta 0."""
+    return [
+        _batch(3, 5, INSIDE, loss_type="grpo"),
+        _batch(4, 4, INSIDE, loss_type="dapo"),
+    ]
+
+
+def _kept_cases():
+    """Unequal lengths, a model's numbers in the padding, beta > 0."""
+    return [
+        _batch(4, 6, INSIDE, [6, 2, 4, 3], padding="any", beta=0.1),
+        _batch(3, 5, INSIDE, [1, 5, 3], loss_type="dapo", padding="any"),
+    ]
+
+
+for name, points, hint, make, grad, judge in (
+    (
+        "grpo, dapo, dr_grpo: the mean per completion, per token, over B * T",
+        2,
+        "grpo: each completion's sum over its real tokens / its length, then the "
+        "mean over completions; dapo: the sum over every real token / their count; "
+        "dr_grpo: that sum / (B * T); a token's loss times completion_mask, and "
+        "lengths from completion_mask.sum(-1)",
+        _averaging_cases,
+        False,
+        _judge_loss,
+    ),
+    (
+        "padding (completion_mask 0) counts nothing, whatever it holds",
+        1,
+        "multiply every token's loss (the KL term too) by completion_mask before "
+        "summing, and count only the real tokens: .mean() over the (B, T) slots "
+        "counts the padding",
+        _padding_cases,
+        False,
+        _judge_loss,
+    ),
+    (
+        "clipped: -min(w * A, clip(w, 1 - eps_low, 1 + eps_high) * A)",
+        2,
+        "the objective is the smaller (pessimistic) of the unclipped and the clipped "
+        "one, for either sign of A: torch.min(ratio * A, clipped * A), then the "
+        "minus; torch.min(-ratio * A, -clipped * A) is the larger objective",
+        _clip_cases,
+        False,
+        _judge_loss,
+    ),
+    (
+        "asymmetric clipping: 1 - eps_low below, 1 + eps_high above",
+        1,
+        "torch.clamp(ratio, 1 - epsilon_low, 1 + epsilon_high): each epsilon on its "
+        "own side (DAPO's clip-higher raises eps_high alone)",
+        _asymmetric_cases,
+        False,
+        _judge_loss,
+    ),
+    (
+        "beta > 0: plus beta * (exp(ref - logp) - (ref - logp) - 1) a token",
+        2,
+        "k3 with d = ref_logps - logps, not logps - ref_logps: exp(d) - d - 1, added "
+        "to each token's loss times beta (not weighed by the ratio here)",
+        _kl_cases,
+        False,
+        _judge_loss,
+    ),
+    (
+        "the gradient reaches logps through the ratio",
+        1,
+        "compute the ratio as torch.exp(logps - old_logps) inside the graph: no "
+        ".detach() of logps, no torch.no_grad(), no .item()",
+        _grad_cases,
+        True,
+        _judge_grad,
+    ),
+    (
+        "the five input tensors are left unchanged",
+        1,
+        "logps * mask or torch.where(...) makes a new tensor; masked_fill_, mul_ or "
+        "+= on an input (or on a view of it) writes into the caller's",
+        _kept_cases,
+        False,
+        _judge_inputs_kept,
+    ),
+):
+
+    @probe_check("grpo_loss", name, points, hint, inputs=make, judge=judge)
+    def _(fn, inputs, grad=grad):
+        return [_call_loss(fn, c, grad) for c in inputs]
