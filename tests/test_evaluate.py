@@ -351,6 +351,7 @@ def test_the_command_line_compares_two_runs(tmp_path, capsys):
             "line 2: expected a question number and a verdict of 0 or 1, got 'zero'",
         ),
         ("question,correct,correct normalised\n0,1,yes\n", "got '0' and 'yes'"),
+        ("question,correct,correct normalised\n0,yes,1\n", "got '0' and 'yes'"),
         (b"question,correct,correct normalised\n0,1,1,caf\xe9\n", "is not UTF-8"),
     ],
 )

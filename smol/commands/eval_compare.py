@@ -12,13 +12,16 @@ from smol.commands.common import UsageError
 from smol.commands.eval_runs import write_csv
 
 
+VERDICTS = ("correct", "correct normalised")  # by the sum, per character
+
+
 def verdicts(path: Path, by: str) -> dict[int, bool]:
     """question number -> right or not, from a run's mmlu_questions.csv."""
     if path.is_dir():
         path = path / "mmlu_questions.csv"
     if not path.is_file():
         raise UsageError(f"no such file: {path} (written by mmlu --out)")
-    column = "correct normalised" if by == "normalised" else "correct"
+    column = VERDICTS[by == "normalised"]
     try:
         with open(path, newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
@@ -34,11 +37,14 @@ def verdicts(path: Path, by: str) -> dict[int, bool]:
                 f"{path} has no {'question' if number is None else column!r} "
                 "column (written by mmlu --out)"
             )
-        if not number.isdigit() or verdict not in ("0", "1"):
-            raise ValueError(
-                f"{path}, line {line}: expected a question number and a verdict of "
-                f"0 or 1, got {number!r} and {verdict!r}"
-            )
+        # both verdicts, the one compared and the other: a run edited in either
+        # is not the run it claims to be
+        for v in [verdict] + [row[k] for k in VERDICTS if row.get(k) is not None]:
+            if not number.isdigit() or v not in ("0", "1"):
+                raise ValueError(
+                    f"{path}, line {line}: expected a question number and a verdict "
+                    f"of 0 or 1, got {number!r} and {v!r}"
+                )
         found[int(number)] = verdict == "1"
     return found
 
