@@ -14,7 +14,15 @@ or "3 times", a percentage, a time, a rate) that cites nothing must appear in th
 stored output of the code cells right above its markdown cell (a number of two digits or
 more may be printed by any code cell above: a summary restates what the chapter
 printed), unless `<!-- setting -->` follows it: a value the text chooses (a
-schedule's 20%), not one it measured.
+schedule's 20%), not one it measured, or `<!-- exact -->`: a value that follows from
+the format, the configuration or the cited numbers beside it (float32's 538 MB a token),
+not from a measurement. A goal, a limit and an interval's level ("Goals: at least 40%
+MFU", "a time limit of 300 s", "95% interval") are settings without a mark.
+
+The measured numbers are ratios (2.5x, "3 times as fast", "twice as", "half as"),
+percentages, times (s, ms, seconds, minutes), rates (tokens/s, GB/s) and sizes (kB,
+MB, GB, MiB, GiB). On the book's pages, the README and CONTRIBUTING.md, which have no
+outputs, each must cite its row or be a setting.
 """
 
 from __future__ import annotations
@@ -40,11 +48,26 @@ CITED = re.compile(
 )
 # what a chapter's prose must back with an output above it or a citation
 MEASURED = re.compile(
-    r"(?<![\w.$])(?P<num>\d+(?:\.\d+)?|twice as|(?:three|four) times as)\s*"
-    r"(?:(?<=as)|x\b|times (?:as|faster|slower|the|more|`)|%|tokens/s|ms\b|seconds?\b"
-    r"|minutes?\b)"
-    r"(?!\s*<!--\s*setting\s*-->)(?!\s*\x00)"
+    r"(?<![\w.,$])(?P<num>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|twice as|half as|(?:three|four) times as)\s*"
+    r"(?:(?<=as)|x\b(?!\s*\d)|times (?:as|faster|slower|the|more|`)|%|tokens/s|ms\b|s\b"
+    r"|seconds?\b|minutes?\b|[kMG]i?B(?:/s\b|\b(?!/)))"
+    r"(?!\s*<!--\s*(?:setting|exact)\s*-->)(?!\s*\x00)"
 )
+# what makes a number a setting without a mark: a goal, a limit, an interval's level
+SETTING_BEFORE = re.compile(
+    r"(?:\bgoals?\b|\bgoal of|\bat least|time limit|stops after)[^.]{0,50}$",
+    re.IGNORECASE,
+)
+SETTING_AFTER = re.compile(r"\s*(?:interval|confidence)\b", re.IGNORECASE)
+
+
+def is_setting(text: str, m: re.Match) -> bool:
+    """A goal or a limit the text sets ("Goals: at least 40% MFU", "a time limit of 300
+    s"), or an interval's confidence level (95%)."""
+    return bool(
+        SETTING_BEFORE.search(text[max(0, m.start() - 60) : m.start()])
+        or SETTING_AFTER.match(text, m.end())
+    )
 
 
 def prose_sources() -> list[tuple[str, str]]:
@@ -165,6 +188,7 @@ def outputs_text(cells) -> str:
 
 def printed(value: str, output: str) -> bool:
     """Is `value` (as the prose states it) in the output, exactly or rounded?"""
+    value = value.replace(",", "")
     word = value.lower().removesuffix(" as")
     if word in WORDS:
         value = str(int(WORDS[word]))
@@ -193,6 +217,8 @@ def uncited_measurements() -> list[tuple[str, str]]:
             above = outputs_text(above)
             text = cell.source
             for m in MEASURED.finditer(strip_code_and_math(text)):
+                if is_setting(strip_code_and_math(text), m):
+                    continue
                 # a small number or a word is found in any long output by chance: it
                 # must be printed right above
                 digits = re.sub(r"\D", "", m["num"]).lstrip("0")
@@ -202,6 +228,29 @@ def uncited_measurements() -> list[tuple[str, str]]:
                     s = strip_code_and_math(text)
                     missing.append((where, s[max(0, m.start() - 50) : m.end() + 10]))
     return missing
+
+
+def uncited_page_measurements() -> list[tuple[str, str]]:
+    """(where, the sentence) of each measured number on a page with no outputs (the
+    book's pages, the README, CONTRIBUTING.md) that cites no row and is not marked as
+    a setting."""
+    missing = []
+    for where, text in prose_sources():
+        if where.startswith("chapters/"):
+            continue
+        s = strip_code_and_math(text)
+        for m in MEASURED.finditer(s):
+            if not is_setting(s, m):
+                missing.append((where, s[max(0, m.start() - 50) : m.end() + 10]))
+    return missing
+
+
+def test_page_numbers_are_cited_or_settings():
+    """On a page without outputs a measured number cites its row, or is a setting."""
+    missing = uncited_page_measurements()
+    assert not missing, "measured numbers that cite nothing:\n" + (
+        "\n".join(f"  {w}: ...{s!r}" for w, s in missing)
+    )
 
 
 def test_chapter_numbers_are_printed_above_or_cited():
@@ -240,3 +289,25 @@ def test_run_time_table_lists_every_chapter():
     chapters = sorted(p.stem for p in ROOT.glob("chapters/*.ipynb"))
     assert sorted(r["chapter"] for r in rows) == chapters
     assert all(float(r["seconds on a CPU"]) > 0 for r in rows)
+
+
+def test_measured_numbers_are_found_in_prose():
+    """What the checks count as a measured number, and what they let pass: a page's
+    time, size, rate, ratio or comparison that cites nothing is reported; a cited
+    one, a marked setting or exact value, a goal, a limit, an interval's level and a
+    matrix's shape are not."""
+    page = (
+        "Loading took 12.5 s and 1,026 MiB, at 7.4 GB/s; it ran 2.3x faster, twice as"
+        " fast as before, in 85% of the time."
+    )
+    found = [m["num"] for m in MEASURED.finditer(strip_code_and_math(page))]
+    assert found == ["12.5", "1,026", "7.4", "2.3", "twice as", "85"], found
+    fine = (
+        "It took 1.22 times<!-- cite bench/results/x.csv: a=b -> c --> as long; a 20%"
+        "<!-- setting --> warm-up; 538 MB<!-- exact --> a token. **Goals**: at least 40%"
+        " MFU. A time limit (300 s a notebook). 60.0% (95% interval 50 to 70). A 1536 x"
+        " 576 product."
+    )
+    s = strip_code_and_math(fine)
+    left = [m["num"] for m in MEASURED.finditer(s) if not is_setting(s, m)]
+    assert left == ["60.0"], left
