@@ -694,6 +694,65 @@ WIDER_THAN_COLUMN = """() => {
     return found;
 }"""
 
+# the vector figures of a page as shown: (address, width in px)
+SVG_FIGURES = """() => [...document.querySelectorAll("article img")]
+    .filter(img => /\\.svg([?#]|$)/i.test(img.currentSrc || img.src))
+    .filter(img => img.clientWidth > 0)
+    .map(img => [img.currentSrc || img.src, img.clientWidth])"""
+
+# A picture opened by itself, at its own size: each label's text and the height in px of
+# its font once the picture is shown `shown` px wide. Labels are <text> elements, or, as
+# matplotlib draws them, glyph paths scaled by fontsize / 100 inside a g#text_N (the
+# label's text in a comment before them).
+LABEL_SIZES = """shown => {
+    const svg = document.documentElement;
+    const scale = shown / svg.getBoundingClientRect().width;
+    const out = [];
+    for (const t of svg.querySelectorAll("text")) {
+        if (t.getClientRects().length === 0 || !t.textContent.trim()) continue;
+        const size = parseFloat(getComputedStyle(t).fontSize);
+        out.push([t.textContent.trim().slice(0, 40), size * scale]);
+    }
+    for (const g of svg.querySelectorAll("g[id^='text_']")) {
+        const glyphs = [...g.querySelectorAll("g[transform*='scale(']")]
+            .filter(e => e.querySelector("use"));
+        if (!glyphs.length) continue;
+        const note = [...g.childNodes].find(n => n.nodeType === Node.COMMENT_NODE);
+        const size = Math.min(...glyphs.map(e => {
+            const m = e.getCTM();
+            return 100 * Math.hypot(m.a, m.b);
+        }));
+        out.push([note ? note.textContent.trim().slice(0, 40) : g.id, size * scale]);
+    }
+    return out;
+}"""
+MIN_LABEL_PX = 8
+
+
+def small_labels(context, figures: list) -> list[str]:
+    """The labels of each figure (address, shown width) whose font is under
+    MIN_LABEL_PX px high as shown, each figure opened by itself in a page of its own."""
+    found = []
+    page = context.new_page()
+    try:
+        for src, shown in figures:
+            page.goto(src)
+            small = sorted(
+                (size, text)
+                for text, size in page.evaluate(LABEL_SIZES, shown)
+                if size < MIN_LABEL_PX
+            )
+            name = urlsplit(src).path.rsplit("/", 1)[-1]
+            found += [
+                f"{name} shown {shown} px wide: {len(small)} labels under "
+                f"{MIN_LABEL_PX} px, '{text}' {size:.1f} px"
+                for size, text in small[:1]
+            ]
+    finally:
+        page.close()
+    return found
+
+
 SET_THEME = """theme => {  // what the theme's light/dark switch does
     const html = document.documentElement;
     const before = html.dataset.theme === undefined ? null : html.dataset.theme;
@@ -998,7 +1057,8 @@ def _reader_problems(page, doc: str) -> list[str]:
 
 
 def _phone_problems(page, doc: str) -> list[str]:
-    """The same page at a phone's width: nothing cut off at the right edge. The page
+    """The same page at a phone's width: nothing cut off at the right edge, and every
+    label of a vector figure at least MIN_LABEL_PX px high as shown. The page
     is laid out again at that width (the theme's narrow layout is CSS alone), then
     given back its own."""
     desktop = page.viewport_size
@@ -1008,6 +1068,7 @@ def _phone_problems(page, doc: str) -> list[str]:
         found = page.evaluate(CUT_OFF_ON_A_PHONE) + page.evaluate(
             PAGE_WIDER_THAN_SCREEN
         )
+        found += small_labels(page.context, page.evaluate(SVG_FIGURES))
     finally:
         page.set_viewport_size(desktop)
     return [f"{doc} at {PHONE['width']} px: {p}" for p in found]
@@ -1302,3 +1363,45 @@ def test_layout_and_theme_checks_catch_broken_pages():
     assert round(contrast((255, 255, 255), (0, 0, 0)), 1) == 21.0
     # the lightest grey with WCAG's 4.5 on white, as WebAIM's checker gives it
     assert round(contrast((0x76, 0x76, 0x76), (255, 255, 255)), 2) == 4.54
+
+
+def test_label_check_catches_small_labels(tmp_path):
+    """The label check measures a drawn <text> and a matplotlib label (glyph paths):
+    each is reported shown too narrow for 8 px labels, and passes shown wide enough."""
+    _require_browser()
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from playwright.sync_api import sync_playwright
+
+    drawn = tmp_path / "drawn.svg"
+    drawn.write_text(
+        '<svg xmlns="http://www.w3.org/2000/svg" width="920" height="100">'
+        '<text x="10" y="50" font-size="12">ch. 1 · RMSNorm</text></svg>'
+    )
+    fig, ax = plt.subplots(figsize=(8, 2))  # 576 pt wide
+    ax.set_title("a label", fontsize=9)
+    plotted = tmp_path / "plotted.svg"
+    fig.savefig(plotted)
+    plt.close(fig)
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            context = browser.new_context()
+            narrow = small_labels(
+                context, [(drawn.as_uri(), 342), (plotted.as_uri(), 342)]
+            )
+            wide = small_labels(
+                context, [(drawn.as_uri(), 640), (plotted.as_uri(), 640)]
+            )
+        finally:
+            browser.close()
+    assert len(narrow) == 2, narrow
+    assert "drawn.svg shown 342 px wide" in narrow[0], narrow
+    assert "'ch. 1 · RMSNorm' 4.5 px" in narrow[0], narrow
+    assert "plotted.svg shown 342 px wide" in narrow[1], narrow
+    assert "'a label' 5.3 px" in narrow[1], narrow
+    assert wide == [], wide
