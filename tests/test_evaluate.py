@@ -3,6 +3,7 @@
 
 import csv
 import json
+import re
 
 import pytest
 import torch
@@ -505,6 +506,37 @@ def test_usage_errors_exit_2_with_one_line(argv, message, tiny_load, capsys):
     assert eval_cli.main(["mmlu", *argv]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_more_shots_than_the_context_holds_are_refused_before_any_scoring(
+    tiny_load, capsys
+):
+    """The worked examples are the other questions of a subject: --shots 1000 would
+    make prompts longer than the model's positions (4096 here), which fail only when
+    they are scored, last. It is a usage error naming the most shots that fit, and
+    those fit."""
+    assert eval_cli.main(["mmlu", "--limit", "57", "--shots", "1000"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--shots 1000: MMLU's prompts for " in err
+    assert "context of 4096 positions" in err
+    fit = int(re.search(r"at most (\d+) shots fit", err).group(1))
+    assert 0 < fit < 1000
+    assert eval_cli.main(["mmlu", "--limit", "57", "--shots", str(fit + 1)]) == 2
+    assert f"--shots {fit + 1}: " in capsys.readouterr().err
+    assert eval_cli.main(["mmlu", "--limit", "57", "--shots", str(fit)]) == 0
+
+
+def test_a_subject_with_fewer_examples_than_shots_is_warned_about(capsys):
+    from smol.commands.eval_shots import check_shots, mmlu_render
+
+    pool = [evaluate.Question(s, "?", ("a", "b"), 0) for s in "aaab"]
+    rest = (CharTokenizer(128), 4096, mmlu_render("cloze"))
+    check_shots("MMLU", 2, pool[:3], pool[:3], *rest)  # a's three: two others each
+    assert capsys.readouterr().err == ""
+    check_shots("MMLU", 2, pool, pool, *rest)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: --shots 2: 1 of 4 MMLU questions get fewer")
+    assert "(as few as 0)" in err
 
 
 def test_a_bad_formulation_is_refused_by_argparse(capsys):

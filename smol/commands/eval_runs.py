@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from smol import benchmarks, evaluate, stats
+from smol.commands.eval_shots import card_render, check_shots, mmlu_render
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -118,6 +119,9 @@ def run_mmlu(args, loaded=None) -> list[evaluate.Result]:
     if args.limit is not None:
         questions = evaluate.subset(pool, args.limit, args.seed)
     model, tokenizer, device = loaded or load_model(args)
+    context = model.config.max_position_embeddings
+    render = mmlu_render(args.formulation)
+    check_shots("MMLU", args.shots, questions, pool, tokenizer, context, render)
     start, cpu_start = time.perf_counter(), time.process_time()
     results = evaluate.evaluate(
         model,
@@ -174,6 +178,13 @@ def run_card(args) -> None:
     loaded = load_model(args)
     model, tokenizer, _ = loaded
     tasks = benchmarks.TASKS if args.task == "all" else (args.task,)
+    for task in tasks:  # every task's prompts fit, before the first is scored
+        pool = benchmarks.load(task)
+        items = (
+            pool if args.limit is None else evaluate.subset(pool, args.limit, args.seed)
+        )
+        context = model.config.max_position_embeddings
+        check_shots(task, args.shots, items, pool, tokenizer, context, card_render)
     summaries = []
     if args.task == "all":
         args.formulation = "cloze"
