@@ -141,6 +141,11 @@ QUANTITIES = [
         rf"MLPs?{NEAR % 80}(?P<value>{WORDS}|{NUMBER}%) of (?:a|every|each) layer",
     ),
     Quantity(
+        "characters in the whole Shakespeare corpus (millions)",
+        rf"Shakespeare(?:'s plays)? (?:has|holds) (?P<value>{NUMBER}) million characters",
+        rf"(?:whole corpus|published them \() ?(?P<value>{NUMBER}) million",
+    ),
+    Quantity(
         "MMLU's test questions",
         rf"(?:MMLU's|all of MMLU's)\s+(?P<value>{NUMBER})\s+test questions",
     ),
@@ -236,6 +241,8 @@ def test_a_second_value_is_caught(old, new, name):
         ("Our training takes 2.9x the time of tokenizers' trainer.", "tokenizer"),
         ("The MLPs are two thirds of every layer.", "share of a layer"),
         ("Of the weights the tied embedding holds 25%.", "embedding"),
+        # chapter 7 once gave the training plays' count as the whole corpus's
+        ("Shakespeare has 4.6 million characters.", "Shakespeare corpus"),
     ],
 )
 def test_a_page_that_says_otherwise_is_caught(said, name):
