@@ -37,6 +37,7 @@ CHAPTER_EXERCISES = {
     "13_shipping_your_model": "13_gguf",
     "14_measuring_the_model": "14_multiple_choice",
     "15_preference_tuning": "15_dpo",
+    "16_learning_from_rewards": "16_grpo",
 }
 
 

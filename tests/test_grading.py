@@ -93,13 +93,13 @@ def test_seven_notebooks_each_with_tasks_and_one_bug_hunt():
 
 
 def test_one_exercise_per_chapter_and_the_exercises_page_lists_each():
-    """Exercise NN follows chapter NN, for every chapter that has one (1 to 15);
+    """Exercise NN follows chapter NN, for every chapter that has one (1 to 16);
     book/exercises.md has a row per exercise, with its chapter, the names of its tasks
     and its points."""
     from tests.nbtools import CHAPTER_EXERCISES
 
     stems = list(NOTEBOOKS.values())
-    assert [int(s[:2]) for s in stems] == list(range(1, 16)), stems
+    assert [int(s[:2]) for s in stems] == list(range(1, 17)), stems
     chapters = {e: c for c, e in CHAPTER_EXERCISES.items() if e}
     assert [int(s[:2]) for s in stems] == sorted(int(c[:2]) for c in chapters.values())
     assert sorted(chapters) == sorted(stems)
@@ -209,6 +209,7 @@ def test_smols_reference_implementations_score_full_marks():
     from smol.export import pack_tensor_info, pack_value, quantize_q8_0
     from smol.generate import filter_top_k, filter_top_p, generate
     from smol.gguf import permute_qk
+    from smol.grpo import group_advantages
     from smol.lora import LoRALinear
     from smol.model import DecoderLayer
     from smol.quantize import QuantLinear, quantize_per_channel
@@ -245,6 +246,9 @@ def test_smols_reference_implementations_score_full_marks():
         ("tensor_info_bug", pack_tensor_info),
         ("sequence_logprobs", sequence_logprobs),
         ("dpo_loss", dpo_loss),
+        ("group_advantages", group_advantages),
+        ("grpo_loss", grpo_loss_by_smol),
+        ("grpo_batch_bug", grpo_batch_loss_by_smol),
         (
             "speculative_greedy",
             lambda model, ids, n: generate(model, ids, n, temperature=0, speculative=4),
@@ -690,6 +694,148 @@ def dpo_batch_loss_reference_attached(policy_logits, ref_logits, targets, beta):
     return dpo_loss_by(policy[:B], policy[B:], ref[:B], ref[B:], beta, reference=True)
 
 
+def advantages_over_the_batch(rewards, group_size):  # every prompt's rewards mixed
+    return (rewards - rewards.mean()) / (rewards.std() + 1e-4)
+
+
+def _advantages_by(rewards, group_size, std=lambda g: g.std(1, keepdim=True) + 1e-4):
+    grouped = rewards.view(-1, group_size)
+    return ((grouped - grouped.mean(1, keepdim=True)) / std(grouped)).view(-1)
+
+
+def advantages_without_epsilon(rewards, group_size):  # 0 / 0 for equal rewards
+    return _advantages_by(rewards, group_size, lambda g: g.std(1, keepdim=True))
+
+
+def advantages_guarded_without_epsilon(rewards, group_size):  # 0 only where std is 0
+    advantages = advantages_without_epsilon(rewards, group_size)
+    return torch.nan_to_num(advantages, nan=0.0)
+
+
+def advantages_biased_std(rewards, group_size):  # std over G, not G - 1
+    return _advantages_by(
+        rewards, group_size, lambda g: g.std(1, keepdim=True, correction=0) + 1e-4
+    )
+
+
+def advantages_grouped_by_stride(rewards, group_size):  # (G, P): prompts round-robin
+    grouped = rewards.view(group_size, -1)
+    return ((grouped - grouped.mean(0)) / (grouped.std(0) + 1e-4)).view(-1)
+
+
+def advantages_centred_in_place(rewards, group_size):  # the view is the caller's
+    grouped = rewards.view(-1, group_size)
+    std = grouped.std(1, keepdim=True)
+    grouped -= grouped.mean(1, keepdim=True)
+    return (grouped / (std + 1e-4)).view(-1)
+
+
+def grpo_loss_by(
+    logps,
+    old,
+    ref,
+    advantages,
+    completion_mask,
+    loss_type="grpo",
+    beta=0.0,
+    epsilon_low=0.2,
+    epsilon_high=0.2,
+    **bugs,
+):
+    """GRPO's loss with one of `bugs`: unclipped (w A alone), optimistic (the max of
+    the two objectives), negative_side_only (clipped where A < 0 only), low_both
+    (epsilon_low on both sides), swapped_eps, kl_flipped (d = logp - ref), kl_bonus
+    (minus beta KL), kl_everywhere (the KL's mean over every slot), padding_counted
+    (the mask ignored), swapped_averaging (grpo's and dapo's exchanged), dr_by_tokens
+    (dr_grpo divided by the token count), detached (the ratio without a gradient),
+    masked_in_place (the padding of logps zeroed in the caller's tensor)."""
+    if bugs.get("masked_in_place"):
+        logps.masked_fill_(completion_mask == 0, 0.0)
+    A = advantages[:, None]
+    low, high = 1 - epsilon_low, 1 + epsilon_high
+    if bugs.get("low_both"):
+        high = 1 + epsilon_low
+    if bugs.get("swapped_eps"):
+        low, high = 1 - epsilon_high, 1 + epsilon_low
+    w = torch.exp((logps.detach() if bugs.get("detached") else logps) - old)
+    clipped = w.clamp(low, high)
+    if bugs.get("unclipped"):
+        objective = w * A
+    elif bugs.get("optimistic"):
+        objective = torch.max(w * A, clipped * A)
+    elif bugs.get("negative_side_only"):
+        objective = torch.where(A < 0, torch.min(w * A, clipped * A), w * A)
+    else:
+        objective = torch.min(w * A, clipped * A)
+    d = (logps - ref) if bugs.get("kl_flipped") else (ref - logps)
+    kl = (torch.exp(d) - d - 1) * (-1 if bugs.get("kl_bonus") else 1)
+    mask = completion_mask.to(logps.dtype)
+    if bugs.get("padding_counted"):
+        mask = torch.ones_like(mask)
+    extra = beta * kl.mean() if bugs.get("kl_everywhere") else 0.0
+    per_token = -objective + (0.0 if bugs.get("kl_everywhere") else beta * kl)
+    summed = (per_token * mask).sum(-1)
+    if bugs.get("swapped_averaging"):
+        loss_type = {"grpo": "dapo", "dapo": "grpo"}.get(loss_type, loss_type)
+    if bugs.get("dr_by_tokens") and loss_type == "dr_grpo":
+        loss_type = "dapo"
+    if loss_type == "grpo":
+        return (summed / mask.sum(-1)).mean() + extra
+    if loss_type == "dapo":
+        return summed.sum() / mask.sum() + extra
+    return summed.sum() / mask.numel() + extra
+
+
+def grpo_loss_with(bug):
+    return lambda *args, **options: grpo_loss_by(*args, **options, **{bug: True})
+
+
+def grpo_loss_by_smol(logps, old, ref, advantages, completion_mask, **options):
+    from smol.grpo import grpo_loss
+
+    T = logps.shape[1]  # dr_grpo's max_completion_length: the padded length
+    return grpo_loss(
+        logps,
+        old,
+        ref,
+        advantages,
+        completion_mask,
+        **options,
+        max_completion_length=T,
+        use_bias_correction_kl=False,  # the KL term as the GRPO paper writes it
+    ).loss
+
+
+def grpo_batch_loss_by(logps, old, ref, rewards, mask, group_size, beta, **bugs):
+    """The batch loss of exercise 16 with one of `bugs`: optimistic (the bug hunt:
+    torch.min of the two token losses), detached (the ratio without a gradient)."""
+    from smol.grpo import group_advantages, kl_k3
+
+    A = group_advantages(rewards, group_size)[:, None]
+    ratio = torch.exp((logps.detach() if bugs.get("detached") else logps) - old)
+    clipped = ratio.clamp(0.8, 1.2)
+    if bugs.get("optimistic"):
+        per_token = torch.min(-ratio * A, -clipped * A)
+    else:
+        per_token = -torch.min(ratio * A, clipped * A)
+    per_token = per_token + beta * kl_k3(logps, ref)
+    mask = mask.float()
+    return ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
+
+
+def grpo_batch_loss_with(bug):
+    return lambda *args: grpo_batch_loss_by(*args, **{bug: True})
+
+
+def grpo_batch_loss_by_smol(logps, old, ref, rewards, mask, group_size, beta):
+    from smol.grpo import group_advantages
+
+    advantages = group_advantages(rewards, group_size)
+    return grpo_loss_by_smol(
+        logps, old, ref, advantages, mask, loss_type="grpo", beta=beta
+    )
+
+
 MUTANTS = {  # bug class: (task, mutant, the check written for it), in course order
     "eps clamped instead of added": (
         "rms",
@@ -919,9 +1065,101 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it), in course or
         dpo_batch_loss_reference_attached,
         "the gradient reaches the policy's logits",
     ),
+    "advantages without the 1e-4 (NaN for a group of equal rewards)": (
+        "group_advantages",
+        advantages_without_epsilon,
+        "std + 1e-4",
+    ),
+    "advantages guarded for equal rewards, but without the 1e-4": (
+        "group_advantages",
+        advantages_guarded_without_epsilon,
+        "std + 1e-4",
+    ),
+    "advantages over the biased std (G, not G - 1)": (
+        "group_advantages",
+        advantages_biased_std,
+        "each group's own mean and std",
+    ),
+    "rewards centred in place": (
+        "group_advantages",
+        advantages_centred_in_place,
+        "the rewards are left unchanged",
+    ),
+    "GRPO's ratio never clipped": (
+        "grpo_loss",
+        grpo_loss_with("unclipped"),
+        "clipped: -min",
+    ),
+    "GRPO's objective the optimistic max, not the min": (
+        "grpo_loss",
+        grpo_loss_with("optimistic"),
+        "clipped: -min",
+    ),
+    "GRPO's ratio clipped only where the advantage is negative": (
+        "grpo_loss",
+        grpo_loss_with("negative_side_only"),
+        "clipped: -min",
+    ),
+    "epsilon_low on both sides of the clip": (
+        "grpo_loss",
+        grpo_loss_with("low_both"),
+        "asymmetric clipping",
+    ),
+    "epsilon_low and epsilon_high exchanged": (
+        "grpo_loss",
+        grpo_loss_with("swapped_eps"),
+        "asymmetric clipping",
+    ),
+    "k3 with its sign flipped (d = logp - ref)": (
+        "grpo_loss",
+        grpo_loss_with("kl_flipped"),
+        "beta > 0",
+    ),
+    "the KL penalty subtracted": (
+        "grpo_loss",
+        grpo_loss_with("kl_bonus"),
+        "beta > 0",
+    ),
+    "the KL averaged over the padding too": (
+        "grpo_loss",
+        grpo_loss_with("kl_everywhere"),
+        "padding (completion_mask 0)",
+    ),
+    "per-completion and per-token averaging exchanged": (
+        "grpo_loss",
+        grpo_loss_with("swapped_averaging"),
+        "grpo, dapo, dr_grpo",
+    ),
+    "dr_grpo divided by the token count, not B * T": (
+        "grpo_loss",
+        grpo_loss_with("dr_by_tokens"),
+        "grpo, dapo, dr_grpo",
+    ),
+    "GRPO's ratio detached": (
+        "grpo_loss",
+        grpo_loss_with("detached"),
+        "the gradient reaches logps",
+    ),
+    "the padding of logps zeroed in the caller's tensor": (
+        "grpo_loss",
+        grpo_loss_with("masked_in_place"),
+        "the five input tensors",
+    ),
+    "a clipped loss that keeps the optimistic objective (torch.min of the losses)": (
+        "grpo_batch_bug",
+        grpo_batch_loss_with("optimistic"),
+        "an older sampling policy",
+    ),
+    "a batch loss whose ratio is detached": (
+        "grpo_batch_bug",
+        grpo_batch_loss_with("detached"),
+        "the gradient reaches logps",
+    ),
 }
 
 # Mutants that lose more than one check: (task, mutant, the checks they lose)
+EQUAL_REWARDS = "std + 1e-4: equal rewards give 0, not NaN; near-equal ones stay near 0"
+AVERAGING = "grpo, dapo, dr_grpo: the mean per completion, per token, over B * T"
 WIDE_MUTANTS = {
     "GGUF string length in characters": (
         "gguf_value",
@@ -946,6 +1184,23 @@ WIDE_MUTANTS = {
             "each head on its own",
             "keys: fewer heads, wide rows",
         },
+    ),
+    # a batch-wide mean gives an equal group's rewards an advantage
+    "advantages over the whole batch": (
+        "group_advantages",
+        advantages_over_the_batch,
+        {"each group's own mean and std (unbiased, as torch.std)", EQUAL_REWARDS},
+    ),
+    "advantages of groups taken by stride": (
+        "group_advantages",
+        advantages_grouped_by_stride,
+        {"each group's own mean and std (unbiased, as torch.std)", EQUAL_REWARDS},
+    ),
+    # replies of unequal lengths need padding, which such a loss counts
+    "the padding counted in GRPO's loss": (
+        "grpo_loss",
+        grpo_loss_with("padding_counted"),
+        {AVERAGING, "padding (completion_mask 0) counts nothing, whatever it holds"},
     ),
 }
 
@@ -1825,6 +2080,56 @@ def dpo_batch_loss_by_chunks(policy_logits, ref_logits, targets, beta):
     return dpo_loss_by_softplus(chosen, rejected, ref_chosen, ref_rejected, beta)
 
 
+def advantages_by_rearrange(rewards, group_size):  # einops, the std written out
+    from einops import rearrange
+
+    grouped = rearrange(rewards, "(p g) -> p g", g=group_size)
+    centred = grouped - grouped.mean(-1, keepdim=True)
+    std = (centred.square().sum(-1, keepdim=True) / (group_size - 1)).sqrt()
+    return rearrange(centred / (std + 1e-4), "p g -> (p g)")
+
+
+def grpo_loss_by_rows(
+    logps,
+    old,
+    ref,
+    advantages,
+    completion_mask,
+    loss_type="grpo",
+    beta=0.0,
+    epsilon_low=0.2,
+    epsilon_high=0.2,
+):  # each completion's real tokens on their own; the clip as a where on A's sign
+    losses = []
+    for b in range(len(logps)):
+        real = completion_mask[b].bool()
+        logp, A = logps[b][real], advantages[b]
+        w = torch.exp(logp - old[b][real])
+        bound = (
+            w.clamp_max(1 + epsilon_high) if A >= 0 else w.clamp_min(1 - epsilon_low)
+        )
+        objective = bound * A
+        d = ref[b][real] - logp
+        losses.append(-objective + beta * (d.exp() - d - 1))
+    if loss_type == "grpo":
+        return torch.stack([row.mean() for row in losses]).mean()
+    total = torch.cat(losses).sum()
+    if loss_type == "dapo":
+        return total / sum(len(row) for row in losses)
+    return total / completion_mask.numel()
+
+
+def grpo_batch_loss_by_max(logps, old, ref, rewards, mask, group_size, beta):
+    from einops import rearrange
+
+    r = rearrange(rewards, "(p g) -> p g", g=group_size)
+    A = ((r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + 1e-4)).view(-1, 1)
+    w = (logps - old).exp()
+    d = ref - logps
+    per_token = torch.max(-w * A, -w.clamp(0.8, 1.2) * A) + beta * (d.exp() - d - 1)
+    return (per_token.masked_fill(mask == 0, 0).sum(-1) / mask.sum(-1)).mean()
+
+
 def _variants():
     from einops import repeat
 
@@ -1889,6 +2194,9 @@ def _variants():
         "sequence_logprobs": sequence_logprobs_by_mask,
         "dpo_loss": dpo_loss_by_softplus,
         "dpo_batch_bug": dpo_batch_loss_by_chunks,
+        "group_advantages": advantages_by_rearrange,
+        "grpo_loss": grpo_loss_by_rows,
+        "grpo_batch_bug": grpo_batch_loss_by_max,
     }
 
 
