@@ -194,10 +194,12 @@ def score(
     token_budget: int = 4096,
     progress: bool = False,
     desc: str = "benchmark",
+    scorer=None,
 ) -> list[evaluate.Result]:
     """Every item's choices scored (in the items' order), with `shots` worked
     examples each: the first other items of its subject in pool (default: items;
-    evaluate.shots_for). All the items' requests go through one evaluate.score."""
+    evaluate.shots_for). All the items' requests go through one evaluate.score (or
+    `scorer`, which takes the same arguments)."""
     if not isinstance(shots, int) or shots < 0:
         raise ValueError(f"shots must be an int >= 0, got {shots!r}")
     examples = evaluate.shots_for(items, shots, pool) if shots else [[]] * len(items)
@@ -207,7 +209,8 @@ def score(
             flat.append(r)
             owner.append(i)
     logprobs = [[] for _ in items]
-    for i, s in zip(owner, evaluate.score(model, flat, token_budget, progress, desc)):
+    scorer = scorer or evaluate.score
+    for i, s in zip(owner, scorer(model, flat, token_budget, progress, desc)):
         logprobs[i] += s.tolist()
     return [evaluate.Result(it, lp, it.lengths) for it, lp in zip(items, logprobs)]
 
@@ -279,18 +282,19 @@ def run(
     out: str | Path | None = None,
     seed: int = 0,
     progress: bool = False,
+    scorer=None,
 ) -> tuple[dict, list[evaluate.Result]]:
     """Load the task, take `limit` questions (evaluate.subset: seeded, spread over
     the subjects), score them with `shots` examples from the whole split, and
     return (summarize(), results); with out, write out/{task}.csv (the summary) and
-    out/{task}_questions.csv (write_questions)."""
+    out/{task}_questions.csv (write_questions). `scorer`: as score takes it."""
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be None or an int >= 1, got {limit!r}")
     pool = load(task)
     items = pool if limit is None else evaluate.subset(pool, limit, seed)
     start = time.perf_counter()
     results = score(
-        model, tokenizer, items, shots, pool, token_budget, progress, desc=task
+        model, tokenizer, items, shots, pool, token_budget, progress, task, scorer
     )
     summary = summarize(task, results, time.perf_counter() - start)
     if out is not None:

@@ -4,6 +4,7 @@
 import csv
 import json
 import re
+import signal
 
 import pytest
 import torch
@@ -461,6 +462,107 @@ def test_the_card_benchmarks_run_from_the_command_line(tiny_load, tmp_path, caps
     (tmp_path / "file").write_text("x", encoding="utf-8")
     assert eval_cli.main(["piqa", "--out", str(tmp_path / "file")]) == 2
     assert "--out must be a folder" in capsys.readouterr().err
+
+
+def _stop_at_batch(monkeypatch, n: int, signum=None, when=lambda: True):
+    """evaluate.choice_logprobs, Ctrl-C'd (or sent signum) at its n-th batch that
+    `when()` allows."""
+    import os
+
+    calls = []
+    real = evaluate.choice_logprobs
+
+    def stopping(*args):
+        if when():
+            calls.append(1)
+            if len(calls) == n:
+                if signum is None:
+                    raise KeyboardInterrupt
+                os.kill(os.getpid(), signum)
+        return real(*args)
+
+    monkeypatch.setattr(evaluate, "choice_logprobs", stopping)
+
+
+def _rows(path):
+    with open(path, encoding="utf-8") as f:
+        return {r["question"]: r for r in csv.DictReader(f)}
+
+
+@pytest.mark.parametrize("signum", [None, signal.SIGTERM])
+def test_an_interrupted_evaluation_keeps_what_it_scored_under_a_partial_name(
+    tiny_load, tmp_path, capsys, monkeypatch, signum
+):
+    """Ctrl-C or SIGTERM in the third batch: the questions of the first two are in
+    mmlu_questions.partial.csv, each row as a whole run writes it; no summary and no
+    file under the final names; the one line after the status says where they are.
+    Without --out it says they are discarded. A rerun into that folder needs
+    --overwrite, and a whole run then removes the partial file."""
+    argv = ["mmlu", "--limit", "57", "--token-budget", "3000"]
+    assert eval_cli.main([*argv, "--out", str(tmp_path / "whole")]) == 0
+    whole = _rows(tmp_path / "whole" / "mmlu_questions.csv")
+    capsys.readouterr()
+    real = evaluate.choice_logprobs
+    _stop_at_batch(monkeypatch, 3, signum)
+    out = tmp_path / "stopped"
+    status = eval_cli.main([*argv, "--out", str(out)])
+    assert status == (130 if signum is None else 143)
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    partial = out / "mmlu_questions.partial.csv"
+    kept = _rows(partial)
+    assert 0 < len(kept) < 57
+    assert f"the {len(kept)} of 57 MMLU questions scored so far are in {partial}" in (
+        last
+    )
+    assert last.startswith(
+        "smol eval: interrupted" if signum is None else "smol eval: stopped"
+    )
+    assert all(whole[q] == row for q, row in kept.items())
+    assert sorted(p.name for p in out.iterdir()) == ["mmlu_questions.partial.csv"]
+    monkeypatch.setattr(evaluate, "choice_logprobs", real)  # tiny_load stays
+    assert eval_cli.main([*argv, "--out", str(out)]) == 2  # kept without --overwrite
+    assert "already holds mmlu_questions.partial.csv" in capsys.readouterr().err
+    assert eval_cli.main([*argv, "--out", str(out), "--overwrite"]) == 0
+    assert _rows(out / "mmlu_questions.csv") == whole and not partial.exists()
+
+
+def test_an_interrupted_evaluation_without_out_says_it_discards(
+    tiny_load, capsys, monkeypatch
+):
+    _stop_at_batch(monkeypatch, 2)
+    assert eval_cli.main(["mmlu", "--limit", "57", "--token-budget", "3000"]) == 130
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "of 57 MMLU questions scored so far are discarded (with --out" in last
+
+
+def test_an_interrupted_all_keeps_its_finished_tasks_and_says_which(
+    tiny_load, tmp_path, capsys, monkeypatch
+):
+    """`all` stopped in its third task (arc-easy, after mmlu and hellaswag): the two
+    finished ones keep their files, arc-easy's scored questions are in its partial
+    file, all.csv is not written, and the line says so."""
+    running = []
+    real_run = benchmarks.run
+
+    def run(task, *args, **kwargs):
+        running.append(task)
+        return real_run(task, *args, **kwargs)
+
+    monkeypatch.setattr(benchmarks, "run", run)
+    _stop_at_batch(monkeypatch, 2, when=lambda: running[-1:] == ["arc-easy"])
+    out = tmp_path / "run"
+    argv = ["all", "--limit", "6", "--token-budget", "300", "--out", str(out)]
+    assert eval_cli.main(argv) == 130
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "complete: mmlu, hellaswag (in " in last and "all.csv not written" in last
+    assert "arc-easy questions scored so far are in" in last
+    names = sorted(p.name for p in out.iterdir())
+    assert names == sorted(
+        ["mmlu.csv", "mmlu_subjects.csv", "mmlu_questions.csv", "hellaswag.csv"]
+        + ["hellaswag_questions.csv", "arc-easy_questions.partial.csv"]
+    )
+    with open(out / "arc-easy_questions.partial.csv", encoding="utf-8") as f:
+        assert 0 < len(list(csv.DictReader(f))) < 6
 
 
 def test_bfloat16_on_a_cpu_without_its_instructions_is_warned_about(

@@ -11,6 +11,11 @@ its 95% interval.
     smol eval hellaswag --limit 200     # a seeded subset, spread over its activities
     smol eval all --limit 200 --out results/   # MMLU and the seven others, all.csv
     smol eval compare base/ tuned/      # two runs, question by question
+
+Ctrl-C or SIGTERM stops a run: with --out, the questions scored so far go to
+TASK_questions.partial.csv there (no summary: the shortest prompts come first, so they
+are not a sample), without it they are discarded; the line that says it stopped says
+which. Tasks of `all` that finished keep their files.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import torch
 from smol import benchmarks, evaluate
 from smol.commands.common import HELP, Parser, UsageError, parser, run
 from smol.commands.eval_compare import check_comparisons, compare
+from smol.commands.eval_partial import partial_name
 from smol.commands.eval_runs import DTYPES, run_card, run_mmlu
 
 
@@ -92,14 +98,17 @@ def scoring_options(p: Parser, out: str) -> None:
 
 
 def written(task: str) -> list[str]:
-    """The files `--out` receives for task."""
+    """The files `--out` receives for task (an interrupted run's partial questions
+    file among them)."""
     if task == "mmlu":
-        return ["mmlu.csv", "mmlu_subjects.csv", "mmlu_questions.csv"]
+        return ["mmlu.csv", "mmlu_subjects.csv", "mmlu_questions.csv"] + [
+            partial_name(task)
+        ]
     if task == "all":
         return ["all.csv"] + [
             f for t in ("mmlu", *benchmarks.TASKS) for f in written(t)
         ]
-    return [f"{task}.csv", f"{task}_questions.csv"]
+    return [f"{task}.csv", f"{task}_questions.csv", partial_name(task)]
 
 
 def check_out(args) -> None:

@@ -12,6 +12,13 @@ from pathlib import Path
 import torch
 
 from smol import benchmarks, evaluate, stats
+from smol.commands.eval_partial import (
+    KeptScores,
+    card_partial,
+    keep_partial,
+    mmlu_results,
+    partial_name,
+)
 from smol.commands.eval_shots import card_render, check_shots, mmlu_render
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -123,16 +130,26 @@ def run_mmlu(args, loaded=None) -> list[evaluate.Result]:
     render = mmlu_render(args.formulation)
     check_shots("MMLU", args.shots, questions, pool, tokenizer, context, render)
     start, cpu_start = time.perf_counter(), time.process_time()
-    results = evaluate.evaluate(
-        model,
-        tokenizer,
-        questions,
-        args.formulation,
-        args.shots,
-        args.token_budget,
-        progress=True,
-        pool=pool,
-    )
+    number = {id(q): i for i, q in enumerate(pool)}
+
+    def write_rows(path, results):
+        write_csv(path, [question_row(number[id(r.question)], r) for r in results])
+
+    kept = KeptScores()
+    try:
+        results = mmlu_results(
+            model,
+            tokenizer,
+            questions,
+            args.formulation,
+            args.shots,
+            args.token_budget,
+            pool,
+            kept,
+        )
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (common.Terminated)
+        keep_partial(e, args.out, "MMLU", len(questions), e.partial, write_rows)
+        raise
     seconds = time.perf_counter() - start
     cpu_seconds = time.process_time() - cpu_start
     s = stats.summarize(results)
@@ -164,11 +181,9 @@ def run_mmlu(args, loaded=None) -> list[evaluate.Result]:
             args.out / "mmlu_subjects.csv",
             [{"subject": k, **rounded(v)} for k, v in subjects.items()],
         )
-        number = {id(q): i for i, q in enumerate(pool)}
-        write_csv(
-            args.out / "mmlu_questions.csv",
-            [question_row(number[id(r.question)], r) for r in results],
-        )
+        write_rows(args.out / "mmlu_questions.csv", results)
+        # what an interrupted run kept, replaced (with --overwrite) by the whole
+        (args.out / partial_name("mmlu")).unlink(missing_ok=True)
     return results
 
 
@@ -178,6 +193,7 @@ def run_card(args) -> None:
     loaded = load_model(args)
     model, tokenizer, _ = loaded
     tasks = benchmarks.TASKS if args.task == "all" else (args.task,)
+    selected = {}
     for task in tasks:  # every task's prompts fit, before the first is scored
         pool = benchmarks.load(task)
         items = (
@@ -185,15 +201,38 @@ def run_card(args) -> None:
         )
         context = model.config.max_position_embeddings
         check_shots(task, args.shots, items, pool, tokenizer, context, card_render)
+        selected[task] = items  # the items benchmarks.run selects, in its order
     summaries = []
-    if args.task == "all":
-        args.formulation = "cloze"
-        start = time.perf_counter()
-        results = run_mmlu(args, loaded)
-        summaries.append(
-            benchmarks.summarize("mmlu", results, time.perf_counter() - start)
-        )
-    for task in tasks:
+    try:
+        if args.task == "all":
+            args.formulation = "cloze"
+            start = time.perf_counter()
+            results = run_mmlu(args, loaded)
+            summaries.append(
+                benchmarks.summarize("mmlu", results, time.perf_counter() - start)
+            )
+        for task in tasks:
+            summaries.append(run_task(args, task, loaded, selected[task]))
+    except KeyboardInterrupt as e:
+        if args.task == "all":
+            done = [s["task"] for s in summaries]
+            where = f" (in {args.out})" if args.out is not None and done else ""
+            e.add_note(
+                f"complete: {', '.join(done) or 'no task'}{where}; all.csv not written"
+            )
+        raise
+    if args.task == "all" and args.out is not None:
+        extra = {"model": args.model or "bundled Q4_1 GGUF", "shots": args.shots}
+        benchmarks.write_summary(args.out / "all.csv", summaries, extra)
+
+
+def run_task(args, task: str, loaded, items: list) -> dict:
+    """One benchmark of the card scored, printed and (with --out) written; its
+    summary. Interrupted, it keeps or discards the questions scored so far
+    (eval_partial) and says which."""
+    model, tokenizer, _ = loaded
+    kept = KeptScores()
+    try:
         s, _ = benchmarks.run(
             task,
             model,
@@ -204,16 +243,24 @@ def run_card(args) -> None:
             args.out,
             args.seed,
             progress=True,
+            scorer=kept,
         )
-        summaries.append(s)
-        print(
-            f"{task}, {args.shots}-shot, {s['questions']} questions: accuracy "
-            f"{100 * s['acc']:.1f}% ({100 * s['acc low']:.1f} to "
-            f"{100 * s['acc high']:.1f}), normalised {100 * s['acc_norm']:.1f}% "
-            f"({100 * s['acc_norm low']:.1f} to {100 * s['acc_norm high']:.1f}), "
-            f"in {s['seconds']:.0f} s",
-            flush=True,
-        )
-    if args.task == "all" and args.out is not None:
-        extra = {"model": args.model or "bundled Q4_1 GGUF", "shots": args.shots}
-        benchmarks.write_summary(args.out / "all.csv", summaries, extra)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (common.Terminated)
+        results = card_partial(items, kept.done)
+        keep_partial(e, args.out, task, len(items), results, write_questions(task))
+        raise
+    if args.out is not None:
+        (args.out / partial_name(task)).unlink(missing_ok=True)
+    print(
+        f"{task}, {args.shots}-shot, {s['questions']} questions: accuracy "
+        f"{100 * s['acc']:.1f}% ({100 * s['acc low']:.1f} to "
+        f"{100 * s['acc high']:.1f}), normalised {100 * s['acc_norm']:.1f}% "
+        f"({100 * s['acc_norm low']:.1f} to {100 * s['acc_norm high']:.1f}), "
+        f"in {s['seconds']:.0f} s",
+        flush=True,
+    )
+    return s
+
+
+def write_questions(task: str):
+    return lambda path, results: benchmarks.write_questions(path, task, results)
