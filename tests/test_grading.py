@@ -745,10 +745,11 @@ def grpo_loss_by(
     """GRPO's loss with one of `bugs`: unclipped (w A alone), optimistic (the max of
     the two objectives), negative_side_only (clipped where A < 0 only), low_both
     (epsilon_low on both sides), swapped_eps, kl_flipped (d = logp - ref), kl_bonus
-    (minus beta KL), kl_everywhere (the KL's mean over every slot), padding_counted
-    (the mask ignored), swapped_averaging (grpo's and dapo's exchanged), dr_by_tokens
-    (dr_grpo divided by the token count), detached (the ratio without a gradient),
-    masked_in_place (the padding of logps zeroed in the caller's tensor)."""
+    (minus beta KL), kl_detached (the KL without a gradient), kl_everywhere (the
+    KL's mean over every slot), padding_counted (the mask ignored), swapped_averaging
+    (grpo's and dapo's exchanged), dr_by_tokens (dr_grpo divided by the token count),
+    detached (the ratio without a gradient), masked_in_place (the padding of logps
+    zeroed in the caller's tensor)."""
     if bugs.get("masked_in_place"):
         logps.masked_fill_(completion_mask == 0, 0.0)
     A = advantages[:, None]
@@ -768,6 +769,8 @@ def grpo_loss_by(
     else:
         objective = torch.min(w * A, clipped * A)
     d = (logps - ref) if bugs.get("kl_flipped") else (ref - logps)
+    if bugs.get("kl_detached"):
+        d = d.detach()
     kl = (torch.exp(d) - d - 1) * (-1 if bugs.get("kl_bonus") else 1)
     mask = completion_mask.to(logps.dtype)
     if bugs.get("padding_counted"):
@@ -1118,6 +1121,11 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it), in course or
     "the KL penalty subtracted": (
         "grpo_loss",
         grpo_loss_with("kl_bonus"),
+        "beta > 0",
+    ),
+    "the KL penalty computed without a gradient": (
+        "grpo_loss",
+        grpo_loss_with("kl_detached"),
         "beta > 0",
     ),
     "the KL averaged over the padding too": (

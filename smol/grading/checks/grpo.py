@@ -1,14 +1,11 @@
 """16 GRPO: each completion's advantage against its group, and the clipped objective
-with its KL penalty averaged over the completion tokens (a batch loss that composes
-them: `grpo_batch`).
+with its KL penalty (the GRPO paper's: smol.grpo's use_bias_correction_kl=False),
+averaged over the completion tokens (a batch loss of both: `grpo_batch`).
 
-Each check's inputs keep the other checks' bugs out of sight: where the averaging is
-checked the ratios stay inside the clipping range and beta is 0, where the clipping
-is checked every completion fills its row (no padding, so every averaging agrees),
-where the KL is checked the ratios are unclipped, and where the padding is checked
-every completion has the same length, so that a bug loses the points of the check
-written for it. The loss is the one of the GRPO paper (the KL not weighed by the
-ratio: smol.grpo's use_bias_correction_kl=False)."""
+Each check's inputs keep the other checks' bugs out of sight (the averaging: ratios
+inside the clipping range, beta 0; the clipping and the KL: no padding, so that
+every averaging agrees; padding: completions of one length), so that a bug loses the
+points of the check written for it."""
 
 import torch
 
@@ -113,7 +110,7 @@ for name, points, hint, make, judge in (
         2,
         "divide by std + 1e-4 (smol.grpo.EPS, TRL's): a group of equal rewards has "
         "std 0, and 0 / 0 is NaN; rewards equal up to rounding have a std of 1e-8, "
-        "and dividing by that alone blows rounding up to advantages of 0.7",
+        "and dividing by that alone blows rounding up to advantages near +-1",
         _equal_cases,
         _judge_advantages(1e-5, 1e-5),
     ),
@@ -138,11 +135,9 @@ def _judge_rewards_kept(inputs, outputs) -> None:
     judge=_judge_rewards_kept,
 )
 def _(fn, inputs):
-    out = []
     for c in inputs:
         fn(c["rewards"], c["group_size"])
-        out.append(c["rewards"])
-    return out
+    return [c["rewards"] for c in inputs]
 
 
 # --- grpo_loss
@@ -153,14 +148,13 @@ OPTIONS = tuple(DEFAULTS)
 
 def _batch(B, T, log_ratio, lengths=None, padding="zero", kl_spread=0.0, **options):
     """B completions of T token slots: log-probabilities under the policy (logps),
-    the sampling policy (logps - log_ratio: log_ratio (lo, hi) draws each row's
-    log-ratios from T evenly spaced values between them, in a random order) and the
-    reference (logps plus noise of std kl_spread), an advantage per completion (one
-    of them 0, as a group of equal rewards gives) and the mask of each completion's
-    `lengths` tokens. padding "zero": 0 after a completion's end in all three, as
-    smol.grpo.completion_logprobs writes them; "any": the values a model gives there
-    (TRL's), and the reference then equals the policy on the real tokens. options:
-    the loss's (OPTIONS), and dtype."""
+    the sampling policy (logps - log-ratios: each row's T evenly spaced in log_ratio
+    (lo, hi), in a random order) and the reference (logps + noise of std kl_spread),
+    an advantage per completion (a 0 among them, as equal rewards give) and the mask
+    of each completion's `lengths` tokens. padding "zero": 0 after a completion's end
+    in all three, as smol.grpo.completion_logprobs writes them; "any": a model's
+    numbers there (TRL's), the reference then equal to the policy on the real
+    tokens. options: the loss's (OPTIONS), and dtype."""
     options = DEFAULTS | options
     dtype = options.pop("dtype", torch.float32)
     lengths = [T] * B if lengths is None else lengths
@@ -205,11 +199,9 @@ def _loss_reference(c: dict, logps: torch.Tensor | None = None) -> torch.Tensor:
 def _what_batch(c: dict) -> str:
     B, T = c["logps"].shape
     lengths = c["completion_mask"].sum(1).tolist()
-    eps = f"eps=({c['epsilon_low']}, {c['epsilon_high']})"
     dtype = str(c["logps"].dtype).removeprefix("torch.")
-    return f"{c['loss_type']}, B={B}, T={T}, lengths {lengths}, beta={c['beta']}, " + (
-        f"{eps}, {dtype}"
-    )
+    eps = f"eps=({c['epsilon_low']}, {c['epsilon_high']}), {dtype}"
+    return f"{c['loss_type']}, B={B}, T={T}, lengths {lengths}, beta={c['beta']}, {eps}"
 
 
 def _call_loss(fn, c: dict, grad: bool = False) -> dict:
@@ -247,9 +239,8 @@ def _judge_grad(inputs, outputs) -> None:
 
 
 def _judge_inputs_kept(inputs, outputs) -> None:
-    for c, out in zip(inputs, outputs):
-        for k in TENSORS:
-            untouched(out["after"][k], c[k], f"{k} ({_what_batch(c)})")
+    for c, out, k in ((c, out, k) for c, out in zip(inputs, outputs) for k in TENSORS):
+        untouched(out["after"][k], c[k], f"{k} ({_what_batch(c)})")
 
 
 def _averaging_cases():
@@ -260,10 +251,7 @@ def _averaging_cases():
     for loss_type in ("grpo", "dapo", "dr_grpo"):
         cases.append(_batch(4, 6, INSIDE, [6, 3, 1, 5], loss_type=loss_type))
         cases.append(_batch(5, 5, INSIDE, [2, 5, 4, 1, 3], loss_type=loss_type))
-    cases.append(
-        _batch(3, 7, INSIDE, [7, 2, 4], loss_type="grpo", dtype=torch.bfloat16)
-    )
-    return cases
+    return cases + [_batch(3, 7, INSIDE, [7, 2, 4], dtype=torch.bfloat16)]  # grpo
 
 
 def _padding_cases():
@@ -300,11 +288,22 @@ def _asymmetric_cases():
 
 def _kl_cases():
     """beta > 0 with the reference away from the policy (log-ratios of std 0.7),
-    ratios inside the clipping range, every completion full length."""
-    return [
+    ratios inside the clipping range, every completion full length; and, where every
+    advantage is 0 (the KL term alone), its gradient."""
+    cases = [
         _batch(4, 6, INSIDE, kl_spread=0.7, loss_type=t, beta=b)
         for t, b in (("grpo", 0.04), ("dapo", 0.5), ("dr_grpo", 1.0))
     ]
+    for t, b in (("grpo", 0.1), ("dapo", 1.0)):
+        c = _batch(3, 5, INSIDE, kl_spread=0.7, loss_type=t, beta=b)
+        cases.append(c | {"advantages": torch.zeros(3), "grad": True})
+    return cases
+
+
+def _judge_kl(inputs, outputs) -> None:
+    _judge_loss(inputs, outputs)
+    graded = [(c, out) for c, out in zip(inputs, outputs) if c.get("grad")]
+    _judge_grad([c for c, _ in graded], [out for _, out in graded])
 
 
 def _grad_cases():
@@ -368,10 +367,11 @@ for name, points, hint, make, grad, judge in (
         "beta > 0: plus beta * (exp(ref - logp) - (ref - logp) - 1) a token",
         2,
         "k3 with d = ref_logps - logps, not logps - ref_logps: exp(d) - d - 1, added "
-        "to each token's loss times beta (not weighed by the ratio here)",
+        "to each token's loss times beta (not weighed by the ratio here), computed "
+        "from logps inside the graph",
         _kl_cases,
         False,
-        _judge_loss,
+        _judge_kl,
     ),
     (
         "the gradient reaches logps through the ratio",
@@ -395,4 +395,4 @@ for name, points, hint, make, grad, judge in (
 
     @probe_check("grpo_loss", name, points, hint, inputs=make, judge=judge)
     def _(fn, inputs, grad=grad):
-        return [_call_loss(fn, c, grad) for c in inputs]
+        return [_call_loss(fn, c, grad or c.get("grad", False)) for c in inputs]
