@@ -3424,3 +3424,121 @@ def test_a_gradebook_refuses_to_replace_what_it_did_not_write(tmp_path, capsys):
     assert "STUDENT__EXERCISE.ipynb" in capsys.readouterr().err
     assert foreign.read_text() == "name,grade\nalice,A\n"
     assert not (tmp_path / "new.csv").exists()
+
+
+def _class_outputs(tmp_path):
+    """A class of one (alice) and the outputs of an earlier run over it: a gradebook,
+    alice's feedback page, and the report that records both."""
+    import hashlib
+
+    from smol.grading.gradebook import MARK, csv_text
+
+    subs = tmp_path / "subs"
+    (subs / "alice").mkdir(parents=True)
+    _notebook(subs / "alice", "warmup.ipynb", [HEAD])
+    book = tmp_path / "grades.csv"
+    book.write_text(csv_text([["alice", "warmup", "cumsum", 3, 3, "graded"]]))
+    (tmp_path / "fb").mkdir()
+    page = tmp_path / "fb" / "alice.md"
+    page.write_text(f"{MARK}\n# alice: 3/3 points\n")
+    written = {
+        "submissions": str(subs.resolve()),
+        "gradebook": hashlib.sha256(book.read_bytes()).hexdigest(),
+        "feedback": {"alice.md": hashlib.sha256(page.read_bytes()).hexdigest()},
+    }
+    report = {"score": 3, "total": 3, "notebooks": [], "written": written}
+    (tmp_path / "grades.json").write_text(json.dumps(report))
+    argv = [str(subs), "--gradebook", str(book), "--feedback", str(tmp_path / "fb")]
+    return argv, book, page, report
+
+
+def test_a_gradebook_or_page_changed_by_hand_is_kept_without_overwrite(
+    tmp_path, capsys
+):
+    """The class report records the gradebook and feedback pages its run wrote (their
+    SHA-256) and the submissions folder: a rerun replaces them only as they were
+    written. One edited by hand (a regrade, a note), another class's, or one that no
+    report records is refused with status 2, naming it, unless --overwrite."""
+    from smol.commands.grade import _usage_problem, build_parser, main
+
+    argv, book, page, report = _class_outputs(tmp_path)
+    assert _usage_problem(build_parser().parse_args(argv)) == ""  # as written
+    regraded = book.read_text().replace(",3,3,graded", ",2,3,regraded by hand")
+    book.write_text(regraded)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{book} was changed since smol grade" in err
+    assert "--overwrite" in err and book.read_text() == regraded
+    assert _usage_problem(build_parser().parse_args([*argv, "--overwrite"])) == ""
+    report["written"]["gradebook"] = hashlib_of(book)
+    page.write_text(page.read_text() + "\nSee me after class.\n")
+    (tmp_path / "grades.json").write_text(json.dumps(report))
+    assert main(argv) == 2
+    assert f"{page} was changed since smol grade" in capsys.readouterr().err
+    report["written"]["feedback"]["alice.md"] = hashlib_of(page)
+    report["written"]["submissions"] = "/courses/another/subs"
+    (tmp_path / "grades.json").write_text(json.dumps(report))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "holds the grades of /courses/another/subs, not of" in err
+    (tmp_path / "grades.json").unlink()  # a gradebook no report records
+    assert main(argv) == 2
+    assert f"{book} was not written by a run that" in capsys.readouterr().err
+    assert main([*argv[:1], "--overwrite"]) == 2
+    assert "--overwrite needs --gradebook" in capsys.readouterr().err
+
+
+def hashlib_of(path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_the_class_report_records_what_its_run_wrote(gradebook):
+    """The report of the graded class records its folder, and the gradebook and
+    pages as written; the gradebook edited by hand is then kept by a rerun."""
+    _, tmp, args, _ = gradebook
+    written = json.loads((tmp / "grades.json").read_text())["written"]
+    assert written["submissions"] == str((tmp / "submissions").resolve())
+    assert written["gradebook"] == hashlib_of(tmp / "grades.csv")
+    assert written["feedback"] == {
+        p.name: hashlib_of(p) for p in sorted((tmp / "fb").iterdir())
+    }
+    text = (tmp / "grades.csv").read_text()
+    try:
+        (tmp / "grades.csv").write_text(text + "# carol's regrade pending\n")
+        again = _grade_class(str(tmp / "submissions"), *args)
+        assert again.returncode == 2 and "was changed since" in again.stderr
+        assert (tmp / "grades.csv").read_text().endswith("regrade pending\n")
+    finally:
+        (tmp / "grades.csv").write_text(text)
+
+
+def test_an_exercise_whose_every_notebook_was_deleted_is_missing():
+    """ada handed in two exercises last time, one now: the other gets rows marked
+    missing (its tasks from the last report), not no rows at all."""
+    from smol.grading.gradebook import gradebook_rows
+
+    task = {"task": "rms", "score": 3, "total": 4, "graded": True}
+    rope = {"task": "rope", "score": 2, "total": 5, "graded": True}
+    now = {"student": "ada", "exercise": "01_rmsnorm", "tasks": [task]}
+    gone = {"student": "ada", "exercise": "02_rope", "tasks": [rope]}
+    rows = gradebook_rows([now], {"ada"}, [now, gone])
+    assert rows == [
+        ["ada", "01_rmsnorm", "rms", 3, 4, "graded"],
+        ["ada", "02_rope", "rope", 0, 5, "missing"],
+    ]
+
+
+def test_a_file_that_is_not_a_notebook_is_one_error_line(tmp_path, capsys):
+    """`smol grade text.ipynb --json -`: status 1, and one line on stderr that says
+    `smol grade: error:` and names the file (the report goes to stdout)."""
+    from smol.commands.grade import main
+
+    (tmp_path / "text.ipynb").write_text("not a notebook")
+    assert main([str(tmp_path / "text.ipynb"), "--json", "-"]) == 1
+    out, err = capsys.readouterr()
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and errors[0].startswith("smol grade: error: 1 file")
+    assert "text.ipynb is not a notebook" in errors[0]
+    assert json.loads(out)["notebooks"][0]["score"] == 0

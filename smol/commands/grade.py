@@ -32,6 +32,7 @@ first."""
 from __future__ import annotations
 
 import argparse
+import hashlib
 import importlib
 import json
 import os
@@ -44,10 +45,13 @@ from smol.grading import reaper
 from smol.grading.core import DEFAULT_TIMEOUT, timeout_problem
 from smol.grading.files import (
     earlier_grades,
+    earlier_notebooks,
     earlier_students,
     is_report,
     output_problem,
+    sha256_of,
     write_atomic,
+    written_record,
 )
 from smol.grading.runner import grade_notebook
 
@@ -192,6 +196,13 @@ def build_parser() -> Parser:
         help="with --gradebook: grade every notebook, changed or not",
     )
     p.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="with --gradebook: replace a gradebook or feedback page changed since "
+        "smol grade wrote it (a regrade or a note by hand), or written for another "
+        "submissions folder or with another --json",
+    )
+    p.add_argument(
         "--tasks",
         action="append",
         default=[],
@@ -215,7 +226,7 @@ def _usage_problem(args) -> str:
             return f"cannot import --tasks {name}: {type(exc).__name__}: {exc}"
     if args.gradebook is not None:
         return _gradebook_problem(args)
-    for option in ("feedback", "regrade"):
+    for option in ("feedback", "regrade", "overwrite"):
         if getattr(args, option):
             return f"--{option} needs --gradebook"
     try:
@@ -271,6 +282,46 @@ def _gradebook_problem(args) -> str:
                     f"--feedback: {page} exists and is not an earlier feedback page, "
                     "which the output would replace"
                 )
+    return "" if args.overwrite else _changed_output(args)
+
+
+def _changed_output(args) -> str:
+    """Why an earlier gradebook or feedback page of the grader's must stay ("" when
+    none must): the class report (--json) records what its run wrote, and for which
+    submissions folder; a file it does not record as it is now (edited by hand,
+    another class's, written with another --json) takes --overwrite."""
+    from smol.grading import gradebook
+
+    record = written_record(args.json)
+    folder = str(Path(args.paths[0]).resolve())
+    pages = record.get("feedback") if isinstance(record.get("feedback"), dict) else {}
+    outputs = [(args.gradebook, record.get("gradebook"), "--gradebook")]
+    if args.feedback is not None:
+        outputs += [
+            (args.feedback / name, pages.get(name), "--feedback")
+            for name in sorted(
+                {gradebook.feedback_name(s.student) for s in args.submissions}
+            )
+        ]
+    ask = "give another {} or --overwrite to replace it"
+    if record and record.get("submissions") != folder:
+        return (
+            f"{args.json} holds the grades of {record.get('submissions')}, not of "
+            f"{folder} (another class's?): {ask.format('--gradebook')}"
+        )
+    for path, sha, option in outputs:
+        if not path.exists():
+            continue
+        if not record:
+            return (
+                f"{path} was not written by a run that {args.json} records (another "
+                f"class's, or one with another --json): {ask.format(option)}"
+            )
+        if sha256_of(path) != sha:
+            return (
+                f"{path} was changed since smol grade wrote it (a regrade or a note "
+                f"by hand?): {ask.format(option)}"
+            )
     return ""
 
 
@@ -304,9 +355,14 @@ def _write(path: Path, text: str, what: str) -> bool:
     return True
 
 
-def _write_report(path: Path, score: int, total: int, reports: list[dict]) -> bool:
-    """Write the JSON report (to stdout for -); whether that worked."""
+def _write_report(
+    path: Path, score: int, total: int, reports: list[dict], written: dict | None = None
+) -> bool:
+    """Write the JSON report (to stdout for -), with the record of what a class's
+    run wrote; whether that worked."""
     report = {"score": score, "total": total, "notebooks": reports}
+    if written is not None:
+        report["written"] = written
     if str(path) == "-":
         sys.stdout.write(json.dumps(report) + "\n")
         sys.stdout.flush()
@@ -329,20 +385,35 @@ def _gradebook(args) -> int:
     reaper.sweep()  # nothing a submission started outlives its grading
     for r in reports:
         r["grader"] = grader
-    # a student of the last report whose notebooks are gone stays, marked missing
-    rows = book.gradebook_rows(reports, earlier_students(args.json))
+    # a student or an exercise of the last report whose notebooks are gone stays,
+    # marked missing
+    earlier = earlier_notebooks(args.json)
+    rows = book.gradebook_rows(reports, earlier_students(args.json), earlier)
     print(book.summary(reports, rows, time.monotonic() - start))
     score, total = sum(r[3] for r in rows), sum(r[4] for r in rows)
-    ok = _write(args.gradebook, book.csv_text(rows), "gradebook")
-    ok &= _write_report(args.json, score, total, reports)
+    # what this run wrote, for the next one to know its own files from edited ones
+    written = {"submissions": str(Path(args.paths[0]).resolve()), "feedback": {}}
+    text = book.csv_text(rows)
+    ok = _write(args.gradebook, text, "gradebook")
+    if ok:
+        written["gradebook"] = _sha256(text)
     if args.feedback is not None:
         args.feedback.mkdir(exist_ok=True)
         for student in sorted({r["student"] for r in reports}):
             page = book.feedback_page(student, reports, rows)
-            ok &= _write(args.feedback / book.feedback_name(student), page, "feedback")
+            name = book.feedback_name(student)
+            if _write(args.feedback / name, page, "feedback"):
+                written["feedback"][name] = _sha256(page)
+            else:
+                ok = False
+    ok &= _write_report(args.json, score, total, reports, written)
     if ok:
         print(f"gradebook written to {args.gradebook}")
     return 0 if ok else 1
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _parse(argv) -> argparse.Namespace:
@@ -377,11 +448,12 @@ def _finish(args, reports: list[dict]) -> int:
     unreadable = [r for r in reports if "error" in r]
     if unreadable:
         files = f"{len(unreadable)} file{'s' if len(unreadable) > 1 else ''}"
-        print(
-            f"{files} could not be graded (scored zero): "
-            + "; ".join(r["error"] for r in unreadable),
-            file=out,
+        line = f"{files} could not be graded (scored zero): " + "; ".join(
+            r["error"] for r in unreadable
         )
+        if out is not sys.stderr:  # under the table, and as the error it is
+            print(line, file=out)
+        print(f"smol grade: error: {line}", file=sys.stderr, flush=True)
         code = 1
     if not _write_report(args.json, score, total, reports):
         code = 1

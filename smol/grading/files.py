@@ -7,6 +7,7 @@ that a report is either the old one or the whole new one, whatever happens meanw
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -138,3 +139,36 @@ def earlier_students(path: Path) -> set[str]:
         return {n["student"] for n in report["notebooks"]}
     except (OSError, ValueError, KeyError, TypeError):
         return set()
+
+
+def earlier_notebooks(path: Path) -> list[dict]:
+    """The notebooks (student, exercise, tasks) of the class report at `path` (none if
+    there is no such report)."""
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+        return [
+            n
+            for n in report["notebooks"]
+            if isinstance(n, dict) and {"student", "exercise", "tasks"} <= set(n)
+        ]
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def sha256_of(path: Path) -> str | None:
+    """The file's SHA-256 (None when it cannot be read)."""
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def written_record(path: Path) -> dict:
+    """What the class report at `path` says its run wrote: {"submissions": the
+    folder graded, "gradebook": its SHA-256, "feedback": {page name: SHA-256}};
+    {} when there is no such report, or it predates the record."""
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))["written"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    return record if isinstance(record, dict) else {}

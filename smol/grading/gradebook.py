@@ -230,18 +230,21 @@ def _status(report: dict, task: dict) -> str:
     return f"not graded: {report['status']}"
 
 
-def gradebook_rows(reports: list[dict], students: set[str] = frozenset()) -> list[list]:
+def gradebook_rows(
+    reports: list[dict], students: set[str] = frozenset(), earlier: list[dict] = ()
+) -> list[list]:
     """One row per student, exercise and task. A notebook that could not be read
     gets its exercise's tasks (as others' notebooks show them) at zero; an exercise
     that some student handed in and another did not gives the latter rows marked
     "missing", and so does every exercise of a student in `students` (the last
-    report's) who hands in nothing now."""
+    report's) who hands in nothing now, and every exercise of `earlier` (the last
+    report's notebooks) that nobody hands in now: a deleted notebook is missing."""
     tasks_of: dict[str, list[tuple[str, int]]] = {}
-    for r in reports:
+    for r in [*reports, *earlier]:  # the tasks as this run's notebooks show them
         if r["tasks"] and r["exercise"] not in tasks_of:
             tasks_of[r["exercise"]] = [(t["task"], t["total"]) for t in r["tasks"]]
     rows = []
-    exercises = sorted({r["exercise"] for r in reports})
+    exercises = sorted({r["exercise"] for r in [*reports, *earlier]})
     by_key = {(r["student"], r["exercise"]): r for r in reports}
     for student in sorted({r["student"] for r in reports} | set(students)):
         for exercise in exercises:
