@@ -10,6 +10,10 @@ this process on files made in a temporary folder, and is classed
                                           # accepted may load the bundled weights)
     python -m tests.bad_inputs -k export  # the cases whose command line holds K
 
+A case may also bring a fault: Ctrl-C or SIGTERM sent from inside the command while it
+works (its expected status 130 or 143, the line that says it stopped naming what was
+kept or discarded, the user's file intact and no file left half-written).
+
 It prints a table (command, input, class, the message's first line) and the totals;
 its exit status is 1 when any case is not clear. A case still running after LIMIT
 seconds counts as silent: it went to work on the bad input."""
@@ -18,6 +22,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
+import importlib
 import io
 import json
 import os
@@ -43,6 +49,9 @@ class Case:
     says: str = ""  # what the message must name (lower case)
     keep: str | None = None  # a file under the folder that must survive unchanged
     about: str = ""  # the input, for the table (default: the arguments)
+    setup: Callable[[Path], None] | None = None  # more files, made in the folder
+    fault: Callable[[], contextlib.AbstractContextManager] | None = None  # while run
+    gone: str | None = None  # a file under the folder that must not be there after
 
     def args(self, root: Path) -> list[str]:
         return self.argv(root) if callable(self.argv) else list(self.argv)
@@ -156,6 +165,10 @@ def make_files(root: Path) -> None:
     )
     (root / "class").mkdir()
     (root / "class" / "alice").mkdir()
+    (root / "class" / "alice" / "01_rmsnorm.ipynb").write_text(
+        json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}),
+        encoding="utf-8",
+    )
 
 
 def refused(verb: str, argv: Callable[..., Argv], *rows: str) -> list[Case]:
@@ -261,6 +274,58 @@ def tuning_cases(verb: str, data: str) -> list[Case]:
         not_a_model("gpt2", "gpt2"),
         not_a_model("badconfig", "config.json"),
     ]
+
+
+def stop_at(module: str, name: str, n: int, signum: int | None = None):
+    """A fault: module.name's n-th call sends signum (None: raises Ctrl-C's
+    KeyboardInterrupt) before it runs, as a user or a scheduler would midway."""
+
+    @contextlib.contextmanager
+    def fault():
+        mod = importlib.import_module(module)
+        real, calls = getattr(mod, name), []
+
+        def stopping(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == n:
+                if signum is None:
+                    raise KeyboardInterrupt
+                os.kill(os.getpid(), signum)
+            return real(*args, **kwargs)
+
+        setattr(mod, name, stopping)
+        try:
+            yield
+        finally:
+            setattr(mod, name, real)
+
+    return fault
+
+
+def earlier_gradebook(change: str) -> Callable[[Path], None]:
+    """book.csv and its class report book.json from an earlier run over class/, then
+    `change`: "hand" (a regrade typed into the gradebook), "other" (the report is
+    another class's) or "unrecorded" (no report records the gradebook)."""
+
+    def setup(root: Path) -> None:
+        from smol.grading.gradebook import csv_text
+
+        book = root / "book.csv"
+        book.write_text(csv_text([["alice", "01_rmsnorm", "rms", 3, 4, "graded"]]))
+        written = {
+            "submissions": str((root / "class").resolve()),
+            "gradebook": hashlib.sha256(book.read_bytes()).hexdigest(),
+            "feedback": {},
+        }
+        if change == "other":
+            written["submissions"] = "/courses/another/submissions"
+        if change == "hand":
+            book.write_text(book.read_text().replace(",3,4,", ",4,4,"))
+        report = {"score": 3, "total": 4, "notebooks": [], "written": written}
+        if change != "unrecorded":
+            (root / "book.json").write_text(json.dumps(report), encoding="utf-8")
+
+    return setup
 
 
 def cases() -> list[Case]:
@@ -464,6 +529,32 @@ def cases() -> list[Case]:
         ),
         Case(e, ["hellaswag", "--limit", "0"], 2, "--limit"),
         Case(
+            e,
+            lambda r: m("--limit", "57", "--out", str(r / "results")),
+            130,
+            "mmlu_questions.partial.csv",
+            about="mmlu --limit 57 --out DIR, Ctrl-C in its 2nd batch",
+            fault=stop_at("smol.evaluate", "choice_logprobs", 2),
+            gone="results/mmlu_questions.csv",
+        ),
+        Case(
+            e,
+            m("--limit", "57"),
+            143,
+            "discarded",
+            about="mmlu --limit 57, SIGTERM in its 2nd batch",
+            fault=stop_at("smol.evaluate", "choice_logprobs", 2, signal.SIGTERM),
+        ),
+        Case(
+            e,
+            lambda r: ["piqa", "--limit", "40", "--out", str(r / "results")],
+            143,
+            "piqa_questions.partial.csv",
+            about="piqa --limit 40 --out DIR, SIGTERM in its 2nd batch",
+            fault=stop_at("smol.evaluate", "choice_logprobs", 2, signal.SIGTERM),
+            gone="results/piqa_questions.csv",
+        ),
+        Case(
             e, lambda r: ["compare", str(r / "nowhere"), str(r / "run_a")], 2, "nowhere"
         ),
     ]
@@ -483,7 +574,7 @@ def cases() -> list[Case]:
                 ["compare", str(r / "run_a"), str(r / "run_a"), "--csv"]
                 + [str(r / "folder")]
             ),
-            1,
+            2,  # found before any work: a usage error
             "folder",
         ),
         Case(
@@ -526,6 +617,24 @@ def cases() -> list[Case]:
         Case(x, lambda r: [str(r / "junk.gguf"), str(r / "o.gguf")], 1, "junk.gguf"),
         Case(x, lambda r: [str(r / "file.txt"), str(r / "o.gguf")], 1, "file.txt"),
         Case(x, lambda r: [str(r / "badconfig"), str(r / "o.gguf")], 1, "config.json"),
+        Case(
+            x,
+            lambda r: ["smollm2", str(r / "precious.gguf"), "--overwrite"],
+            143,
+            "precious.gguf was not written (the earlier file is as it was)",
+            keep="precious.gguf",
+            about="smollm2 $TMP/precious.gguf --overwrite, SIGTERM while writing",
+            fault=stop_at("smol.export", "pack_tensor_info", 3, signal.SIGTERM),
+        ),
+        Case(
+            x,
+            lambda r: ["smollm2", str(r / "fresh.gguf")],
+            130,
+            "fresh.gguf was not written",
+            about="smollm2 $TMP/fresh.gguf, Ctrl-C while writing",
+            fault=stop_at("smol.export", "pack_tensor_info", 3),
+            gone="fresh.gguf",
+        ),
     ]
     gr = "grade"
     out += [
@@ -554,7 +663,7 @@ def cases() -> list[Case]:
         *(  # a file that gradebook or json would write, left as it was
             Case(gr, lambda r, a=a, f=f, k=k: [str(r / a), f, str(r / k)], s, k, keep=k)
             for a, f, k, s in (
-                ("class", "--gradebook", "grades.csv", 1),
+                ("class", "--gradebook", "grades.csv", 2),
                 ("class", "--gradebook", "file.txt", 2),
                 ("notebooks", "--json", "precious.gguf", 2),
             )
@@ -572,6 +681,22 @@ def cases() -> list[Case]:
             "no_such",
         ),
         Case(gr, lambda r: [str(r / "text.ipynb"), "--json", "-"], 1, "text.ipynb"),
+        *(
+            Case(
+                gr,
+                lambda r: [str(r / "class"), "--gradebook", str(r / "book.csv")],
+                2,
+                says,
+                keep="book.csv",
+                about=f"$TMP/class --gradebook $TMP/book.csv ({about})",
+                setup=earlier_gradebook(change),
+            )
+            for change, says, about in (
+                ("hand", "book.csv was changed", "regraded by hand since"),
+                ("other", "another class", "its report another class's"),
+                ("unrecorded", "book.csv was not written", "no report records it"),
+            )
+        ),
     ]
     return out
 
@@ -591,6 +716,8 @@ def run_case(case: Case, root: Path) -> Outcome:
     from smol.commands import main
 
     argv = [case.verb, *case.args(root)]
+    if case.setup is not None:
+        case.setup(root)
     before = _snapshot(root, case.keep)
     err, out = io.StringIO(), io.StringIO()
     cwd = os.getcwd()
@@ -600,7 +727,12 @@ def run_case(case: Case, root: Path) -> Outcome:
         previous = signal.signal(signal.SIGALRM, _too_long)
         signal.alarm(LIMIT)
         try:
-            with contextlib.redirect_stderr(err), contextlib.redirect_stdout(out):
+            fault = case.fault() if case.fault else contextlib.nullcontext()
+            with (
+                contextlib.redirect_stderr(err),
+                contextlib.redirect_stdout(out),
+                fault,
+            ):
                 status = main(argv)
         finally:
             signal.alarm(0)
@@ -617,11 +749,21 @@ def run_case(case: Case, root: Path) -> Outcome:
         shutil.rmtree(work, ignore_errors=True)
     errors = [line for line in err.getvalue().splitlines() if ": error: " in line]
     message = errors[0].split(": error: ", 1)[1] if errors else ""
-    shown = message or (err.getvalue().strip().splitlines() or [""])[-1]
+    last = (err.getvalue().strip().splitlines() or [""])[-1]
+    shown = message or last
     if case.keep is not None and _snapshot(root, case.keep) != before:
         return Outcome(case, "lost", status, shown)
+    if case.gone is not None and (root / case.gone).exists():
+        return Outcome(case, "raw", status, f"left {case.gone} behind; {shown}")
     if status == 0:
         return Outcome(case, "silent", status, shown)
+    if case.fault is not None:  # the line that says it stopped, and what it kept
+        clear = (
+            status == case.expect
+            and "Traceback" not in err.getvalue()
+            and case.says.lower() in last.lower()
+        )
+        return Outcome(case, "clear" if clear else "raw", status, last)
     clear = (
         status == case.expect
         and len(errors) == 1

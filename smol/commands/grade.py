@@ -23,7 +23,11 @@ With --gradebook, the one path is a class's submissions folder (a folder per stu
 notebooks named STUDENT__EXERCISE.ipynb): each notebook is graded by a process of its
 own, --jobs at a time; the CSV gets a row per student, exercise and task, --feedback a
 Markdown page per student, and the JSON report (by default next to the CSV) the details,
-from which a rerun takes every notebook that has not changed.
+from which a rerun takes every notebook that has not changed. The report also records
+the submissions folder and the gradebook and pages as written: one changed since (a
+regrade or a note by hand), another class's, or one no report records is replaced only
+with --overwrite. A student or an exercise of the last report whose notebooks are gone
+gets rows marked missing.
 
 Below full marks, --strict exits with 1, as a notebook that could not be read or an
 output that could not be written does. Ctrl-C or SIGTERM ends every process it started
