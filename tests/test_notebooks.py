@@ -58,6 +58,7 @@ SHOWN = {
     "13_shipping_your_model": ["# smol/export.py"],
     "14_measuring_the_model": ["# smol/evaluate.py", "# smol/stats.py"],
     "15_preference_tuning": ["# smol/dpo.py"],
+    "16_learning_from_rewards": ["# smol/grpo.py"],
 }
 
 # Modules of smol that no chapter shows, on purpose; every other module is shown.
@@ -93,13 +94,9 @@ NOT_SHOWN = {
     "smol/tasks.py": (
         "arithmetic questions and their checker; chapter 15 builds its pairs with them"
     ),
-    "smol/grpo.py": (
-        "GRPO's group advantages and clipped loss, proven equal to TRL's; no chapter "
-        "teaches learning from rewards yet"
-    ),
     "smol/grpo_train.py": (
-        "GRPO on smol.train's Trainer, sampling and scoring a task's questions; no "
-        "chapter teaches learning from rewards yet"
+        "GRPO on smol.train's Trainer, sampling and scoring a task's questions; chapter "
+        "16 runs it and shows smol/grpo.py, the loss it trains on"
     ),
 }
 
