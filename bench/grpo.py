@@ -225,7 +225,9 @@ def main() -> None:
     if args.history_csv:
         names = ["loss", *LOGGED, *TIMED]
         steps = zip(*(history[name] for name in names))
-        rows = [[i, *(round(v, 4) for v in values)] for i, values in enumerate(steps, 1)]
+        rows = [
+            [i, *(round(v, 4) for v in values)] for i, values in enumerate(steps, 1)
+        ]
         write_csv(args.history_csv, ["step", *names], rows)
 
 
