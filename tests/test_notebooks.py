@@ -92,11 +92,11 @@ NOT_SHOWN = {
     "smol/chat.py": "the command line's conversation around generate and its KV cache",
     "smol/grading/": "the grader, which the exercises use",
     "smol/tasks.py": (
-        "arithmetic questions and their checker; chapter 15 builds its pairs with them"
+        "arithmetic questions and their checker: chapter 15's pairs, chapter 16's task"
     ),
     "smol/grpo_train.py": (
-        "GRPO on smol.train's Trainer, sampling and scoring a task's questions; chapter "
-        "16 runs it and shows smol/grpo.py, the loss it trains on"
+        "GRPO on smol.train's Trainer, sampling and scoring a task's questions; "
+        "chapter 16 runs it and shows smol/grpo.py, the loss it trains on"
     ),
 }
 

@@ -112,7 +112,8 @@ class Quantity:
 QUANTITIES = [
     Quantity(
         "bfloat16's stored mantissa bits",
-        # "bfloat16 ... only 7 stored mantissa bits", never crossing a float16 of its own
+        # "bfloat16 ... only 7 stored mantissa bits", never crossing a float16 of
+        # its own
         rf"bfloat16(?:(?!\bfloat16|\bfloat32\b has)[\s\S]){{0,200}}?"
         rf"\b(?P<value>\d+|{WORDS})\s+(?:stored\s+)?mantissa bits",
     ),
@@ -142,7 +143,8 @@ QUANTITIES = [
     ),
     Quantity(
         "characters in the whole Shakespeare corpus (millions)",
-        rf"Shakespeare(?:'s plays)? (?:has|holds) (?P<value>{NUMBER}) million characters",
+        rf"Shakespeare(?:'s plays)? (?:has|holds) (?P<value>{NUMBER}) million"
+        r" characters",
         rf"(?:whole corpus|published them \() ?(?P<value>{NUMBER}) million",
     ),
     Quantity(
