@@ -18,45 +18,26 @@ without --resume or --overwrite, nor is the model being tuned."""
 
 from __future__ import annotations
 
-import argparse
 import copy
 import math
 from pathlib import Path
 
-from smol.commands.common import Parser, UsageError, run
-from smol.commands.train import FAILURES
-from smol.commands.tuning import (
-    load,
-    load_tuned,
-    prepare,
-    report_left_out,
-    resolved,
-    trained_parameters,
-    tune,
-)
-from smol.commands.tuning_options import (
-    add_run_options,
-    check_model_args,
-    train_config,
-    tuning_parser,
-)
+from smol.commands import tuning
+from smol.commands.common import Parser, UsageError
+from smol.commands.tuning_options import check_model_args, command_parser, tuning_main
 from smol.dpo import DPOTrainer, numbered_pairs
-from smol.train import TrainConfig
 
 # the settings a resume must keep besides TrainConfig's (which smol.resume checks)
 SETTINGS_FILE = "dpo.json"
-LRS = (5e-5, 1e-6)  # the default peak learning rates, with LoRA and without
 
 
 def build_parser() -> Parser:
-    """The parser of `smol dpo`."""
-    p = tuning_parser(
-        "dpo",
-        __doc__,
-        'JSONL file, one {"prompt", "chosen", "rejected"} pair a line',
-        "JSONL pairs for the validation loss",
-        "runs/dpo",
-    )
+    """The parser of `smol dpo` (its defaults: tuning_options.DEFAULTS)."""
+    return command_parser("dpo", __doc__, _dpo_options)
+
+
+def _dpo_options(p: Parser) -> None:
+    """The reference, beta and length normalisation, after the model's options."""
     p.add_argument(
         "--reference",
         help="the reference model (a .gguf file, a folder or hub id) of the same "
@@ -75,34 +56,28 @@ def build_parser() -> Parser:
         help="compare mean instead of summed log-probabilities per reply token "
         "(TRL's sigmoid_norm)",
     )
-    add_run_options(p, "pair", LRS)
-    return p
 
 
-def _parse_args(argv) -> tuple[argparse.Namespace, TrainConfig]:
-    args = build_parser().parse_args(argv)
+def _check_args(args) -> None:
     if not (math.isfinite(args.beta) and args.beta > 0):
         raise UsageError(f"--beta must be a positive number, got {args.beta}")
     check_model_args(args, "the model being tuned")
     if args.reference and Path(args.reference).resolve() == Path(args.out).resolve():
         raise UsageError(f"--out {args.out} is the reference model: write elsewhere")
-    return args, train_config(args, LRS)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run("smol dpo", lambda: _parse_args(argv), _dpo, FAILURES)
+    return tuning_main("dpo", argv, build_parser, _check_args, _dpo)
 
 
-def _dpo(settings: tuple[argparse.Namespace, TrainConfig]) -> int:
-    args, cfg = settings
-    train = numbered_pairs(args.data)
-    val = numbered_pairs(args.val_data) if args.val_data else {}
+def _dpo(args, cfg) -> int:
+    train, val = tuning.read_examples(args, numbered_pairs)
 
     def build() -> DPOTrainer:
-        model, tokenizer = load_tuned(args)
+        model, tokenizer = tuning.load_tuned(args)
         reference = None
         if args.reference:
-            reference, _ = load(args, args.reference)
+            reference, _ = tuning.load(args, args.reference)
             if reference.config != model.config:
                 raise ValueError(
                     f"--reference {args.reference} has another config than the "
@@ -110,7 +85,7 @@ def _dpo(settings: tuple[argparse.Namespace, TrainConfig]) -> int:
                 )
         elif not args.lora_r:
             reference = copy.deepcopy(model)  # frozen: the starting model
-        prepare(args, model)
+        tuning.prepare(args, model)
         return _trainer(args, cfg, model, tokenizer, train, val, reference)
 
     def result(history: dict) -> str:
@@ -125,12 +100,12 @@ def _dpo(settings: tuple[argparse.Namespace, TrainConfig]) -> int:
             f"accuracy {history['accuracy'][-1]:.2f}{val_text}"
         )
 
-    return tune(
+    return tuning.tune(
         args,
         SETTINGS_FILE,
         "DPO run",
         {
-            "reference": resolved(args.reference),
+            "reference": tuning.resolved(args.reference),
             "beta": args.beta,
             "length_normalized": args.length_normalized,
         },
@@ -168,13 +143,14 @@ def _trainer(args, cfg, model, tokenizer, train, val, reference) -> DPOTrainer:
 def _report_data(trainer: DPOTrainer, args, train: dict, val: dict) -> None:
     """The pairs trained on, and a warning naming (by line) those left out or cut
     for length."""
-    report_left_out(trainer, args, train, val, "pairs", "a reply with no token")
+    tuning.report_left_out(trainer, args, train, val, "pairs", "a reply with no token")
     reference = args.reference or (
         "the model with its adapter off" if args.lora_r else "the starting model"
     )
     print(
         f"{len(trainer.train_examples)} training pairs, {len(trainer.val_examples)} "
-        f"validation; {trained_parameters(trainer, args)}, beta {args.beta:g}, "
-        f"reference {reference}, {trainer.device}, from step {trainer.step}",
+        f"validation; {tuning.trained_parameters(trainer, args)}, beta "
+        f"{args.beta:g}, reference {reference}, {trainer.device}, from step "
+        f"{trainer.step}",
         flush=True,
     )

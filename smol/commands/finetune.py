@@ -17,62 +17,30 @@ not written over without --resume or --overwrite, nor is the model being fine-tu
 
 from __future__ import annotations
 
-import argparse
-
-from smol.commands.common import Parser, run
-from smol.commands.train import FAILURES
-from smol.commands.tuning import (
-    load_tuned,
-    prepare,
-    report_left_out,
-    trained_parameters,
-    tune,
-)
-from smol.commands.tuning_options import (
-    add_run_options,
-    check_model_args,
-    train_config,
-    tuning_parser,
-)
+from smol.commands import tuning
+from smol.commands.common import Parser
+from smol.commands.tuning_options import check_model_args, command_parser, tuning_main
 from smol.finetune import SFTTrainer, numbered_conversations
-from smol.train import TrainConfig
 
 # the settings a resume must keep besides TrainConfig's (which smol.resume checks)
 SETTINGS_FILE = "finetune.json"
-LRS = (1e-3, 5e-5)  # the default peak learning rates, with LoRA and without
 
 
 def build_parser() -> Parser:
-    """The parser of `smol finetune`."""
-    p = tuning_parser(
-        "finetune",
-        __doc__,
-        'JSONL file, one {"messages": [...]} a line',
-        "JSONL conversations for the validation loss",
-        "runs/finetuned",
-    )
-    add_run_options(p, "conversation", LRS)
-    return p
-
-
-def _parse_args(argv) -> tuple[argparse.Namespace, TrainConfig]:
-    args = build_parser().parse_args(argv)
-    check_model_args(args)
-    return args, train_config(args, LRS)
+    """The parser of `smol finetune` (its defaults: tuning_options.DEFAULTS)."""
+    return command_parser("finetune", __doc__)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run("smol finetune", lambda: _parse_args(argv), _finetune, FAILURES)
+    return tuning_main("finetune", argv, build_parser, check_model_args, _finetune)
 
 
-def _finetune(settings: tuple[argparse.Namespace, TrainConfig]) -> int:
-    args, cfg = settings
-    train = numbered_conversations(args.data)
-    val = numbered_conversations(args.val_data) if args.val_data else {}
+def _finetune(args, cfg) -> int:
+    train, val = tuning.read_examples(args, numbered_conversations)
 
     def build() -> SFTTrainer:
-        model, tokenizer = load_tuned(args)
-        prepare(args, model)
+        model, tokenizer = tuning.load_tuned(args)
+        tuning.prepare(args, model)
         return SFTTrainer(
             cfg, model, tokenizer, list(train.values()), list(val.values())
         )
@@ -82,7 +50,7 @@ def _finetune(settings: tuple[argparse.Namespace, TrainConfig]) -> int:
         val_text = f", val loss {val_loss[-1]:.4f}" if val_loss else ""
         return f"loss {history['loss'][-1]:.4f}{val_text}"
 
-    return tune(
+    return tuning.tune(
         args,
         SETTINGS_FILE,
         "fine-tune",
@@ -96,10 +64,11 @@ def _finetune(settings: tuple[argparse.Namespace, TrainConfig]) -> int:
 def _report_data(trainer: SFTTrainer, args, train: dict, val: dict) -> None:
     """The conversations trained on, and a warning naming (by line) those left out
     or cut for length."""
-    report_left_out(trainer, args, train, val, "conversations", "no reply")
+    tuning.report_left_out(trainer, args, train, val, "conversations", "no reply")
     print(
         f"{len(trainer.train_examples)} training conversations, "
-        f"{len(trainer.val_examples)} validation; {trained_parameters(trainer, args)}, "
-        f"{trainer.device}, from step {trainer.step}",
+        f"{len(trainer.val_examples)} validation; "
+        f"{tuning.trained_parameters(trainer, args)}, {trainer.device}, from step "
+        f"{trainer.step}",
         flush=True,
     )

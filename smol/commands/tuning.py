@@ -149,6 +149,12 @@ def check_resumed_settings(args, run: dict, path: Path, what: str) -> None:
     log(f"warning: resuming with changed settings: {'; '.join(changed)}")
 
 
+def read_examples(args, read: Callable[[str], dict]) -> tuple[dict, dict]:
+    """The numbered examples of --data and of --val-data (none without it), each
+    file read by `read`."""
+    return read(args.data), read(args.val_data) if args.val_data else {}
+
+
 def report_left_out(trainer, args, train: dict, val: dict, examples: str, why: str):
     """A warning naming (by file and line) the `examples` the trainer left out for
     length (`why` says what they lack), and a note counting those cut."""

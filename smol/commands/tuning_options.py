@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from smol.commands.common import Parser, UsageError, parser
-from smol.commands.train import add_resume_option
+from smol.commands.common import Parser, UsageError, parser, run
+from smol.commands.train import FAILURES, add_resume_option
 from smol.lora import TARGETS, check_settings
 from smol.train import TrainConfig
 
@@ -183,3 +183,42 @@ def train_config(args, lrs: tuple[float, float]) -> TrainConfig:
         )
     except ValueError as e:
         raise UsageError(str(e)) from None
+
+
+# each command's defaults: what a line of its --data holds, what one example is called,
+# its --out, and its peak learning rates (with LoRA, without)
+DEFAULTS = {
+    "finetune": ('{"messages": [...]}', "conversation", "runs/finetuned", (1e-3, 5e-5)),
+    "dpo": ('{"prompt", "chosen", "rejected"} pair', "pair", "runs/dpo", (5e-5, 1e-6)),
+}
+
+
+def command_parser(verb: str, doc: str, more=None) -> Parser:
+    """The parser of `smol VERB` (finetune, dpo) from its DEFAULTS: tuning_parser's
+    options, those `more(p)` adds, then add_run_options'."""
+    line, example, out, lrs = DEFAULTS[verb]
+    p = tuning_parser(
+        verb,
+        doc,
+        f"JSONL file, one {line} a line",
+        f"JSONL {example}s for the validation loss",
+        out,
+    )
+    if more is not None:
+        more(p)
+    add_run_options(p, example, lrs)
+    return p
+
+
+def tuning_main(verb: str, argv, build_parser, check, work) -> int:
+    """The exit status of `smol VERB` (common.run, with smol train's failures): its
+    arguments parsed by `build_parser()` and checked by `check(args)` (a UsageError:
+    status 2), its TrainConfig made by train_config with the verb's learning rates,
+    then `work(args, cfg)`."""
+
+    def parse():
+        args = build_parser().parse_args(argv)
+        check(args)
+        return args, train_config(args, DEFAULTS[verb][3])
+
+    return run(f"smol {verb}", parse, lambda settings: work(*settings), FAILURES)
