@@ -175,7 +175,7 @@ def test_more_new_tokens_than_the_context_holds_is_a_usage_error(fake_load, caps
     refused with status 2, not clamped into thousands of tokens of work."""
     code, out, err = run(["generate", "hi", "--max-new-tokens", str(2**70)], capsys)
     assert code == 2 and err.count("error:") == 1
-    assert f"--max-new-tokens {2**70} is more than" in err and "(8192 tokens)" in err
+    assert f"--max-new-tokens {2**70} is more than the context (8192)" in err
 
 
 def test_fast_options_give_the_same_text(fake_load, capsys, monkeypatch):

@@ -295,12 +295,9 @@ def load(args, decoding: Decoding):
 def _fit(ids: list[int], args, model) -> int:
     """How many tokens may follow the prompt: --max-new-tokens, or fewer where the
     context ends; a UsageError where --max-new-tokens alone outgrows the context."""
-    context = model.config.max_position_embeddings
-    if args.max_new_tokens > context:  # no prompt leaves room for them
-        raise UsageError(
-            f"--max-new-tokens {args.max_new_tokens} is more than the model's context "
-            f"holds ({context} tokens)"
-        )
+    n, context = args.max_new_tokens, model.config.max_position_embeddings
+    if n > context:  # no prompt leaves room for them
+        raise UsageError(f"--max-new-tokens {n} is more than the context ({context})")
     if len(ids) >= context:
         raise ValueError(
             f"the prompt has {len(ids)} tokens; the model's context holds {context}"
