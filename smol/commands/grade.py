@@ -36,27 +36,15 @@ first."""
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib
-import json
 import os
 import sys
-import time
 from pathlib import Path
 
 from smol.commands.common import Parser, UsageError, parser, run
+from smol.commands.grade_files import report_problem, write_report
 from smol.grading import reaper
 from smol.grading.core import DEFAULT_TIMEOUT, timeout_problem
-from smol.grading.files import (
-    earlier_grades,
-    earlier_notebooks,
-    earlier_students,
-    is_report,
-    output_problem,
-    sha256_of,
-    write_atomic,
-    written_record,
-)
 from smol.grading.runner import grade_notebook
 
 
@@ -76,12 +64,6 @@ def notebook_paths(args: list[str]) -> list[Path]:
         else:
             raise ValueError(f"{arg} is neither a folder nor a notebook")
     return paths
-
-
-def report_problem(path: Path) -> str:
-    """Why the report cannot be written to `path` ("" when it can); leaves no file
-    behind."""
-    return output_problem(path, is_report, "report of smol grade")
 
 
 def _name(path: str) -> str:
@@ -229,7 +211,9 @@ def _usage_problem(args) -> str:
         except Exception as exc:  # noqa: BLE001 - any failure to import is a usage error
             return f"cannot import --tasks {name}: {type(exc).__name__}: {exc}"
     if args.gradebook is not None:
-        return _gradebook_problem(args)
+        from smol.commands.grade_class import gradebook_problem
+
+        return gradebook_problem(args)
     for option in ("feedback", "regrade", "overwrite"):
         if getattr(args, option):
             return f"--{option} needs --gradebook"
@@ -249,86 +233,6 @@ def _usage_problem(args) -> str:
     return ""
 
 
-def _gradebook_problem(args) -> str:
-    """What makes a class's grading unusable ("" when nothing does)."""
-    from smol.grading import gradebook
-
-    if args.strict:
-        return "--strict does not apply to --gradebook (the CSV holds every score)"
-    if len(args.paths) != 1 or not Path(args.paths[0]).is_dir():
-        return "--gradebook grades one folder of submissions: name only that folder"
-    try:
-        args.submissions = gradebook.find_submissions(Path(args.paths[0]))
-    except (ValueError, OSError) as exc:
-        return str(exc)
-    problem = output_problem(args.gradebook, gradebook.is_gradebook, "gradebook")
-    if problem:
-        return f"cannot write the gradebook to {args.gradebook}: {problem}"
-    if args.json is None:
-        args.json = args.gradebook.with_suffix(".json")
-    if str(args.json) == "-" or args.json.resolve() == args.gradebook.resolve():
-        return "--json must name a file of its own next to --gradebook"
-    problem = report_problem(args.json)
-    if problem:
-        return (
-            f"cannot write the report to {args.json}: {problem} (choose another --json)"
-        )
-    if args.feedback is not None:
-        folder = args.feedback
-        if folder.exists() and not folder.is_dir():
-            return f"--feedback {folder} is a file, not a folder"
-        if not folder.exists() and not folder.parent.is_dir():
-            return f"--feedback: the folder {folder.parent} does not exist"
-        for student in sorted({s.student for s in args.submissions}):
-            page = folder / gradebook.feedback_name(student)
-            if page.exists() and not gradebook.is_feedback(page):
-                return (
-                    f"--feedback: {page} exists and is not an earlier feedback page, "
-                    "which the output would replace"
-                )
-    return "" if args.overwrite else _changed_output(args)
-
-
-def _changed_output(args) -> str:
-    """Why an earlier gradebook or feedback page of the grader's must stay ("" when
-    none must): the class report (--json) records what its run wrote, and for which
-    submissions folder; a file it does not record as it is now (edited by hand,
-    another class's, written with another --json) takes --overwrite."""
-    from smol.grading import gradebook
-
-    record = written_record(args.json)
-    folder = str(Path(args.paths[0]).resolve())
-    pages = record.get("feedback") if isinstance(record.get("feedback"), dict) else {}
-    outputs = [(args.gradebook, record.get("gradebook"), "--gradebook")]
-    if args.feedback is not None:
-        outputs += [
-            (args.feedback / name, pages.get(name), "--feedback")
-            for name in sorted(
-                {gradebook.feedback_name(s.student) for s in args.submissions}
-            )
-        ]
-    ask = "give another {} or --overwrite to replace it"
-    if record and record.get("submissions") != folder:
-        return (
-            f"{args.json} holds the grades of {record.get('submissions')}, not of "
-            f"{folder} (another class's?): {ask.format('--gradebook')}"
-        )
-    for path, sha, option in outputs:
-        if not path.exists():
-            continue
-        if not record:
-            return (
-                f"{path} was not written by a run that {args.json} records (another "
-                f"class's, or one with another --json): {ask.format(option)}"
-            )
-        if sha256_of(path) != sha:
-            return (
-                f"{path} was changed since smol grade wrote it (a regrade or a note "
-                f"by hand?): {ask.format(option)}"
-            )
-    return ""
-
-
 def _grade_all(args) -> list[dict]:
     """The report of each notebook, with a line on stderr as each one is done."""
     reports = []
@@ -345,81 +249,6 @@ def _grade_all(args) -> list[dict]:
     return reports
 
 
-def _write(path: Path, text: str, what: str) -> bool:
-    """Write an output atomically; whether that worked (if not, say so on stderr)."""
-    try:
-        write_atomic(path, text)
-    except OSError as exc:
-        print(
-            f"smol grade: could not write the {what} to {path}: "
-            f"{exc.strerror or exc}; the scores above are all there is",
-            file=sys.stderr,
-        )
-        return False
-    return True
-
-
-def _write_report(
-    path: Path, score: int, total: int, reports: list[dict], written: dict | None = None
-) -> bool:
-    """Write the JSON report (to stdout for -), with the record of what a class's
-    run wrote; whether that worked."""
-    report = {"score": score, "total": total, "notebooks": reports}
-    if written is not None:
-        report["written"] = written
-    if str(path) == "-":
-        sys.stdout.write(json.dumps(report) + "\n")
-        sys.stdout.flush()
-        return True
-    if not _write(path, json.dumps(report, indent=1) + "\n", "report"):
-        return False
-    print(f"report written to {path}")
-    return True
-
-
-def _gradebook(args) -> int:
-    """Grade a class's submissions; write the gradebook, the report and the pages."""
-    from smol.grading import gradebook as book
-
-    start = time.monotonic()
-    grader = book.fingerprint(args)
-    previous = {} if args.regrade else earlier_grades(args.json, grader)
-    reports = book.grade_class(args.submissions, args, previous)
-    reaper.KEEP.clear()
-    reaper.sweep()  # nothing a submission started outlives its grading
-    for r in reports:
-        r["grader"] = grader
-    # a student or an exercise of the last report whose notebooks are gone stays,
-    # marked missing
-    earlier = earlier_notebooks(args.json)
-    rows = book.gradebook_rows(reports, earlier_students(args.json), earlier)
-    print(book.summary(reports, rows, time.monotonic() - start))
-    score, total = sum(r[3] for r in rows), sum(r[4] for r in rows)
-    # what this run wrote, for the next one to know its own files from edited ones
-    written = {"submissions": str(Path(args.paths[0]).resolve()), "feedback": {}}
-    text = book.csv_text(rows)
-    ok = _write(args.gradebook, text, "gradebook")
-    if ok:
-        written["gradebook"] = _sha256(text)
-    if args.feedback is not None:
-        args.feedback.mkdir(exist_ok=True)
-        for student in sorted({r["student"] for r in reports}):
-            page = book.feedback_page(student, reports, rows)
-            name = book.feedback_name(student)
-            if _write(args.feedback / name, page, "feedback"):
-                written["feedback"][name] = _sha256(page)
-            else:
-                ok = False
-    ok &= _write_report(args.json, score, total, reports, written)
-    if ok:
-        print(f"gradebook written to {args.gradebook}")
-    return 0 if ok else 1
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
-
-
 def _parse(argv) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     problem = _usage_problem(args)
@@ -432,7 +261,9 @@ def _grade(args) -> int:
     """Grade, every process it started ended at the end (Ctrl-C and SIGTERM too)."""
     with reaper.reaping():
         if args.gradebook is not None:
-            return _gradebook(args)
+            from smol.commands.grade_class import grade_class
+
+            return grade_class(args)
         reports = _grade_all(args)
         reaper.KEEP.clear()
         reaper.sweep()  # nothing a notebook or a check started outlives it
@@ -459,6 +290,6 @@ def _finish(args, reports: list[dict]) -> int:
             print(line, file=out)
         print(f"smol grade: error: {line}", file=sys.stderr, flush=True)
         code = 1
-    if not _write_report(args.json, score, total, reports):
+    if not write_report(args.json, score, total, reports):
         code = 1
     return code

@@ -112,7 +112,10 @@ def fingerprint(args) -> str:
     digest = hashlib.sha256()
     package = Path(__file__).resolve().parents[1]
     files = sorted((package / "grading").rglob("*.py"))
-    files += [package / "commands" / name for name in ("grade.py", "common.py")]
+    files += [
+        package / "commands" / name
+        for name in ("grade.py", "grade_files.py", "common.py")
+    ]
     for name in args.tasks:
         spec = importlib.util.find_spec(name)
         if spec is not None and spec.origin:
