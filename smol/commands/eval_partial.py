@@ -1,7 +1,7 @@
 """What `smol eval` keeps of a run that Ctrl-C or SIGTERM stopped: the questions
 scored so far, written to --out as TASK_questions.partial.csv (the rows
-TASK_questions.csv would hold, for those questions only; `smol eval compare` reads
-it), never under the final names and with no summary, since the shortest prompts are
+TASK_questions.csv would hold, for those questions only; MMLU's, `smol eval compare`
+reads), never under the final names and with no summary, since the shortest prompts are
 scored first and the questions done are not a sample of the benchmark. Without --out
 they are discarded. Either way the line that says the run stopped says which."""
 
