@@ -3542,3 +3542,35 @@ def test_a_file_that_is_not_a_notebook_is_one_error_line(tmp_path, capsys):
     assert len(errors) == 1 and errors[0].startswith("smol grade: error: 1 file")
     assert "text.ipynb is not a notebook" in errors[0]
     assert json.loads(out)["notebooks"][0]["score"] == 0
+
+
+def test_a_notebook_ending_in_capitals_is_graded_by_itself_too(tmp_path):
+    """The worker that grades one hand-in (`smol grade NOTEBOOK --json -`) takes a
+    notebook ending in .IPYNB, as the class's search finds it, and so does a folder."""
+    from smol.commands.grade import notebook_paths
+
+    (tmp_path / "hw").mkdir()
+    upper = tmp_path / "hw" / "02_rope.IPYNB"
+    upper.write_text("{}")
+    (tmp_path / "hw" / ".hidden.ipynb").write_text("{}")
+    (tmp_path / "hw" / "notes.txt").write_text("x")
+    assert notebook_paths([str(upper)]) == [upper]
+    assert notebook_paths([str(tmp_path / "hw")]) == [upper]
+
+
+def test_a_deleted_notebook_stays_missing_run_after_run(gradebook):
+    """carol's notebook is deleted: the next run marks her rows missing, and so does
+    the one after (the report keeps what is missing), instead of dropping her."""
+    _, tmp, args, _ = gradebook
+    notebook = tmp / "submissions" / "carol" / "warmup.ipynb"
+    kept = notebook.read_bytes()
+    try:
+        notebook.unlink()
+        for _ in range(2):
+            again = _grade_class(str(tmp / "submissions"), *args)
+            assert again.returncode == 0, again.stdout + again.stderr
+            rows = _rows(tmp / "grades.csv")
+            assert rows["carol", "cumsum"]["status"] == "missing"
+            assert rows["carol", "probe_cumsum"]["max_points"] == "3"
+    finally:
+        notebook.write_bytes(kept)

@@ -49,17 +49,21 @@ from smol.grading.runner import grade_notebook
 
 
 def notebook_paths(args: list[str]) -> list[Path]:
-    """The notebooks named, folders expanded; ValueError for an argument that names
-    none."""
+    """The notebooks named, folders expanded (a hand-in may end in .IPYNB: any case
+    of the suffix is a notebook's); ValueError for an argument that names none."""
     paths = []
     for arg in args:
         p = Path(arg)
         if p.is_dir():
-            found = sorted(p.glob("*.ipynb"))
+            found = sorted(
+                q
+                for q in p.iterdir()
+                if q.suffix.lower() == ".ipynb" and not q.name.startswith(".")
+            )
             if not found:
                 raise ValueError(f"{arg} is a folder without notebooks (*.ipynb)")
             paths += found
-        elif p.suffix == ".ipynb" and p.exists():
+        elif p.suffix.lower() == ".ipynb" and p.exists():
             paths.append(p)
         else:
             raise ValueError(f"{arg} is neither a folder nor a notebook")

@@ -130,7 +130,9 @@ def grade_class(args) -> int:
                 written["feedback"][name] = _sha256(page)
             else:
                 ok = False
-    ok &= write_report(args.json, score, total, reports, written)
+    missing = missing_entries(rows)  # missing at the next run too
+    extra = {"written": written, "missing": missing}
+    ok &= write_report(args.json, score, total, reports, extra)
     if ok:
         print(f"gradebook written to {args.gradebook}")
     return 0 if ok else 1
@@ -138,3 +140,18 @@ def grade_class(args) -> int:
 
 def _sha256(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def missing_entries(rows: list[list]) -> list[dict]:
+    """The notebooks the gradebook's rows mark missing, as the class report keeps
+    them (student, exercise, each task with its points at stake), so that the next
+    run marks them missing too."""
+    out: dict[tuple[str, str], dict] = {}
+    for student, exercise, task, _, total, status in rows:
+        if status == "missing":
+            entry = out.setdefault(
+                (student, exercise),
+                {"student": student, "exercise": exercise, "tasks": []},
+            )
+            entry["tasks"].append({"task": task, "total": total})
+    return list(out.values())

@@ -32,13 +32,11 @@ def write_output(path: Path, text: str, what: str) -> bool:
 
 
 def write_report(
-    path: Path, score: int, total: int, reports: list[dict], written: dict | None = None
+    path: Path, score: int, total: int, reports: list[dict], extra: dict | None = None
 ) -> bool:
-    """Write the JSON report (to stdout for -), with the record of what a class's
-    run wrote; whether that worked."""
-    report = {"score": score, "total": total, "notebooks": reports}
-    if written is not None:
-        report["written"] = written
+    """Write the JSON report (to stdout for -), with a class's `extra` keys (what
+    its run wrote, the notebooks missing); whether that worked."""
+    report = {"score": score, "total": total, "notebooks": reports, **(extra or {})}
     if str(path) == "-":
         sys.stdout.write(json.dumps(report) + "\n")
         sys.stdout.flush()

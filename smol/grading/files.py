@@ -133,22 +133,24 @@ def earlier_grades(path: Path, grader: str) -> dict[tuple[str, str, str], dict]:
 
 
 def earlier_students(path: Path) -> set[str]:
-    """The students of the class report at `path` (none if there is no such report)."""
+    """The students of the class report at `path`, those it marks missing too (none
+    if there is no such report)."""
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
-        return {n["student"] for n in report["notebooks"]}
+        return {n["student"] for n in report["notebooks"] + report.get("missing", [])}
     except (OSError, ValueError, KeyError, TypeError):
         return set()
 
 
 def earlier_notebooks(path: Path) -> list[dict]:
-    """The notebooks (student, exercise, tasks) of the class report at `path` (none if
+    """The notebooks (student, exercise, tasks) of the class report at `path`, and
+    those it marks missing, so that a notebook stays missing run after run (none if
     there is no such report)."""
     try:
         report = json.loads(path.read_text(encoding="utf-8"))
         return [
             n
-            for n in report["notebooks"]
+            for n in report["notebooks"] + report.get("missing", [])
             if isinstance(n, dict) and {"student", "exercise", "tasks"} <= set(n)
         ]
     except (OSError, ValueError, KeyError, TypeError):
