@@ -12,7 +12,9 @@ this process on files made in a temporary folder, and is classed
 
 A case may also bring a fault: Ctrl-C or SIGTERM sent from inside the command while it
 works (its expected status 130 or 143, the line that says it stopped naming what was
-kept or discarded, the user's file intact and no file left half-written).
+kept or discarded, the user's file intact and no file left half-written). And a case
+may be an awkward input to take rather than refuse (a hand-in nested or in capitals):
+accepted, what it must have done is checked, and a student left out counts as lost.
 
 It prints a table (command, input, class, the message's first line) and the totals;
 its exit status is 1 when any case is not clear. A case still running after LIMIT
@@ -52,6 +54,7 @@ class Case:
     setup: Callable[[Path], None] | None = None  # more files, made in the folder
     fault: Callable[[], contextlib.AbstractContextManager] | None = None  # while run
     gone: str | None = None  # a file under the folder that must not be there after
+    check: Callable[[Path], str] | None = None  # accepted: what is wrong after ("")
 
     def args(self, root: Path) -> list[str]:
         return self.argv(root) if callable(self.argv) else list(self.argv)
@@ -326,6 +329,35 @@ def earlier_gradebook(change: str) -> Callable[[Path], None]:
             (root / "book.json").write_text(json.dumps(report), encoding="utf-8")
 
     return setup
+
+
+def hand_ins(root: Path) -> None:
+    """class2/: ada's notebook nested in a folder of her hand-in, ending in .IPYNB;
+    and book.json, the report of the last run, in which bob handed one in that he
+    has since deleted."""
+    folder = root / "class2" / "ada" / "hw2"
+    folder.mkdir(parents=True)
+    empty = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    (folder / "01_rmsnorm.IPYNB").write_text(json.dumps(empty), encoding="utf-8")
+    bob = {"student": "bob", "exercise": "01_rmsnorm", "sha256": "x", "tasks": []}
+    bob["tasks"] = [{"task": "rms", "score": 4, "total": 4, "graded": True}]
+    written = {"submissions": str((root / "class2").resolve()), "feedback": {}}
+    report = {"score": 4, "total": 4, "notebooks": [bob], "written": written}
+    (root / "book.json").write_text(json.dumps(report), encoding="utf-8")
+
+
+def every_student_in_the_gradebook(root: Path) -> str:
+    """What book.csv lacks: ada's graded rows, bob's rows marked missing."""
+    import csv
+
+    with open(root / "book.csv", encoding="utf-8") as f:
+        rows = {(r["student"], r["status"].split(":")[0]) for r in csv.DictReader(f)}
+    lacking = [
+        f"{who} ({what})"
+        for who, what in (("ada", "not graded"), ("bob", "missing"))
+        if (who, what) not in rows
+    ]
+    return "book.csv lacks " + ", ".join(lacking) if lacking else ""
 
 
 def cases() -> list[Case]:
@@ -697,6 +729,18 @@ def cases() -> list[Case]:
                 ("unrecorded", "book.csv was not written", "no report records it"),
             )
         ),
+        Case(
+            gr,
+            lambda r: (
+                [str(r / "class2"), "--gradebook", str(r / "book.csv")]
+                + ["--jobs", "1"]
+            ),
+            0,
+            about="$TMP/class2 --gradebook $TMP/book.csv (ada's notebook in a "
+            "subfolder, ending in .IPYNB; bob's deleted since the last run)",
+            setup=hand_ins,
+            check=every_student_in_the_gradebook,
+        ),
     ]
     return out
 
@@ -755,6 +799,11 @@ def run_case(case: Case, root: Path) -> Outcome:
         return Outcome(case, "lost", status, shown)
     if case.gone is not None and (root / case.gone).exists():
         return Outcome(case, "raw", status, f"left {case.gone} behind; {shown}")
+    if case.check is not None:  # an input to take, not to refuse
+        if status != 0:
+            return Outcome(case, "raw", status, shown)
+        problem = case.check(root)
+        return Outcome(case, "lost" if problem else "clear", status, problem or "done")
     if status == 0:
         return Outcome(case, "silent", status, shown)
     if case.fault is not None:  # the line that says it stopped, and what it kept
