@@ -155,27 +155,40 @@ _filter_check(
 CONFIG = small_config(67)
 
 
-def _model(state=None):
+def _model(state):
     model = SmolLM(CONFIG).eval()
-    if state is not None:
-        model.load_state_dict(state)
-        return model
-    # larger weights than the init: distinct, confident greedy choices
+    model.load_state_dict(state)
+    return model
+
+
+def _scaled_model(scale=8):
+    """A model of CONFIG whose matrices are `scale` times the init's: larger weights
+    make distinct, confident greedy choices."""
+    model = SmolLM(CONFIG).eval()
     with torch.no_grad():
         for p in model.parameters():
             if p.dim() >= 2:
-                p.mul_(8)
+                p.mul_(scale)
     return model
 
 
 def _model_and_prompt(*shape):
     prompt = torch.randint(0, CONFIG.vocab_size, shape)
-    return {"state": _model().state_dict(), "prompt": prompt}
+    return {"state": _scaled_model().state_dict(), "prompt": prompt}
 
 
 def _greedy(fn, inputs, n):
-    """Probe side: the student's greedy_generate on the inputs' model and prompt."""
+    """Probe side: the student's decoding of n tokens on the inputs' model and
+    prompt."""
     return fn(_model(inputs["state"]), inputs["prompt"], n)
+
+
+def _passes(n):
+    """A probe: the forward calls (smol.grading.checks._util.forward_calls) of the
+    student's decoding of n tokens on the inputs' model and prompt."""
+    return lambda fn, inputs: forward_calls(
+        fn, _model(inputs["state"]), inputs["prompt"], n
+    )
 
 
 def _judge_prompt_kept(n: int, model="model"):
@@ -235,7 +248,7 @@ def _judge_cache_used(inputs, calls):
     )
 
 
-@probe_check(
+probe_check(
     "kv_generate",
     "uses the cache: after the prompt, each forward call sees one new token",
     1,
@@ -243,9 +256,7 @@ def _judge_cache_used(inputs, calls):
     "to it itself",
     inputs=lambda: _model_and_prompt(1, 6),
     judge=_judge_cache_used,
-)
-def _(fn, inputs):
-    return forward_calls(fn, _model(inputs["state"]), inputs["prompt"], 5)
+)(_passes(5))
 
 
 @probe_check(

@@ -3,17 +3,16 @@
 
 import torch
 
-from smol import SmolLM
 from smol.generate import generate
-from smol.grading.checks._util import (
-    cached_lengths,
-    forward_calls,
-    is_tensor,
-    small_config,
+from smol.grading.checks._util import cached_lengths, is_tensor
+from smol.grading.checks.generation import (
+    CONFIG,
+    _greedy,
+    _model,
+    _passes,
+    _scaled_model,
 )
 from smol.grading.registry import probe_check
-
-CONFIG = small_config(67)
 
 
 def _spec_model(scale, seed):
@@ -21,19 +20,9 @@ def _spec_model(scale, seed):
     scale 4 its text soon repeats, at scale 8 it repeats now and then: its weights
     and a prompt."""
     torch.manual_seed(seed)
-    model = SmolLM(CONFIG).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            if p.dim() >= 2:
-                p.mul_(scale)
+    model = _scaled_model(scale)
     prompt = torch.randint(0, CONFIG.vocab_size, (1, 6))
     return {"state": model.state_dict(), "prompt": prompt}
-
-
-def _model(state):
-    model = SmolLM(CONFIG).eval()
-    model.load_state_dict(state)
-    return model
 
 
 LENGTHS = (15, 1, 0)  # max_new_tokens: drafts, the prefill's token only, nothing
@@ -90,10 +79,7 @@ def _judge_spec_greedy(inputs, outs):
     judge=_judge_spec_greedy,
 )
 def _(fn, inputs):
-    return [
-        fn(_model(case["state"]), case["prompt"], n)
-        for case, (_, _, n) in zip(inputs, RUNS)
-    ]
+    return [_greedy(fn, case, n) for case, (_, _, n) in zip(inputs, RUNS)]
 
 
 def _judge_passes(inputs, calls):
@@ -105,7 +91,7 @@ def _judge_passes(inputs, calls):
     )
 
 
-@probe_check(
+probe_check(
     "speculative_greedy",
     "fewer forward passes than tokens where the text repeats, each with the cache",
     1,
@@ -113,6 +99,4 @@ def _judge_passes(inputs, calls):
     "model(step, kv_cache=cache)",
     inputs=lambda: _spec_model(4, 1),
     judge=_judge_passes,
-)
-def _(fn, inputs):
-    return forward_calls(fn, _model(inputs["state"]), inputs["prompt"], 40)
+)(_passes(40))
