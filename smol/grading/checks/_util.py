@@ -146,6 +146,52 @@ def same_grads(grads, want, names, atol=1e-5) -> None:
         close(g, w, f"the gradient of {name}", atol=atol)
 
 
+def value_and_grads(fn, inputs) -> dict:
+    """Probe side: fn(x) and the gradient that inputs["up"] sends back through it to
+    x (inputs["x"])."""
+    x = inputs["x"]
+    return {"out": fn(x), "grads": grads(fn, x, upstream=inputs["up"])[1]}
+
+
+def same_value_and_grads(out, reference, inputs, what: str) -> None:
+    """Judge side: `out` (from value_and_grads) holds reference(x) and its gradient,
+    both named `what` in messages."""
+    x, up = inputs["x"], inputs["up"]
+    close(out["out"], reference(x), what)
+    _, want = grads(reference, x, upstream=up)
+    same_grads(out["grads"], want, [what], atol=1e-5)
+
+
+def module_made(module, call: str) -> torch.nn.Module:
+    """Probe side: `module`, what the student's `call` made, after checking that it
+    is an nn.Module."""
+    assert isinstance(module, torch.nn.Module), (
+        f"{call} should be an nn.Module, got {type(module).__name__}"
+    )
+    return module
+
+
+def holding(module, state, owner="the module") -> torch.nn.Module:
+    """Probe side: `module` holding the weights `state`, matched by name (any
+    order)."""
+    missing = module.load_state_dict(state, strict=False).missing_keys
+    assert not missing, f"{owner} has no {', '.join(missing)}"
+    return module
+
+
+def parameter_shapes(module) -> dict:
+    """Probe side: the shape of each of `module`'s weights, by name."""
+    return {k: list(v.shape) for k, v in module.state_dict().items()}
+
+
+def same_parameter_shapes(got, reference) -> None:
+    """Judge side: `got` (from parameter_shapes) names and shapes the weights as the
+    `reference` module does."""
+    got = {k: tuple(v) for k, v in got.items()}
+    want = {k: tuple(v.shape) for k, v in reference.state_dict().items()}
+    assert got == want, f"parameters {got}, expected {want}"
+
+
 class _ForwardSpy:
     """Records, for each forward call, how many tokens came in and whether a cache came
     along."""

@@ -8,9 +8,13 @@ from smol.grading.checks._util import (
     bfloat16_out,
     close,
     grads,
+    holding,
     is_tensor,
     module_grads,
+    module_made,
+    parameter_shapes,
     same_grads,
+    same_parameter_shapes,
     untouched,
 )
 from smol.grading.checks.assembled import CONFIG
@@ -47,14 +51,8 @@ def _layer_state(gains=False):
 def _student(cls, state, layer_idx=0):
     """Probe side: the student's layer `layer_idx` holding smol's layer's weights
     `state`."""
-    student = cls(CONFIG, layer_idx)
-    assert isinstance(student, torch.nn.Module), (
-        f"DecoderLayer(config, layer_idx) should be an nn.Module, got "
-        f"{type(student).__name__}"
-    )
-    result = student.load_state_dict(state, strict=False)
-    assert not result.missing_keys, f"the layer has no {', '.join(result.missing_keys)}"
-    return student
+    student = module_made(cls(CONFIG, layer_idx), "DecoderLayer(config, layer_idx)")
+    return holding(student, state, "the layer")
 
 
 def _layer_inputs(T, gains=False, dtype=torch.float32, tables=None):
@@ -65,9 +63,7 @@ def _layer_inputs(T, gains=False, dtype=torch.float32, tables=None):
 
 
 def _judge_layer_sizes(inputs, got):
-    got = {k: tuple(v) for k, v in got.items()}
-    want = {k: tuple(v.shape) for k, v in Reference(CONFIG, 0).state_dict().items()}
-    assert got == want, f"parameters {got}, expected {want}"
+    same_parameter_shapes(got, Reference(CONFIG, 0))
 
 
 @probe_check(
@@ -79,7 +75,7 @@ def _judge_layer_sizes(inputs, got):
     judge=_judge_layer_sizes,
 )
 def _(cls, _):
-    return {k: list(v.shape) for k, v in cls(CONFIG, 0).state_dict().items()}
+    return parameter_shapes(cls(CONFIG, 0))
 
 
 def _judge_gains(inputs, out):

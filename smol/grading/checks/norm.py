@@ -9,9 +9,12 @@ from smol.grading.checks._util import (
     grads,
     is_tensor,
     module_grads,
+    module_made,
     same_grads,
     same_shape,
+    same_value_and_grads,
     untouched,
+    value_and_grads,
 )
 from smol.grading.registry import probe_check, task
 from smol.norm import RMSNorm as Reference
@@ -47,10 +50,7 @@ def _(rms, xs):
 
 
 def _judge_rms_values(inputs, out):
-    x, up = inputs["x"], inputs["up"]
-    close(out["out"], _rms_reference(x, 1e-5), "rms(x)")
-    _, want = grads(lambda t: _rms_reference(t, 1e-5), x, upstream=up)
-    same_grads(out["grads"], want, ["rms(x)"], atol=1e-5)
+    same_value_and_grads(out, lambda t: _rms_reference(t, 1e-5), inputs, "rms(x)")
 
 
 @probe_check(
@@ -63,10 +63,7 @@ def _judge_rms_values(inputs, out):
     judge=_judge_rms_values,
 )
 def _(rms, inputs):
-    x, up = inputs["x"], inputs["up"]
-    out = rms(x, 1e-5)
-    _, g = grads(lambda t: rms(t, 1e-5), x, upstream=up)
-    return {"out": out, "grads": g}
+    return value_and_grads(lambda t: rms(t, 1e-5), inputs)
 
 
 def _judge_eps(inputs, outs):
@@ -89,11 +86,7 @@ def _(rms, _):
 
 
 def _make(cls, dim, eps=1e-5):
-    module = cls(dim, eps)
-    assert isinstance(module, torch.nn.Module), (
-        f"RMSNorm(dim, eps) should be an nn.Module, got {type(module).__name__}"
-    )
-    return module
+    return module_made(cls(dim, eps), "RMSNorm(dim, eps)")
 
 
 def _student(cls, weight, eps=1e-5):

@@ -11,11 +11,17 @@ from smol.grading.checks._util import (
     bfloat16_out,
     close,
     grads,
+    holding,
     module_grads,
+    module_made,
     pair,
+    parameter_shapes,
     same_grads,
+    same_parameter_shapes,
     same_std,
+    same_value_and_grads,
     small_config,
+    value_and_grads,
     without,
 )
 from smol.grading.registry import probe_check, task
@@ -58,16 +64,7 @@ def _(fn, x):
 
 
 def _judge_silu(inputs, out, where=""):
-    x, up = inputs["x"], inputs["up"]
-    close(out["out"], F.silu(x), f"silu{where}")
-    _, want = grads(F.silu, x, upstream=up)
-    same_grads(out["grads"], want, [f"silu{where}"], atol=1e-5)
-
-
-def _silu_and_grads(fn, inputs):
-    """Probe side: silu(x) and its gradient for the inputs' upstream."""
-    x = inputs["x"]
-    return {"out": fn(x), "grads": grads(fn, x, upstream=inputs["up"])[1]}
+    same_value_and_grads(out, F.silu, inputs, f"silu{where}")
 
 
 probe_check(
@@ -77,7 +74,7 @@ probe_check(
     "use differentiable torch operations",
     inputs=lambda: {"x": torch.randn(3, 5) * 3, "up": torch.randn(3, 5)},
     judge=_judge_silu,
-)(_silu_and_grads)
+)(value_and_grads)
 
 
 probe_check(
@@ -91,7 +88,7 @@ probe_check(
         "up": torch.ones(5),
     },
     judge=lambda inputs, out: _judge_silu(inputs, out, " at large |x|"),
-)(_silu_and_grads)
+)(value_and_grads)
 
 
 @probe_check(
@@ -109,13 +106,7 @@ def _(fn, x):
 def _student(cls, state, config=CONFIG):
     """Probe side: the student's module holding the weights `state`, matched by name
     (any order)."""
-    student = cls(config)
-    assert isinstance(student, torch.nn.Module), (
-        f"SwiGLU(config) should be an nn.Module, got {type(student).__name__}"
-    )
-    missing = student.load_state_dict(state, strict=False).missing_keys
-    assert not missing, f"the module has no {', '.join(missing)}"
-    return student
+    return holding(module_made(cls(config), "SwiGLU(config)"), state)
 
 
 def _reference(state, config=CONFIG):
@@ -126,9 +117,7 @@ def _reference(state, config=CONFIG):
 
 
 def _judge_sizes(inputs, got):
-    got = {k: tuple(v) for k, v in got.items()}
-    want = {k: tuple(v.shape) for k, v in Reference(CONFIG).state_dict().items()}
-    assert got == want, f"parameters {got}, expected {want}"
+    same_parameter_shapes(got, Reference(CONFIG))
 
 
 @probe_check(
@@ -140,7 +129,7 @@ def _judge_sizes(inputs, got):
     judge=_judge_sizes,
 )
 def _(cls, _):
-    return {k: list(v.shape) for k, v in cls(CONFIG).state_dict().items()}
+    return parameter_shapes(cls(CONFIG))
 
 
 def _judge_mlp_values(inputs, out):
