@@ -93,17 +93,6 @@ def _judge_scales(w, out):
     close(scale, w.abs().amax(dim=1) / 127, "the scales", atol=0, rtol=1e-5)
 
 
-probe_check(
-    BOTH,
-    "one scale per output channel: each row's largest |w| maps to 127",
-    1,
-    "scale = weight.abs().amax(dim=1) / 127: a row of small weights keeps its own "
-    "precision instead of rounding to zero under the largest row's scale",
-    inputs=_weight,
-    judge=_judge_scales,
-)(_quantized)
-
-
 def _judge_rounding(w, out):
     q, scale = _q_and_scale(out)
     assert q.abs().max() <= 127, f"q reaches {int(q.abs().max())}, beyond 127"
@@ -113,17 +102,6 @@ def _judge_rounding(w, out):
     assert worst <= 0.5 + 1e-4, (
         f"a weight is off by {worst:.3f} of its row's step; rounding keeps it to 0.5"
     )
-
-
-probe_check(
-    BOTH,
-    "rounded to the nearest step: every |w - q * scale| <= scale / 2",
-    2,
-    "torch.round(w / scale) before .to(torch.int8): the cast alone truncates towards "
-    "zero, and the error grows to a whole step",
-    inputs=lambda: _weight(seed=1),
-    judge=_judge_rounding,
-)(_quantized)
 
 
 def _with_zero_row():
@@ -138,14 +116,38 @@ def _judge_zero_row(w, out):
     assert not q[3].any(), f"the zero row quantizes to {q[3].tolist()}"
 
 
-probe_check(
-    BOTH,
-    "an all-zero row gives zeros and a finite scale (no division by zero)",
-    1,
-    "clamp the scale from below (scale.clamp(min=1e-12)) before dividing by it",
-    inputs=_with_zero_row,
-    judge=_judge_zero_row,
-)(_quantized)
+# the checks that quantize a weight and judge (q, scale): name, points, hint, the
+# weight, the judge
+for name, points, hint, weight, judge in (
+    (
+        "one scale per output channel: each row's largest |w| maps to 127",
+        1,
+        (
+            "scale = weight.abs().amax(dim=1) / 127: a row of small weights keeps its "
+            "own precision instead of rounding to zero under the largest row's scale"
+        ),
+        _weight,
+        _judge_scales,
+    ),
+    (
+        "rounded to the nearest step: every |w - q * scale| <= scale / 2",
+        2,
+        (
+            "torch.round(w / scale) before .to(torch.int8): the cast alone truncates "
+            "towards zero, and the error grows to a whole step"
+        ),
+        lambda: _weight(seed=1),
+        _judge_rounding,
+    ),
+    (
+        "an all-zero row gives zeros and a finite scale (no division by zero)",
+        1,
+        "clamp the scale from below (scale.clamp(min=1e-12)) before dividing by it",
+        _with_zero_row,
+        _judge_zero_row,
+    ),
+):
+    probe_check(BOTH, name, points, hint, inputs=weight, judge=judge)(_quantized)
 
 
 @probe_check(
