@@ -300,7 +300,6 @@ def test_landing_figure_text_fits(tmp_path):
     """Drawn by the browser, the landing figure's texts lie inside the picture and
     apart from each other (a longer label would run off its right edge)."""
     _require_browser()
-    from playwright.sync_api import sync_playwright
 
     bad = tmp_path / "bad.svg"
     bad.write_text(
@@ -308,18 +307,12 @@ def test_landing_figure_text_fits(tmp_path):
         '<text x="60" y="15">ch. 3 · Attention</text>'
         '<text x="2" y="20">one</text><text x="4" y="22">two</text></svg>'
     )
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            page = browser.new_page()
-            page.goto(landing_figure().as_uri())
-            problems = page.evaluate(TEXT_IN_PICTURE)
-            page.goto(bad.as_uri())
-            broken = page.evaluate(TEXT_IN_PICTURE)
-        finally:
-            browser.close()
+    with _chromium() as browser:
+        page = browser.new_page()
+        page.goto(landing_figure().as_uri())
+        problems = page.evaluate(TEXT_IN_PICTURE)
+        page.goto(bad.as_uri())
+        broken = page.evaluate(TEXT_IN_PICTURE)
     assert not problems, f"{landing_figure().name}:\n" + "\n".join(problems)
     assert broken == [
         '"ch. 3 · Attention" reaches outside the picture',
@@ -553,6 +546,22 @@ def _require_browser():
         if os.environ.get("CI"):
             pytest.fail(f"{reason}; CI must run the browser test")
         pytest.skip(reason)
+
+
+@contextlib.contextmanager
+def _chromium():
+    """A headless Chromium of CHROMIUM, offline (CHROMIUM_ARGS), closed on the way
+    out."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+        )
+        try:
+            yield browser
+        finally:
+            browser.close()
 
 
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
@@ -1217,20 +1226,14 @@ def test_the_browser_reaches_the_book_and_no_other_host(served):
     (localhost) does not, as no host on the internet would: what the book needs must
     be in the book."""
     _require_browser()
-    from playwright.sync_api import Error, sync_playwright
+    from playwright.sync_api import Error
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            page = browser.new_page()
-            assert page.goto(served + "/").ok
-            other = served.replace("127.0.0.1", "localhost")
-            with pytest.raises(Error, match="ERR_NAME_NOT_RESOLVED"):
-                page.goto(other + "/")
-        finally:
-            browser.close()
+    with _chromium() as browser:
+        page = browser.new_page()
+        assert page.goto(served + "/").ok
+        other = served.replace("127.0.0.1", "localhost")
+        with pytest.raises(Error, match="ERR_NAME_NOT_RESOLVED"):
+            page.goto(other + "/")
 
 
 def test_reader_checks_catch_broken_pages(tmp_path):
@@ -1248,7 +1251,6 @@ def test_reader_checks_catch_broken_pages(tmp_path):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from playwright.sync_api import sync_playwright
 
     png = io.BytesIO()
     plt.imsave(png, [[0.0] * 400] * 20, format="png")  # a 400 x 20 raster picture
@@ -1257,36 +1259,30 @@ def test_reader_checks_catch_broken_pages(tmp_path):
     )
     for placeholder, text in BROKEN_PAGE_PARTS.items():
         html = html.replace(placeholder, text)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+    with _chromium() as browser:
+        page = browser.new_page(viewport=PHONE)
+        page.set_content(html)
+        page.wait_for_function("() => [...document.images].every(i => i.complete)")
+        wide = page.evaluate(WIDER_THAN_BOX)
+        assert len(wide) == 2, wide
+        assert wide[0].startswith("code line") and wide[1].startswith("output line"), (
+            wide
         )
-        try:
-            page = browser.new_page(viewport=PHONE)
-            page.set_content(html)
-            page.wait_for_function("() => [...document.images].every(i => i.complete)")
-            wide = page.evaluate(WIDER_THAN_BOX)
-            assert len(wide) == 2, wide
-            assert wide[0].startswith("code line") and wide[1].startswith(
-                "output line"
-            ), wide
-            shrunk = page.evaluate(SHRUNK_IMAGES)
-            assert len(shrunk) == 1 and "drawn 400 px" in shrunk[0], shrunk
-            cut = page.evaluate(CUT_OFF_ON_A_PHONE)
-            assert len(cut) == 1 and "table" in cut[0], cut
-            text = page.evaluate(PAGE_TEXT)
-            assert mentions_iprogress(text)
-            references = page.locator("p").nth(1).inner_text()
-            assert lowercased_acronyms(references) == [
-                "'Gqa' should read 'GQA'",
-                "'Pytorch' should read 'PyTorch'",
-            ]
-            hrefs = page.evaluate(LINKS_IN_TEXT)
-            assert not links_to(hrefs, "exercises/01_rmsnorm") and links_to(
-                hrefs, "chapters/01_rmsnorm"
-            )
-        finally:
-            browser.close()
+        shrunk = page.evaluate(SHRUNK_IMAGES)
+        assert len(shrunk) == 1 and "drawn 400 px" in shrunk[0], shrunk
+        cut = page.evaluate(CUT_OFF_ON_A_PHONE)
+        assert len(cut) == 1 and "table" in cut[0], cut
+        text = page.evaluate(PAGE_TEXT)
+        assert mentions_iprogress(text)
+        references = page.locator("p").nth(1).inner_text()
+        assert lowercased_acronyms(references) == [
+            "'Gqa' should read 'GQA'",
+            "'Pytorch' should read 'PyTorch'",
+        ]
+        hrefs = page.evaluate(LINKS_IN_TEXT)
+        assert not links_to(hrefs, "exercises/01_rmsnorm") and links_to(
+            hrefs, "chapters/01_rmsnorm"
+        )
     assert exercise_links("chapters/01_rmsnorm") == (
         "exercises/01_rmsnorm",
         "its exercise",
@@ -1329,26 +1325,19 @@ def test_layout_and_theme_checks_catch_broken_pages():
     even inside their own scrolling box, and a long unbreakable name that makes a
     phone's page wider than its screen (the same name allowed to break passes)."""
     _require_browser()
-    from playwright.sync_api import sync_playwright
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+    with _chromium() as browser:
+        page = browser.new_page(viewport=PHONE)
+        page.set_content(BROKEN_LAYOUT_PAGE)
+        colours = _theme_problems(page, "broken")
+        theme_after = page.evaluate("() => document.documentElement.dataset.theme")
+        column = page.evaluate(WIDER_THAN_COLUMN)
+        screen = page.evaluate(PAGE_WIDER_THAN_SCREEN)
+        page.locator("span.pre").evaluate(
+            "el => { el.style.whiteSpace = 'pre-wrap';"
+            " el.parentElement.style.overflowWrap = 'break-word'; }"
         )
-        try:
-            page = browser.new_page(viewport=PHONE)
-            page.set_content(BROKEN_LAYOUT_PAGE)
-            colours = _theme_problems(page, "broken")
-            theme_after = page.evaluate("() => document.documentElement.dataset.theme")
-            column = page.evaluate(WIDER_THAN_COLUMN)
-            screen = page.evaluate(PAGE_WIDER_THAN_SCREEN)
-            page.locator("span.pre").evaluate(
-                "el => { el.style.whiteSpace = 'pre-wrap';"
-                " el.parentElement.style.overflowWrap = 'break-word'; }"
-            )
-            screen_fixed = page.evaluate(PAGE_WIDER_THAN_SCREEN)
-        finally:
-            browser.close()
+        screen_fixed = page.evaluate(PAGE_WIDER_THAN_SCREEN)
     assert [p.split(" (")[0] for p in colours] == [
         "broken: in light mode 'FAIL'",
         "broken: in light mode 'rms'",
@@ -1373,7 +1362,6 @@ def test_label_check_catches_small_labels(tmp_path):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from playwright.sync_api import sync_playwright
 
     drawn = tmp_path / "drawn.svg"
     drawn.write_text(
@@ -1385,20 +1373,10 @@ def test_label_check_catches_small_labels(tmp_path):
     plotted = tmp_path / "plotted.svg"
     fig.savefig(plotted)
     plt.close(fig)
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
-        )
-        try:
-            context = browser.new_context()
-            narrow = small_labels(
-                context, [(drawn.as_uri(), 342), (plotted.as_uri(), 342)]
-            )
-            wide = small_labels(
-                context, [(drawn.as_uri(), 640), (plotted.as_uri(), 640)]
-            )
-        finally:
-            browser.close()
+    with _chromium() as browser:
+        context = browser.new_context()
+        narrow = small_labels(context, [(drawn.as_uri(), 342), (plotted.as_uri(), 342)])
+        wide = small_labels(context, [(drawn.as_uri(), 640), (plotted.as_uri(), 640)])
     assert len(narrow) == 2, narrow
     assert "drawn.svg shown 342 px wide" in narrow[0], narrow
     assert "'ch. 1 · RMSNorm' 4.5 px" in narrow[0], narrow
