@@ -391,6 +391,17 @@ def test_speculative_equals_greedy(model, num_draft):
     assert streamed == expected[0, ids.shape[1] : ids.shape[1] + 15].tolist()
 
 
+def speculate(model, ids, n, num_draft, **options):
+    """speculative_greedy of n tokens after ids with drafts of up to num_draft tokens,
+    on a cache with room for them, counted: its output and SpeculativeStats."""
+    stats = SpeculativeStats()
+    cache = KVCache(model.config, 1, ids.shape[1] + n + num_draft)
+    out = speculative_greedy(
+        model, ids, n, cache, num_draft=num_draft, stats=stats, **options
+    )
+    return out, stats
+
+
 def test_speculative_counts_and_rolls_back(model):
     ids = torch.randint(0, 211, (1, 8), generator=torch.Generator().manual_seed(5))
     ids = torch.cat([ids, ids], 1)
@@ -436,18 +447,15 @@ def test_self_drafts_are_accepted_streamed_counted_and_stop_at_an_end_token(mode
     draft, calls = copy.deepcopy(model), []  # (a copy made later would keep the hook)
     handle = model.register_forward_hook(lambda *_: calls.append(1))
     try:
-        stats, streamed = SpeculativeStats(), []
-        cache = KVCache(CONFIG, 1, 6 + 30 + 8)
-        out = speculative_greedy(
+        streamed = []
+        out, stats = speculate(
             model,
             ids,
             30,
-            cache,
-            num_draft=8,
+            8,
             draft_model=draft,
             draft_stop_margin=None,
             stream=lambda tok: streamed.append(int(tok[0])),
-            stats=stats,
         )
     finally:
         handle.remove()
@@ -455,10 +463,7 @@ def test_self_drafts_are_accepted_streamed_counted_and_stop_at_an_end_token(mode
     assert stats.accepted == stats.drafted > 0
     assert stats.forward_passes == len(calls) - 1 < 30
     eos = expected[0, 6 + 5].item()  # inside the first accepted draft
-    cache = KVCache(CONFIG, 1, 6 + 30 + 8)
-    out = speculative_greedy(
-        model, ids, 30, cache, num_draft=8, draft_model=draft, eos=torch.tensor([eos])
-    )
+    out, _ = speculate(model, ids, 30, 8, draft_model=draft, eos=torch.tensor([eos]))
     assert torch.equal(out, generate(model, ids, 30, temperature=0, eos_token_id=eos))
 
 
@@ -500,9 +505,7 @@ def test_speculative_drafts_shrink_where_they_are_rejected(model, monkeypatch):
     ids = torch.cat([ids, ids[:, :12]], 1)
 
     def run():
-        stats = SpeculativeStats()
-        cache = KVCache(CONFIG, 1, 36 + 40 + 8)
-        out = speculative_greedy(model, ids, 40, cache, num_draft=8, stats=stats)
+        out, stats = speculate(model, ids, 40, 8)
         return out, stats.drafted - stats.accepted  # draft tokens verified in vain
 
     adaptive, wasted = run()
@@ -519,19 +522,9 @@ def test_draft_model_gives_the_model_s_tokens_whatever_it_drafts(model, monkeypa
     expected = generate(model, ids, 40, temperature=0)
 
     def run(draft_model, margin=0.125):
-        stats = SpeculativeStats()
-        cache = KVCache(CONFIG, 1, 9 + 40 + 6)
-        out = speculative_greedy(
-            model,
-            ids,
-            40,
-            cache,
-            num_draft=6,
-            draft_model=draft_model,
-            draft_stop_margin=margin,
-            stats=stats,
+        return speculate(
+            model, ids, 40, 6, draft_model=draft_model, draft_stop_margin=margin
         )
-        return out, stats
 
     # a draft that is the model itself, never ending early: every drafted token is
     # kept, so the draft's own cache follows the verified text (a cache one token off
@@ -843,11 +836,7 @@ def test_real_speculative_equals_greedy_and_accepts_drafts(real_model):
     ids = ids_of(tokenizer, SUMMARY_PROMPT)
     eos = tokenizer.eos_token_id
     expected = generate(model, ids, 40, temperature=0, eos_token_id=eos)
-    stats = SpeculativeStats()
-    cache = KVCache(model.config, 1, ids.shape[1] + 40 + 8)
-    out = speculative_greedy(
-        model, ids, 40, cache, num_draft=8, stats=stats, eos=torch.tensor([eos])
-    )
+    out, stats = speculate(model, ids, 40, 8, eos=torch.tensor([eos]))
     assert torch.equal(out, expected)
     assert stats.acceptance_rate > 0.3 and stats.forward_passes < 25
 
@@ -859,11 +848,7 @@ def test_real_bf16_draft_keeps_float32_tokens(real_model, real_bf16):
     the ties keeps 28 of 56)."""
     model, tokenizer = real_model
     ids = ids_of(tokenizer, BENCH_PROMPT)
-    stats = SpeculativeStats()
-    cache = KVCache(model.config, 1, ids.shape[1] + 32 + 16)
-    out = speculative_greedy(
-        model, ids, 32, cache, num_draft=16, draft_model=real_bf16, stats=stats
-    )
+    out, stats = speculate(model, ids, 32, 16, draft_model=real_bf16)
     assert torch.equal(out, generate(model, ids, 32, temperature=0))
     assert stats.acceptance_rate > 0.85 and stats.forward_passes < 16
 
