@@ -2846,28 +2846,14 @@ def _judge_dtype(inputs, out):
     assert out.dtype == torch.bfloat16, f"bfloat16 in gave {out.dtype} out"
 
 
-@registry.probe_check(
-    TEST_TASKS,
-    "values",
-    2,
-    "add up along the last dimension",
-    inputs=_inputs,
-    judge=_judge_values,
-)
-def _probe_values(f, inputs):
-    return f(inputs["x"])
-
-
-@registry.probe_check(
-    TEST_TASKS,
-    "bfloat16 in, bfloat16 out",
-    1,
-    "keep the dtype",
-    inputs=_inputs,
-    judge=_judge_dtype,
-)
-def _probe_dtype(f, inputs):
-    return f(inputs["h"])
+# each check: its name, points, hint, the input it sums and its judge
+for name, points, hint, summed, judge in (
+    ("values", 2, "add up along the last dimension", "x", _judge_values),
+    ("bfloat16 in, bfloat16 out", 1, "keep the dtype", "h", _judge_dtype),
+):
+    registry.probe_check(TEST_TASKS, name, points, hint, inputs=_inputs, judge=judge)(
+        lambda f, inputs, summed=summed: f(inputs[summed])
+    )
 
 
 def test_probe_checks_judge_plain_data_outside_the_students_process():
