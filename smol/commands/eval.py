@@ -1,7 +1,7 @@
 """Measure a model on MMLU (smol/evaluate.py) or the model card's other benchmarks
 (smol/benchmarks.py: hellaswag, arc-easy, arc-challenge, piqa, winogrande, openbookqa,
-commonsenseqa), or compare two runs question by question; prints each accuracy with
-its 95% interval.
+commonsenseqa; commonsenseqa-cloze prompts the last as the model card does), or
+compare two runs question by question; prints each accuracy with its 95% interval.
 
     smol eval mmlu --limit 570          # 10 questions of each subject
     smol eval mmlu                      # all 14,042, the bundled weights
@@ -46,12 +46,12 @@ def build_parser() -> Parser:
         "mmlu_questions.csv (a row per question: its choices' log-likelihoods) here",
     )
     mmlu.add_argument("--formulation", choices=evaluate.FORMULATIONS, default="cloze")
-    for task in (*benchmarks.TASKS, "all"):
-        about = (
-            f"measure a model on {task}, as lm-evaluation-harness prompts it"
-            if task != "all"
-            else "measure a model on MMLU and the seven other benchmarks"
-        )
+    for task in (*benchmarks.TASKS, *benchmarks.VARIANTS, "all"):
+        about = {
+            "all": "measure a model on MMLU and the seven other benchmarks",
+            "commonsenseqa-cloze": "measure a model on commonsenseqa with each "
+            "answer's text scored, as the model card's lighteval task prompts it",
+        }.get(task, f"measure a model on {task}, as lm-evaluation-harness prompts it")
         card = tasks.add_parser(task, help=about, description=about, **HELP)
         scoring_options(
             card,
