@@ -621,6 +621,11 @@ def logprobs_of_clamped_targets(logits, targets):  # -100 scored as token 0
     return logp.gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1).sum(-1)
 
 
+def logprobs_masked_by_positive_ids(logits, targets):  # token 0 taken for padding
+    logp = logits.float().log_softmax(-1).gather(-1, targets.clamp(min=0)[..., None])
+    return (logp.squeeze(-1) * (targets > 0)).sum(-1)
+
+
 def logprobs_mean_over_the_reply(logits, targets):  # a length normalisation
     from smol.dpo import sequence_logprobs
 
@@ -1001,6 +1006,11 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it), in course or
     "the prompt's tokens summed (-100 clamped to token 0, not masked)": (
         "sequence_logprobs",
         logprobs_of_clamped_targets,
+        "the sum over the reply's tokens only",
+    ),
+    "token 0 dropped from the reply (a targets > 0 mask)": (
+        "sequence_logprobs",
+        logprobs_masked_by_positive_ids,
         "the sum over the reply's tokens only",
     ),
     "a mean over the reply's tokens instead of their sum": (
@@ -2606,6 +2616,11 @@ def speculative_with_a_token_unasked(model, ids, n):  # the prefill's token alwa
     return speculative_by_smols_pieces(model, ids, max(n, 1))
 
 
+def logprobs_by_log_of_softmax(logits, targets):  # -inf for a probability of 1e-70
+    p = logits.float().softmax(-1).gather(-1, targets.clamp(min=0)[..., None])
+    return torch.where(targets != -100, p.squeeze(-1).log(), 0.0).sum(-1)
+
+
 HOLES = {  # hole class: [(task, mutant, the check made for it)]
     "dtype: float32 out for bfloat16 in": [
         ("repeat_kv", repeat_kv_into_float32, "shape (B, H_kv * n_rep"),
@@ -2630,6 +2645,7 @@ HOLES = {  # hole class: [(task, mutant, the check made for it)]
         ("train_step_bug", loss_after_the_step, "the loss is next-token prediction"),
         ("count_params", count_params_with_smollm2s_ratios, "equals SmolLM's count"),
         ("lookup_draft", lookup_draft_of_trigrams, "the longest n-gram first"),
+        ("sequence_logprobs", logprobs_by_log_of_softmax, "bfloat16 logits"),
         ("tiled_attention", attention_in_one_block, "never holds a Tq x Tk"),
         ("int8_linear", int8_linear_scaling_inputs, "values: x @ (q * scale)"),
     ],
@@ -2734,6 +2750,7 @@ HOLE_VARIANTS = {  # hole class: tasks whose correct variant (_variants) written
         "lookup_draft",
         "tiled_attention",
         "int8_linear",
+        "sequence_logprobs",
     ],
     "boundaries: nothing asked for (no warmup, no new tokens)": [
         "lr_schedule",

@@ -60,23 +60,31 @@ def _case(B, T, targets, scale=3.0, shift=0.0, dtype=torch.float32) -> dict:
 
 
 def _prompt_cases():
-    """float32 logits, one reply token a row among prompt and padding."""
-    return [_case(B, T, _one_token_rows(B, T)) for B, T in ((2, 5), (3, 8), (1, 6))]
+    """float32 logits, one reply token a row among prompt and padding; in the last
+    case the reply tokens are token 0, a real token (targets > 0 is no mask)."""
+    cases = [_case(B, T, _one_token_rows(B, T)) for B, T in ((2, 5), (3, 8), (1, 6))]
+    zero = _one_token_rows(2, 4)
+    return cases + [_case(2, 4, zero.masked_fill(zero != IGNORE, 0))]
 
 
 def _whole_reply_cases():
-    """float32 logits, every target a reply token."""
-    return [_case(B, T, torch.randint(0, V, (B, T))) for B, T in ((2, 4), (3, 7))]
+    """float32 logits, every target a reply token (none token 0: the prompt
+    check's)."""
+    return [_case(B, T, torch.randint(1, V, (B, T))) for B, T in ((2, 4), (3, 7))]
 
 
 def _bfloat16_cases():
     """bfloat16 logits, all negative and large: log-probabilities of tens, where
     bfloat16 keeps two or three digits. One token a row, or one reply token among
-    positions sure of token 0."""
-    plain = _case(4, 1, torch.randint(0, V, (4, 1)), 8.0, -50.0, torch.bfloat16)
+    positions sure of token 0 (no target token 0: the prompt check's); and one
+    token a row 160 below the others (a probability of 1e-70: 0 in float32, where
+    log_softmax still gives -163)."""
+    plain = _case(4, 1, torch.randint(1, V, (4, 1)), 8.0, -50.0, torch.bfloat16)
     masked = _case(3, 6, _one_token_rows(3, 6), 8.0, -50.0, torch.bfloat16)
     masked["logits"] = _sure_of_token_0(masked["logits"], masked["targets"])
-    return [plain, masked]
+    unlikely = _case(3, 1, torch.randint(1, V, (3, 1)), dtype=torch.bfloat16)
+    unlikely["logits"].scatter_(-1, unlikely["targets"][..., None], -160.0)
+    return [plain, masked, unlikely]
 
 
 def _mixed_cases():
@@ -121,7 +129,8 @@ for name, points, hint, make, judge in (
         2,
         "a target of -100 adds nothing: F.cross_entropy(..., ignore_index=-100, "
         "reduction='none') gives 0 there, or mask the gathered log-probabilities "
-        "(targets.clamp(min=0) alone scores token 0 at every prompt position)",
+        "with targets != -100 (targets.clamp(min=0) alone scores token 0 at every "
+        "prompt position; targets > 0 drops token 0, a real token)",
         _prompt_cases,
         _judge_values,
     ),
@@ -137,7 +146,9 @@ for name, points, hint, make, judge in (
         "bfloat16 logits: log-probabilities in float32",
         1,
         "logits.float() before log_softmax or cross_entropy: in bfloat16 a "
-        "log-probability of -20 is off by up to 0.06, and a sum adds the errors",
+        "log-probability of -20 is off by up to 0.06, and a sum adds the errors; "
+        "and log_softmax, not softmax().log(): a token's probability of 1e-70 (a "
+        "model's for a rejected reply's token) is 0 in float32, its log -inf",
         _bfloat16_cases,
         _judge_float32,
     ),
