@@ -2621,6 +2621,26 @@ def logprobs_by_log_of_softmax(logits, targets):  # -inf for a probability of 1e
     return torch.where(targets != -100, p.squeeze(-1).log(), 0.0).sum(-1)
 
 
+def advantages_over_std_floored(rewards, group_size):  # max(std, 1e-4), not std + 1e-4
+    return _advantages_by(
+        rewards, group_size, lambda g: g.std(1, keepdim=True).clamp(min=1e-4)
+    )
+
+
+def grpo_loss_over_the_longest(logps, old, ref, advantages, mask, **options):
+    """dr_grpo divided by B times the longest completion, not B * T."""
+    loss = grpo_loss_by(logps, old, ref, advantages, mask, **options)
+    if options.get("loss_type") != "dr_grpo":
+        return loss
+    return loss * mask.numel() / (len(mask) * mask.sum(-1).max())
+
+
+def advantages_by_std_mean(rewards, group_size):  # its mean may round the other way
+    grouped = rewards.view(-1, group_size)
+    std, mean = torch.std_mean(grouped, dim=1, keepdim=True)
+    return ((grouped - mean) / (std + 1e-4)).view(-1)
+
+
 HOLES = {  # hole class: [(task, mutant, the check made for it)]
     "dtype: float32 out for bfloat16 in": [
         ("repeat_kv", repeat_kv_into_float32, "shape (B, H_kv * n_rep"),
@@ -2646,6 +2666,8 @@ HOLES = {  # hole class: [(task, mutant, the check made for it)]
         ("count_params", count_params_with_smollm2s_ratios, "equals SmolLM's count"),
         ("lookup_draft", lookup_draft_of_trigrams, "the longest n-gram first"),
         ("sequence_logprobs", logprobs_by_log_of_softmax, "bfloat16 logits"),
+        ("group_advantages", advantages_over_std_floored, "std + 1e-4"),
+        ("grpo_loss", grpo_loss_over_the_longest, "grpo, dapo, dr_grpo"),
         ("tiled_attention", attention_in_one_block, "never holds a Tq x Tk"),
         ("int8_linear", int8_linear_scaling_inputs, "values: x @ (q * scale)"),
     ],
@@ -2751,6 +2773,8 @@ HOLE_VARIANTS = {  # hole class: tasks whose correct variant (_variants) written
         "tiled_attention",
         "int8_linear",
         "sequence_logprobs",
+        "group_advantages",
+        "grpo_loss",
     ],
     "boundaries: nothing asked for (no warmup, no new tokens)": [
         "lr_schedule",
@@ -2797,6 +2821,13 @@ def test_correct_variants_keep_full_marks_through_each_hole_class(hole):
     for task in HOLE_VARIANTS[hole]:
         result = run_checks(task, _variants()[task])
         assert result.score == result.total, result.table()
+
+
+def test_advantages_whose_group_mean_rounds_the_other_way_keep_full_marks():
+    """Rewards equal up to rounding: torch.std_mean's mean is the other float32
+    neighbour of the exact one, and its advantages (+-1e-3, near 0) are as right."""
+    result = run_checks("group_advantages", advantages_by_std_mean)
+    assert result.score == result.total, result.table()
 
 
 def test_the_library_silu_loses_only_the_written_by_hand_check():

@@ -59,14 +59,16 @@ def _rounding_neighbours(value: float, n: int) -> list[float]:
 
 
 def _equal_cases():
-    """Groups of equal rewards (advantages 0: every mean is exact), and groups equal
-    up to float32 rounding (std of about 1e-8: the 1e-4 keeps their advantages
-    near 0)."""
+    """Groups of equal rewards (advantages 0), equal up to float32 rounding (std
+    1e-8: the 1e-4 keeps them near 0, whichever way the mean rounds), and 16 rewards
+    1e-4 apart (std 5e-5, where std + 1e-4 and max(std, 1e-4) part; the biased std,
+    the other check's, is within 2% of the unbiased)."""
     return [
         _groups([[1.0] * 4, [0.0] * 4, _rounding_neighbours(0.3, 4), [2.0] * 4]),
         _groups([[0.5, 0.5], [1.0, 1.0], _rounding_neighbours(0.7, 2)]),
         _groups([[0.25] * 8, _rounding_neighbours(1.3, 8)]),
         _groups([[1.0] * 3]),
+        _groups([[0.0, 1e-4] * 8, [0.3] * 16]),
     ]
 
 
@@ -108,11 +110,12 @@ for name, points, hint, make, judge in (
     (
         "std + 1e-4: equal rewards give 0, not NaN; near-equal ones stay near 0",
         2,
-        "divide by std + 1e-4 (smol.grpo.EPS, TRL's): a group of equal rewards has "
-        "std 0, and 0 / 0 is NaN; rewards equal up to rounding have a std of 1e-8, "
-        "and dividing by that alone blows rounding up to advantages near +-1",
+        "divide by std + 1e-4 (smol.grpo.EPS, TRL's), every std: equal rewards have "
+        "std 0, and 0 / 0 is NaN; rewards equal up to rounding a std of 1e-8, which "
+        "alone blows rounding up to advantages near +-1; max(std, 1e-4) is another "
+        "number where rewards differ by 1e-4",
         _equal_cases,
-        _judge_advantages(1e-5, 1e-5),
+        _judge_advantages(1e-2, 1e-2),  # near 0: the mean's rounding, / 1e-4
     ),
 ):
     probe_check("group_advantages", name, points, hint, inputs=make, judge=judge)(
@@ -246,8 +249,9 @@ def _judge_inputs_kept(inputs, outputs) -> None:
 def _averaging_cases():
     """Completions of unequal lengths, padded with 0, each averaging; ratios inside
     the clipping range, beta 0; as many completions as token slots (where advantages
-    broadcast along the tokens run, to be caught by their values), and bfloat16."""
-    cases = []
+    broadcast along the tokens run, to be caught by their values), bfloat16, and
+    none of T's length (dr_grpo's T is the padded length, not the longest's)."""
+    cases = [_batch(4, 7, INSIDE, [5, 3, 1, 4], loss_type="dr_grpo")]
     for loss_type in ("grpo", "dapo", "dr_grpo"):
         cases.append(_batch(4, 6, INSIDE, [6, 3, 1, 5], loss_type=loss_type))
         cases.append(_batch(5, 5, INSIDE, [2, 5, 4, 1, 3], loss_type=loss_type))
@@ -267,12 +271,8 @@ def _padding_cases():
 def _clip_cases():
     """Ratios from 0.41 to 2.46 on both sides of [1 - eps, 1 + eps], advantages of
     both signs, every completion full length (every averaging agrees), beta 0."""
-    wide = (-0.9, 0.9)
-    return [
-        _batch(4, 8, wide, loss_type="grpo"),
-        _batch(6, 5, wide, loss_type="dapo"),
-        _batch(3, 6, wide, loss_type="dr_grpo"),
-    ]
+    shapes = ((4, 8, "grpo"), (6, 5, "dapo"), (3, 6, "dr_grpo"))
+    return [_batch(B, T, (-0.9, 0.9), loss_type=t) for B, T, t in shapes]
 
 
 def _asymmetric_cases():
@@ -328,8 +328,9 @@ for name, points, hint, make, grad, judge in (
         2,
         "grpo: each completion's sum over its real tokens / its length, then the "
         "mean over completions; dapo: the sum over every real token / their count; "
-        "dr_grpo: that sum / (B * T); a token's loss times completion_mask, and "
-        "lengths from completion_mask.sum(-1)",
+        "dr_grpo: that sum / (B * T), T = logps.shape[1] even where no completion "
+        "is that long; a token's loss times completion_mask, and lengths from "
+        "completion_mask.sum(-1)",
         _averaging_cases,
         False,
         _judge_loss,
