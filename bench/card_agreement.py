@@ -209,8 +209,9 @@ def main() -> None:
         table.append(row | {"smol seconds": round(seconds[task], 1)})
         disagreements += rows
         print(
-            f"{task}: {row['questions']} questions, same pick {row['same acc pick (%)']}"
-            f"% (acc), {row['same acc_norm pick (%)']}% (acc_norm); acc smol "
+            f"{task}: {row['questions']} questions, same pick "
+            f"{row['same acc pick (%)']}% (acc), {row['same acc_norm pick (%)']}% "
+            f"(acc_norm); acc smol "
             f"{row['smol acc (%)']} lm-eval {row['lm-eval acc (%)']}; largest "
             f"log-likelihood difference {row['largest log-likelihood difference']}",
             flush=True,
