@@ -261,14 +261,14 @@ FUSED = (
 class FusedInt4LM(SmolLM):
     """An inference-only copy of an int4 model (load_int4's) for decoding on a CPU: in
     each layer q/k/v are one Int4Linear (`qkv_proj`) and gate/up another
-    (`gate_up_proj`), and one forward runs the layers without their module calls and
-    einops patterns: five kernel calls a layer instead of seven, and fewer small
-    operators; the same logits, bit for bit (tests/test_int4.py).
+    (`gate_up_proj`), and each layer (a FusedDecoderLayer) runs in one forward without
+    its submodules' calls and einops patterns: five kernel calls a layer instead of
+    seven, and fewer small operators; the same logits, bit for bit (tests/test_int4.py).
 
-    The course's modules stay as they are: the copy's layers lose q/k/v/gate/up (its
-    own forward reads the fused ones), so it neither trains nor loads a state dict.
-    forward takes SmolLM's arguments but no targets, attention_mask or position_ids:
-    (logits, None)."""
+    The course's modules stay as they are: the copy's layers lose q/k/v/gate/up (their
+    forward reads the fused ones), so it neither trains nor loads a state dict.
+    forward is SmolLM's, taking no targets, attention_mask or position_ids: (logits,
+    None)."""
 
     def __init__(self, model: SmolLM, parts: dict | None = None):
         """parts (load_int4's): each projection's (codes, d, m) by module name, from
@@ -296,66 +296,58 @@ class FusedInt4LM(SmolLM):
             return Int4Linear(torch.cat(codes), torch.cat(d), torch.cat(m))
 
         for i, layer in enumerate(self.model.layers):
-            attn, mlp = layer.self_attn, layer.mlp
             at, mp = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp."
-            attn.qkv_proj = fuse(at, ["q_proj", "k_proj", "v_proj"])
-            mlp.gate_up_proj = fuse(mp, ["gate_proj", "up_proj"])
-            del attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj
+            qkv_proj = fuse(at, ["q_proj", "k_proj", "v_proj"])
+            gate_up_proj = fuse(mp, ["gate_proj", "up_proj"])
+            self.model.layers[i] = FusedDecoderLayer(layer, qkv_proj, gate_up_proj)
         self.eval()
 
-    def forward(
-        self,
-        input_ids,
-        targets=None,
-        attention_mask=None,
-        position_ids=None,
-        kv_cache=None,
-        logits_to_keep: int = 0,
-    ):
+    def forward(self, input_ids, targets=None, attention_mask=None, **kwargs):
         if targets is not None:
             raise NotImplementedError("FusedInt4LM is inference-only: no loss")
-        if attention_mask is not None or position_ids is not None:
+        if attention_mask is not None or kwargs.get("position_ids") is not None:
             raise NotImplementedError(
                 "FusedInt4LM decodes unpadded sequences: no attention_mask or "
                 "position_ids (decode padded batches with the model it was made from)"
             )
-        if not isinstance(logits_to_keep, int) or logits_to_keep < 0:
-            raise ValueError(
-                f"logits_to_keep must be an int >= 0, got {logits_to_keep!r}"
-            )
-        B, T = self._check_input_ids(input_ids)
-        offset = self._check_kv_cache(kv_cache, B, input_ids.device)
-        mask, is_causal = self._attention_mask(None, B, T, offset, input_ids.device)
-        cos, sin = self.model.rotary_emb(offset + T, input_ids.device)
-        cos, sin = cos[offset:], sin[offset:]
-        config = self.config
-        H, H_kv, D = (
-            config.num_attention_heads,
-            config.num_key_value_heads,
-            config.head_dim,
-        )
-        x = self.model.embed_tokens(input_ids)  # (B, T, C)
-        for i, layer in enumerate(self.model.layers):
-            attn = layer.self_attn
-            qkv = attn.qkv_proj(layer.input_layernorm(x))
-            q, k, v = qkv.split((H * D, H_kv * D, H_kv * D), dim=-1)
-            q = apply_rope(q.view(B, T, H, D).transpose(1, 2), cos, sin)
-            k = apply_rope(k.view(B, T, H_kv, D).transpose(1, 2), cos, sin)
-            v = v.view(B, T, H_kv, D).transpose(1, 2)
-            if kv_cache is not None:
-                k, v = kv_cache.update(i, k, v)
-            if T == 1 and not is_causal:
-                y = grouped_decode_attention(q, k, v, mask, attn.n_rep)
-            else:
-                y = F.scaled_dot_product_attention(
-                    q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True
-                )
-            x = x + attn.o_proj(y.transpose(1, 2).reshape(B, T, H * D))
-            gate_up = layer.mlp.gate_up_proj(layer.post_attention_layernorm(x))
-            gate, up = gate_up.chunk(2, dim=-1)
-            x = x + layer.mlp.down_proj(F.silu(gate) * up)
+        return super().forward(input_ids, **kwargs)
+
+
+class FusedDecoderLayer(nn.Module):
+    """A decoder layer of FusedInt4LM: `layer`'s norms, o_proj and down_proj, with
+    q/k/v as one Int4Linear (self_attn.qkv_proj) and gate/up as another
+    (mlp.gate_up_proj); DecoderLayer's forward, in one function."""
+
+    def __init__(
+        self, layer: nn.Module, qkv_proj: Int4Linear, gate_up_proj: Int4Linear
+    ):
+        super().__init__()
+        self.input_layernorm = layer.input_layernorm
+        self.self_attn, self.mlp = layer.self_attn, layer.mlp
+        self.post_attention_layernorm = layer.post_attention_layernorm
+        attn, mlp = self.self_attn, self.mlp
+        attn.qkv_proj, mlp.gate_up_proj = qkv_proj, gate_up_proj
+        del attn.q_proj, attn.k_proj, attn.v_proj, mlp.gate_proj, mlp.up_proj
+
+    def forward(
+        self, x, cos, sin, mask=None, is_causal=True, kv_cache=None
+    ):  # (B, T, C) -> (B, T, C)
+        attn, (B, T, _) = self.self_attn, x.shape
+        H, H_kv, D = attn.n_heads, attn.n_kv_heads, attn.head_dim
+        qkv = attn.qkv_proj(self.input_layernorm(x))
+        q, k, v = qkv.split((H * D, H_kv * D, H_kv * D), dim=-1)
+        q = apply_rope(q.view(B, T, H, D).transpose(1, 2), cos, sin)
+        k = apply_rope(k.view(B, T, H_kv, D).transpose(1, 2), cos, sin)
+        v = v.view(B, T, H_kv, D).transpose(1, 2)
         if kv_cache is not None:
-            kv_cache.advance(T)
-        if logits_to_keep:
-            x = x[:, -logits_to_keep:]  # (B, logits_to_keep, C)
-        return self.lm_head(self.model.norm(x)), None
+            k, v = kv_cache.update(attn.layer_idx, k, v)
+        if T == 1 and not is_causal:
+            y = grouped_decode_attention(q, k, v, mask, attn.n_rep)
+        else:
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=is_causal, enable_gqa=True
+            )
+        x = x + attn.o_proj(y.transpose(1, 2).reshape(B, T, H * D))
+        gate_up = self.mlp.gate_up_proj(self.post_attention_layernorm(x))
+        gate, up = gate_up.chunk(2, dim=-1)
+        return x + self.mlp.down_proj(F.silu(gate) * up)
