@@ -187,72 +187,46 @@ def speculative_greedy(
     with torch.inference_mode():
         if draft_model is not None:
             drafter = ModelDraft(draft_model, cache.max_len, draft_stop_margin)
-        tokens = _speculative_loop(
-            model,
-            input_ids,
-            max_new_tokens,
-            cache,
-            max_ngram,
-            num_draft,
-            drafter,
-            eos,
-            stream,
-            stats,
-        )
-    return tokens.clone()  # an inference tensor cannot be saved for backward
-
-
-def _speculative_loop(
-    model,
-    input_ids,
-    max_new_tokens,
-    cache,
-    max_ngram,
-    num_draft,
-    drafter,
-    eos,
-    stream,
-    stats,
-) -> torch.Tensor:
-    """speculative_greedy's decoding, its arguments checked: (1, T + new)."""
-    tokens = input_ids[0]
-    logits, _ = model(input_ids, kv_cache=cache)  # prefill
-    if drafter is not None:
-        drafter.start_from(cache)  # the prompt's keys and values, not computed again
-    next_token = logits[0, -1].argmax()
-    new, limit = 0, num_draft
-    while new < max_new_tokens:
-        tokens = torch.cat([tokens, next_token[None]])
-        new += 1
-        if stream is not None:
-            stream(next_token[None])
-        if new == max_new_tokens or (
-            eos is not None and bool(torch.isin(next_token, eos))
-        ):
-            break
-        k = min(limit, max_new_tokens - new)
+        tokens = input_ids[0]
+        logits, _ = model(input_ids, kv_cache=cache)  # prefill
         if drafter is not None:
-            draft = drafter.draft(tokens, k)
-        else:
-            draft = lookup_draft(tokens, max_ngram, k)
-        step = torch.cat([next_token[None], draft])[None]  # (1, 1 + k)
-        logits, _ = model(step, kv_cache=cache)
-        stats.forward_passes += 1
-        # (1 + k,): greedy's token after each of step's tokens
-        choice = logits[0].argmax(dim=-1)
-        n_ok = min(accepted(choice, draft, eos), max_new_tokens - new)
-        stats.drafted += len(draft)
-        stats.accepted += n_ok
-        limit = next_draft_limit(limit, len(draft), n_ok, num_draft)
-        cache.length -= len(draft) - n_ok  # forget the rejected tokens' keys and values
-        for token in draft[:n_ok]:
-            tokens = torch.cat([tokens, token[None]])
+            # the prompt's keys and values, not computed again
+            drafter.start_from(cache)
+        next_token = logits[0, -1].argmax()
+        new, limit = 0, num_draft
+        while new < max_new_tokens:
+            tokens = torch.cat([tokens, next_token[None]])
             new += 1
             if stream is not None:
-                stream(token[None])
-        if drafter is not None:  # the draft's cache keeps only the verified text
-            drafter.keep(len(tokens))
-        if eos is not None and n_ok and bool(torch.isin(draft[n_ok - 1], eos)):
-            break
-        next_token = choice[n_ok]
-    return tokens[None]
+                stream(next_token[None])
+            if new == max_new_tokens or (
+                eos is not None and bool(torch.isin(next_token, eos))
+            ):
+                break
+            k = min(limit, max_new_tokens - new)
+            if drafter is not None:
+                draft = drafter.draft(tokens, k)
+            else:
+                draft = lookup_draft(tokens, max_ngram, k)
+            step = torch.cat([next_token[None], draft])[None]  # (1, 1 + k)
+            logits, _ = model(step, kv_cache=cache)
+            stats.forward_passes += 1
+            # (1 + k,): greedy's token after each of step's tokens
+            choice = logits[0].argmax(dim=-1)
+            n_ok = min(accepted(choice, draft, eos), max_new_tokens - new)
+            stats.drafted += len(draft)
+            stats.accepted += n_ok
+            limit = next_draft_limit(limit, len(draft), n_ok, num_draft)
+            # forget the rejected tokens' keys and values
+            cache.length -= len(draft) - n_ok
+            for token in draft[:n_ok]:
+                tokens = torch.cat([tokens, token[None]])
+                new += 1
+                if stream is not None:
+                    stream(token[None])
+            if drafter is not None:  # the draft's cache keeps only the verified text
+                drafter.keep(len(tokens))
+            if eos is not None and n_ok and bool(torch.isin(draft[n_ok - 1], eos)):
+                break
+            next_token = choice[n_ok]
+    return tokens[None].clone()  # an inference tensor cannot be saved for backward
