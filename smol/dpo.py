@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import json
 from pathlib import Path
 
 import torch
@@ -28,6 +27,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from smol.finetune import SFTTrainer, numbered_records
 from smol.lora import lora_layers
 from smol.model import IGNORE_INDEX
 from smol.sft import (
@@ -37,7 +37,7 @@ from smol.sft import (
     collate,
     encode_conversation,
 )
-from smol.train import TrainConfig, Trainer
+from smol.train import TrainConfig
 
 
 def check_pair(record) -> dict:
@@ -98,29 +98,7 @@ def read_pairs(path: str | Path) -> list[dict]:
 
 def numbered_pairs(path: str | Path) -> dict[int, dict]:
     """{line number: pair} of a JSONL file of pairs."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"no such file: {path} (expected JSONL pairs)")
-    pairs = {}
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            try:
-                line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
-            except UnicodeDecodeError as e:
-                raise ValueError(f"{path}, line {n}: not UTF-8 text ({e})") from None
-            if not line.strip():
-                continue
-            try:
-                pairs[n] = check_pair(json.loads(line))
-            except json.JSONDecodeError as e:
-                raise ValueError(
-                    f"{path}, line {n}: not valid JSON ({e.msg})"
-                ) from None
-            except ValueError as e:
-                raise ValueError(f"{path}, line {n}: {e}") from None
-    if not pairs:
-        raise ValueError(f"{path} holds no pairs")
-    return pairs
+    return numbered_records(path, "pairs", check_pair)
 
 
 def encode_pair(tokenizer, pair: dict, max_len: int | None = None):
@@ -239,15 +217,18 @@ class PairBatches(ConversationBatches):
         return collate_pairs(picked, self.pad_id)
 
 
-class DPOTrainer(Trainer):
-    """smol.train's Trainer with DPO's loss on batches of preference pairs: `model` is
-    the policy (with LoRA adapters only they train), `reference` a frozen model of the
-    same config; None takes the policy with its adapters off (adapters_off). Pairs are
-    cut to seq_len + 1 tokens; those whose chosen or rejected reply is left with no
-    token are left out (`dropped` holds their indices by "training" and "validation",
-    `cut` counts the others that were cut). length_normalized compares mean instead
-    of summed log-probabilities per reply token, a remedy for the loss's pull towards
-    long replies."""
+class DPOTrainer(SFTTrainer):
+    """smol.finetune's SFTTrainer with DPO's loss, on batches of preference pairs:
+    `model` is the policy (with LoRA adapters only they train), `reference` a frozen
+    model of the same config; None takes the policy with its adapters off
+    (adapters_off). Pairs are cut to seq_len + 1 tokens; those whose chosen or rejected
+    reply is left with no token are left out (`dropped` holds their indices by
+    "training" and "validation", `cut` counts the others that were cut).
+    length_normalized compares mean instead of summed log-probabilities per reply
+    token, a remedy for the loss's pull towards long replies."""
+
+    Batches = PairBatches
+    too_long = "no {what} pair has both replies within seq_len {seq_len} tokens"
 
     def __init__(
         self,
@@ -272,9 +253,7 @@ class DPOTrainer(Trainer):
                 "DPO compares the two on the same tokens"
             )
         self.beta, self.length_normalized = float(beta), length_normalized
-        self._pairs = (tokenizer, train, val)
-        super().__init__(config, model=model)
-        self.tokenizer = tokenizer
+        super().__init__(config, model, tokenizer, train, val)
         self.reference = reference
         if reference is not None:
             self.reference = reference.to(self.device).eval().requires_grad_(False)
@@ -284,40 +263,11 @@ class DPOTrainer(Trainer):
         self._rewards: list[torch.Tensor] = []  # this step's micro-batches'
         self._pending_rewards: list[torch.Tensor] = []  # steps not yet read back
 
-    def _load_data(self, train_tokens=None, val_tokens=None) -> None:
-        tokenizer, train, val = self._pairs
-        if tokenizer.pad_token_id is None:
-            raise ValueError("the tokenizer has no padding token (nor an eos)")
-        self.dropped, self.cut = {}, {}
-        n = self.cfg.seq_len + 1  # seq_len inputs, and the token after the last
-
-        def encode(pairs, what):
-            full = [encode_pair(tokenizer, pair) for pair in pairs]
-            self.dropped[what] = [
-                i
-                for i, sides in enumerate(full)
-                if any(all(t == IGNORE_INDEX for t in lab[1:n]) for _, lab in sides)
-            ]
-            gone = set(self.dropped[what])
-            kept = [sides for i, sides in enumerate(full) if i not in gone]
-            if pairs and not kept:
-                raise ValueError(
-                    f"no {what} pair has both replies within seq_len "
-                    f"{self.cfg.seq_len} tokens: raise seq_len"
-                )
-            self.cut[what] = sum(any(len(ids) > n for ids, _ in s) for s in kept)
-            return [tuple((ids[:n], lab[:n]) for ids, lab in s) for s in kept]
-
-        self.train_examples = encode(train, "training")
-        self.val_examples = encode(val, "validation")
-        self.train_batches = PairBatches(
-            self.train_examples,
-            self.cfg.batch_size,
-            tokenizer.pad_token_id,
-            seed=self.cfg.seed,
-            rank=self.rank,
-            world_size=self.world_size,
-        )
+    def encode_example(self, pair, n: int):
+        """(the pair's chosen and rejected (ids, labels), cut to n tokens; the same
+        uncut)."""
+        sides = encode_pair(self.tokenizer, pair)
+        return tuple((ids[:n], labels[:n]) for ids, labels in sides), sides
 
     def pair_loss(self, model, batch) -> DPOLoss:
         """DPO's loss of a batch from collate_pairs, the policy run through `model`
@@ -369,27 +319,12 @@ class DPOTrainer(Trainer):
         history["val_accuracy"]."""
         if not self.val_examples:
             return float("nan")
-        self.model.eval()
-        B = self.cfg.batch_size
-        n = min(self.cfg.eval_batches * B, len(self.val_examples))
-        sums = torch.zeros(3, device=self.device, dtype=torch.float64)
-        for i, start in enumerate(range(0, n, B)):
-            if i % self.world_size != self.rank:
-                continue
-            chunk = self.val_examples[start : min(n, start + B)]
-            batch = collate_pairs(chunk, self.tokenizer.pad_token_id)
-            out = self.pair_loss(self.eval_model, batch)
-            k = len(chunk)
-            sums += torch.stack(
-                [out.loss.double() * k, out.accuracy.double() * k, sums.new_tensor(k)]
-            )
-        if self.world_size > 1:
-            dist.all_reduce(sums)
-        self.model.train()
-        self.history["val_accuracy"].append((sums[1] / sums[2]).item())
-        return (sums[0] / sums[2]).item()
+        loss, right, pairs = self.validation_sums(3, self._loss_and_accuracy)
+        self.history["val_accuracy"].append((right / pairs).item())
+        return (loss / pairs).item()
 
-    def fit(self, until: int | None = None) -> dict:
-        if self.cfg.eval_every > 0 and not self.val_examples:
-            self.cfg = dataclasses.replace(self.cfg, eval_every=0)
-        return super().fit(until)
+    def _loss_and_accuracy(self, chunk: list) -> torch.Tensor:
+        batch = collate_pairs(chunk, self.tokenizer.pad_token_id)
+        out = self.pair_loss(self.eval_model, batch)
+        k = out.loss.new_tensor(len(chunk), dtype=torch.float64)
+        return torch.stack([out.loss.double() * k, out.accuracy.double() * k, k])
