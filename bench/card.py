@@ -5,12 +5,14 @@ accuracy with 95% intervals, seconds (wall and CPU), and for a subset each task'
 whole split's time estimated from this run's wall seconds per row token (the tokens
 of every context and choice the scorer reads).
 
-    python bench/card.py --dtype bfloat16 --threads 2 --csv bench/results/card.csv
+    python bench/card.py --dtype bfloat16 --limit 2000 --uniform --threads 2 \\
+        --csv bench/results/card.csv
     python bench/card.py --limit 100 --tasks hellaswag piqa   # a quick look"""
 
 from __future__ import annotations
 
 import argparse
+import random
 import time
 
 import torch
@@ -33,6 +35,12 @@ def main() -> None:
     parser.add_argument(
         "--limit", type=int, default=0, help="questions per task (0: the whole split)"
     )
+    parser.add_argument(
+        "--uniform",
+        action="store_true",
+        help="a limit takes a uniform seeded sample (an unbiased estimate of the whole "
+        "split's accuracy), not smol eval's subset spread evenly over the subjects",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
     every = [*benchmarks.TASKS, *benchmarks.VARIANTS]
@@ -44,12 +52,17 @@ def main() -> None:
     rows = []
     for task in args.tasks:
         pool = benchmarks.load(task)
-        sub = evaluate.subset(pool, args.limit) if args.limit else pool
+        if not args.limit or args.limit >= len(pool):
+            sub = pool
+        elif args.uniform:
+            sub = random.Random(0).sample(pool, args.limit)
+        else:
+            sub = evaluate.subset(pool, args.limit)
         start, cpu_start = time.perf_counter(), time.process_time()
         results = benchmarks.score(model, tokenizer, sub, pool=pool, desc=task)
         s = benchmarks.summarize(task, results, time.perf_counter() - start)
         s["cpu seconds"] = time.process_time() - cpu_start
-        s["row tokens"] = row_tokens(tokenizer, sub)
+        s["row tokens"], s["split"] = row_tokens(tokenizer, sub), len(pool)
         s["full"] = s["seconds"] / s["row tokens"] * row_tokens(tokenizer, pool)
         print(
             f"{task}: {s['questions']} questions, acc {100 * s['acc']:.1f}% "
@@ -76,7 +89,7 @@ def main() -> None:
             extra
             | benchmarks.table_row(s)
             | {"cpu seconds": round(s["cpu seconds"], 1), "row tokens": s["row tokens"]}
-            | {"whole split (s)": round(s["full"])}
+            | {"split": s["split"], "whole split (s)": round(s["full"])}
             for s in rows
         ]
         benchmarks.write_csv(args.csv, table)
