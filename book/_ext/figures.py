@@ -1,6 +1,7 @@
-"""The book's figures of measured numbers, drawn from bench/results' CSVs each time the
-book is built (bench/plot_results.py), so that none can show an older run than the
-tables beside it. They land in book/images/generated/, which git ignores."""
+"""The book's figures of measured numbers, and the model card's table, made from
+bench/results' CSVs each time the book is built (bench/plot_results.py), so that none
+can show an older run than the tables beside it. They land in book/images/generated/,
+which git ignores."""
 
 import importlib.util
 from pathlib import Path
@@ -16,6 +17,7 @@ def _draw(app):
     spec.loader.exec_module(plot_results)
     plot_results.main()
     plot_results.draw_card()
+    plot_results.card_table()
 
 
 def setup(app):
