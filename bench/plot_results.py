@@ -27,6 +27,7 @@ RESULTS = ROOT / "bench" / "results"
 OUT = ROOT / "book" / "images" / "generated" / "benchmarks.svg"
 CARD_OUT = OUT.with_name("card.svg")
 TABLE_OUT = OUT.with_name("card_table.csv")
+AGREEMENT_OUT = OUT.with_name("card_agreement_table.csv")
 # SmolLM2's model card (lighteval): SmolLM2-135M-Instruct's scores and the base
 # model's, in %, where the card gives them. Its ARC is one number for both splits, so
 # it is drawn against neither; its CommonsenseQA scores the answers' texts, as
@@ -203,6 +204,36 @@ def card_table(out: Path = TABLE_OUT) -> None:
     print("wrote", out)
 
 
+def agreement_table(out: Path = AGREEMENT_OUT) -> None:
+    """bench/results/card_agreement.csv in the columns a page's width holds: per task
+    the questions, the share both harnesses pick alike (by acc, by acc_norm), each
+    accuracy as smol's / lm-eval's, and the largest log-likelihood difference."""
+    found = rows("card_agreement.csv")
+    if not found:
+        return
+    table = [
+        {
+            "task": r["task"],
+            "questions": r["questions"],
+            "same pick (%): acc, acc_norm": (
+                f"{r['same acc pick (%)']}, {r['same acc_norm pick (%)']}"
+            ),
+            "acc (%): smol / lm-eval": f"{r['smol acc (%)']} / {r['lm-eval acc (%)']}",
+            "acc_norm (%): smol / lm-eval": (
+                f"{r['smol acc_norm (%)']} / {r['lm-eval acc_norm (%)']}"
+            ),
+            "largest difference": r["largest log-likelihood difference"],
+        }
+        for r in found
+    ]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+    print("wrote", out)
+
+
 def main(out: Path = OUT) -> None:
     forward, generate = rows("forward.csv"), rows("generate.csv")
     panels = [p for p in (forward, generate) if p]
@@ -264,3 +295,4 @@ if __name__ == "__main__":
     main()
     draw_card()
     card_table()
+    agreement_table()

@@ -18,6 +18,7 @@ def _draw(app):
     plot_results.main()
     plot_results.draw_card()
     plot_results.card_table()
+    plot_results.agreement_table()
 
 
 def setup(app):
