@@ -137,6 +137,16 @@ TABLE_TASKS = (
 )
 
 
+def write_table(out: Path, table: list[dict]) -> None:
+    """A table the book shows (csv-table) under book/images/generated/."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="", encoding="utf-8") as f:
+        writer = csv.DictWriter(f, fieldnames=list(table[0]))
+        writer.writeheader()
+        writer.writerows(table)
+    print("wrote", out)
+
+
 def why(task: str, instruct, base, low: float, high: float, mmlu_mean: float) -> str:
     """Why smol's number and the card's can differ, where it is known; else whether
     the card's number (the Instruct model's, or the base model's where the card gives
@@ -196,12 +206,7 @@ def card_table(out: Path = TABLE_OUT) -> None:
                 "beside the card": why(task, instruct, base, low, high, mmlu_mean),
             }
         )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=list(table[0]))
-        writer.writeheader()
-        writer.writerows(table)
-    print("wrote", out)
+    write_table(out, table)
 
 
 def agreement_table(out: Path = AGREEMENT_OUT) -> None:
@@ -226,12 +231,7 @@ def agreement_table(out: Path = AGREEMENT_OUT) -> None:
         }
         for r in found
     ]
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, fieldnames=list(table[0]))
-        writer.writeheader()
-        writer.writerows(table)
-    print("wrote", out)
+    write_table(out, table)
 
 
 def main(out: Path = OUT) -> None:
