@@ -183,6 +183,41 @@ def test_a_question_scores_the_same_alone_and_in_a_batch(tiny_config):
         torch.testing.assert_close(together[i], alone[0], atol=1e-5, rtol=1e-5)
 
 
+class LogsumexpInputs(torch.overrides.TorchFunctionMode):
+    """Records the shape and dtype of every tensor logsumexp reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func in (torch.logsumexp, torch.Tensor.logsumexp):
+            self.seen.append((tuple(args[0].shape), args[0].dtype))
+        return func(*args, **(kwargs or {}))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_normalizer_reads_a_few_float32_rows_at_a_time(tiny_config, dtype):
+    """Rejects logsumexp over a whole batch's logits at once (the same values, a
+    float32 copy hundreds of megabytes large on a real batch) and over the model's
+    own dtype (bfloat16 sums that round)."""
+    model = peaked(tiny_config).to(dtype)
+    contexts, continuations = random_items(tiny_config.vocab_size, seed=2)
+    contexts, continuations = contexts * 4, continuations * 4  # 72 rows to normalise
+    with LogsumexpInputs() as spy:
+        got = evaluate.choice_logprobs(model, contexts, continuations)
+    assert len(spy.seen) > 1
+    assert all(rows <= 16 and t == torch.float32 for (rows, _), t in spy.seen)
+    logits = torch.randn(40, tiny_config.vocab_size).to(dtype)
+    whole = logits.float().logsumexp(-1)
+    assert torch.equal(evaluate.log_normalizers(logits), whole)  # row by row, exact
+    if dtype == torch.float32:
+        want = plain_scores(model, contexts, continuations)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g.double(), w, atol=1e-4, rtol=1e-5)
+
+
 def test_a_row_sees_its_context_and_its_own_choice_only():
     ids, positions, part, mask = evaluate.question_rows([[5, 6]], [[[7], [8, 9]]])
     assert ids.tolist() == [[5, 6, 7, 8, 9]]
