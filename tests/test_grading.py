@@ -632,6 +632,12 @@ def logprobs_mean_over_the_reply(logits, targets):  # a length normalisation
     return sequence_logprobs(logits, targets) / (targets != -100).sum(-1)
 
 
+def logprobs_reshaped_by_row(logits, targets):  # as if every reply were as long
+    logp = logits.float().log_softmax(-1).gather(-1, targets.clamp(min=0)[..., None])
+    picked = logp.squeeze(-1)[targets != -100]  # the reply tokens, row after row
+    return picked.view(len(targets), -1).sum(-1)
+
+
 def logprobs_in_the_logits_dtype(logits, targets):  # no float32 upcast
     logp = logits.log_softmax(-1).gather(-1, targets.clamp(min=0)[..., None])
     return (logp.squeeze(-1) * (targets != -100)).sum(-1)
@@ -1213,6 +1219,15 @@ WIDE_MUTANTS = {
         "group_advantages",
         advantages_grouped_by_stride,
         {"each group's own mean and std (unbiased, as torch.std)", EQUAL_REWARDS},
+    ),
+    # rows of unequal lengths cannot be reshaped (the in-place check raises too)
+    "reply tokens picked out and reshaped to (B, -1)": (
+        "sequence_logprobs",
+        logprobs_reshaped_by_row,
+        {
+            "a sum over the reply's tokens, not their mean",
+            "the logits and the targets are left unchanged",
+        },
     ),
     # replies of unequal lengths need padding, which such a loss counts
     "the padding counted in GRPO's loss": (

@@ -5,7 +5,8 @@ version that pairs the rows by twos, right only for a batch of one pair."""
 import torch
 
 from smol.grading.checks._util import close, is_tensor
-from smol.grading.checks.dpo import IGNORE, NAMES, V, _three
+from smol.grading.checks.dpo import IGNORE, V
+from smol.grading.checks.dpo_loss import NAMES, _three
 from smol.grading.registry import probe_check, task
 
 task(
