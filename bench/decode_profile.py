@@ -22,7 +22,8 @@ import time
 
 import torch
 from common import alternate, parse_and_set_threads, threads_parser, write_csv
-from generate import PROMPT, llama_cpp
+from generate import PROMPT
+from llama_child import LlamaCppCrashed, llama_cpp
 from torch.profiler import ProfilerActivity, profile
 
 from smol.generate import generate
@@ -122,9 +123,14 @@ def main() -> None:
                 rows.append([f"ms a token: {part}", name, f"{ms:.1f}", "ms"])
             rows.append(["MB read a token", name, f"{per_token / 1e6:.0f}", "MB"])
             rows.append(["floor: MB / bandwidth", name, f"{floor:.1f}", "ms"])
-        run = llama_cpp(bundled_gguf_path(), ids, args.threads)
+        try:
+            run = llama_cpp(bundled_gguf_path(), ids, args.threads)
+        except LlamaCppCrashed as crash:
+            run, why = None, f"{crash}: no llama.cpp row"
+        else:
+            why = "llama-cpp-python is not installed: no llama.cpp row"
         if run is None:
-            print("llama-cpp-python is not installed: no llama.cpp row")
+            print(why)
         else:
             wall = ms_per_token(run, n, args.runs)
             file = GGUFFile(bundled_gguf_path())

@@ -31,6 +31,7 @@ import time
 
 import torch
 from common import write_csv
+from llama_child import LlamaCppCrashed, llama_cpp
 
 from smol.generate import generate, left_pad
 from smol.kv_cache import KVCache
@@ -133,32 +134,6 @@ def parse_args():
     return parser.parse_args()
 
 
-def llama_cpp(path, x, threads: int):
-    """llama.cpp decoding the GGUF file at `path` greedily from the token ids x (1, T):
-    a function generating k tokens, as smol's paths return them (1, T + k); None where
-    llama-cpp-python is not installed."""
-    try:
-        from llama_cpp import Llama
-    except ImportError:
-        return None
-    llm = Llama(
-        str(path), n_ctx=512, n_threads=threads, n_threads_batch=threads, verbose=False
-    )
-    prompt = x[0].tolist()
-
-    def run(k):
-        llm.reset()  # read the prompt again each run, as every other path does
-        tokens = []
-        greedy = {"top_k": 1, "top_p": 1.0, "min_p": 0.0, "temp": 0.0}
-        for token in llm.generate(prompt, repeat_penalty=1.0, **greedy):
-            tokens.append(token)
-            if len(tokens) == k:
-                break
-        return torch.tensor([prompt + tokens])
-
-    return run
-
-
 def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
     """name -> (dtype label, prompt label, a function generating k tokens)."""
     bf16 = copy.deepcopy(model).to(torch.bfloat16)
@@ -258,11 +233,14 @@ def build_paths(args, model, ref, ids, summary, spec_stats) -> dict:
     if args.preset == "smollm2-135m" and not args.no_llama_cpp:
         from smol.gguf import bundled_gguf_path
 
-        run = llama_cpp(bundled_gguf_path(), ids, torch.get_num_threads())
-        if run is None:
-            print("llama-cpp-python is not installed: no llama.cpp path", flush=True)
-        else:
-            table.append(("llama.cpp", "Q4_1 / Q8_1", "story", run))
+        try:
+            run = llama_cpp(bundled_gguf_path(), ids, torch.get_num_threads())
+            if run is None:
+                print("llama-cpp-python is not installed: no llama.cpp path")
+            else:
+                table.append(("llama.cpp", "Q4_1 / Q8_1", "story", run))
+        except LlamaCppCrashed as crash:
+            print(f"{crash}: no llama.cpp path", flush=True)
     if args.no_cache_path:
         table.append(
             ("smol, no cache", "float32", "story", smol(model, ids, use_cache=False))

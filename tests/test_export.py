@@ -315,6 +315,41 @@ def test_a_crash_in_llama_cpp_fails_one_test_naming_it(tmp_path):
         run_llama_cpp(tmp_path / "m.gguf", [1, 2], child=fails)
 
 
+ANSWERS_THEN_CRASHES = """
+import json, os, sys
+for n, line in enumerate(sys.stdin):
+    if n == 2:
+        os.kill(os.getpid(), 11)
+    print(json.dumps(list(range(100, 100 + json.loads(line)["k"]))), flush=True)
+"""
+
+
+def test_the_benchmarks_llama_cpp_child_reports_a_crash_by_its_signal(monkeypatch):
+    """bench/llama_child.py: the benchmarks' llama.cpp runs in a child process that
+    answers each request with its tokens; a child that dies (as llama-cpp-python
+    0.3.36 did on a Sapphire Rapids) raises LlamaCppCrashed naming the signal, at
+    once when it dies reading the prompt, not the benchmark's process."""
+    import importlib.util
+
+    from bench import llama_child
+
+    installed = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: object() if name == "llama_cpp" else installed(name, *a),
+    )
+    monkeypatch.setattr(llama_child, "CHILD", ANSWERS_THEN_CRASHES)
+    run = llama_child.llama_cpp("m.gguf", torch.tensor([[5, 6]]), 1)  # request 1
+    assert run(3).tolist() == [[5, 6, 100, 101, 102]]  # request 2
+    with pytest.raises(llama_child.LlamaCppCrashed, match=r"\(SIGSEGV\) on m.gguf"):
+        run(3)
+    at_once = "import os; os.kill(os.getpid(), 11)"
+    monkeypatch.setattr(llama_child, "CHILD", at_once)
+    with pytest.raises(llama_child.LlamaCppCrashed, match="SIGSEGV"):
+        llama_child.llama_cpp("m.gguf", torch.tensor([[5, 6]]), 1)
+
+
 # --- the released weights, round trip
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 
