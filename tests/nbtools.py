@@ -370,18 +370,37 @@ def gpu_outputs(nb) -> dict[int, tuple[list, int | None, str]]:
     }
 
 
-if __name__ == "__main__":
-    import sys
+def main(argv: list[str] | None = None) -> int:
+    import argparse
 
-    if sys.argv[1:2] == ["--refresh"]:
-        # setup cells, closing source cells and stored progress bars, without
-        # executing anything
+    parser = argparse.ArgumentParser(
+        prog="python -m tests.nbtools",
+        description="Run notebooks top to bottom in this environment and store their "
+        "outputs (the shared setup cell inserted or updated first); or, with "
+        "--refresh, update every notebook's setup cell, closing source cell and "
+        "stored progress bars without running anything.",
+    )
+    parser.add_argument(
+        "notebooks", nargs="*", type=Path, help="the .ipynb files to run"
+    )
+    parser.add_argument("--refresh", action="store_true")
+    args = parser.parse_args(argv)
+    if args.refresh == bool(args.notebooks):
+        parser.error("name the notebooks to run, or --refresh alone")
+    for path in args.notebooks:
+        if path.suffix != ".ipynb" or not path.is_file():
+            parser.error(f"not a notebook file: {path}")
+    if args.refresh:
         for path in notebooks():
             nb = read(path)
             if sync_setup_cell(nb) | sync_source_cells(nb) | settle_streams(nb):
                 nbformat.write(nb, path)
                 print("refreshed", path.relative_to(ROOT))
-    else:
-        for arg in sys.argv[1:]:
-            execute(Path(arg))
-            print("executed", arg)
+    for path in args.notebooks:
+        execute(path)
+        print("executed", path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
