@@ -4,6 +4,7 @@ their results written as CSVs into --out."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import sys
 import time
@@ -20,6 +21,7 @@ from smol.commands.eval_partial import (
     partial_name,
 )
 from smol.commands.eval_shots import card_render, check_shots, mmlu_render
+from smol.commands.eval_workers import Workers
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -121,7 +123,25 @@ def load_model(args):
     return model, tokenizer, device
 
 
-def run_mmlu(args, loaded=None) -> list[evaluate.Result]:
+@contextlib.contextmanager
+def workers_for(args, given: Workers | None = None):
+    """The worker processes --workers asks for, each with its share of this
+    process's threads (given: ones already started, kept open); None where this
+    process scores."""
+    if given is not None or args.workers == 1:
+        yield given
+        return
+    threads = torch.get_num_threads() // args.workers
+    workers = Workers(args.model, DTYPES[args.dtype], args.workers, threads)
+    try:
+        yield workers
+    finally:
+        workers.close()
+
+
+def run_mmlu(
+    args, loaded=None, workers: Workers | None = None
+) -> list[evaluate.Result]:
     questions = pool = evaluate.load_mmlu()
     if args.limit is not None:
         questions = evaluate.subset(pool, args.limit, args.seed)
@@ -135,18 +155,19 @@ def run_mmlu(args, loaded=None) -> list[evaluate.Result]:
     def write_rows(path, results):
         write_csv(path, [question_row(number[id(r.question)], r) for r in results])
 
-    kept = KeptScores()
     try:
-        results = mmlu_results(
-            model,
-            tokenizer,
-            questions,
-            args.formulation,
-            args.shots,
-            args.token_budget,
-            pool,
-            kept,
-        )
+        with workers_for(args, workers) as scoring:
+            kept = KeptScores(scoring)
+            results = mmlu_results(
+                model,
+                tokenizer,
+                questions,
+                args.formulation,
+                args.shots,
+                args.token_budget,
+                pool,
+                kept,
+            )
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (common.Terminated)
         keep_partial(e, args.out, "MMLU", len(questions), e.partial, write_rows)
         raise
@@ -173,6 +194,7 @@ def run_mmlu(args, loaded=None) -> list[evaluate.Result]:
             "cpu_seconds": round(cpu_seconds),
             "device": device.type,
             "threads": torch.get_num_threads() if device.type == "cpu" else "",
+            "workers": args.workers,
             "cpu": cpu_kind() if device.type == "cpu" else "",
         }
         write_csv(args.out / "mmlu.csv", [summary])
@@ -204,15 +226,16 @@ def run_card(args) -> None:
         selected[task] = items  # the items benchmarks.run selects, in its order
     summaries = []
     try:
-        if args.task == "all":
-            args.formulation = "cloze"
-            start = time.perf_counter()
-            results = run_mmlu(args, loaded)
-            summaries.append(
-                benchmarks.summarize("mmlu", results, time.perf_counter() - start)
-            )
-        for task in tasks:
-            summaries.append(run_task(args, task, loaded, selected[task]))
+        with workers_for(args) as workers:
+            if args.task == "all":
+                args.formulation = "cloze"
+                start = time.perf_counter()
+                results = run_mmlu(args, loaded, workers)
+                summaries.append(
+                    benchmarks.summarize("mmlu", results, time.perf_counter() - start)
+                )
+            for task in tasks:
+                summaries.append(run_task(args, task, loaded, selected[task], workers))
     except KeyboardInterrupt as e:
         if args.task == "all":
             done = [s["task"] for s in summaries]
@@ -222,16 +245,27 @@ def run_card(args) -> None:
             )
         raise
     if args.task == "all" and args.out is not None:
-        extra = {"model": args.model or "bundled Q4_1 GGUF", "shots": args.shots}
+        device = loaded[2]
+        extra = {
+            "model": args.model or "bundled Q4_1 GGUF",
+            "shots": args.shots,
+            "dtype": args.dtype,
+            "device": device.type,
+            "threads": torch.get_num_threads() if device.type == "cpu" else "",
+            "workers": args.workers,
+            "cpu": cpu_kind() if device.type == "cpu" else "",
+        }
         benchmarks.write_summary(args.out / "all.csv", summaries, extra)
 
 
-def run_task(args, task: str, loaded, items: list) -> dict:
+def run_task(
+    args, task: str, loaded, items: list, workers: Workers | None = None
+) -> dict:
     """One benchmark of the card scored, printed and (with --out) written; its
     summary. Interrupted, it keeps or discards the questions scored so far
     (eval_partial) and says which."""
     model, tokenizer, _ = loaded
-    kept = KeptScores()
+    kept = KeptScores(workers)
     try:
         s, _ = benchmarks.run(
             task,
