@@ -222,6 +222,12 @@ def _check_run_folder(c: TrainConfig) -> None:
 def _check_model(c: TrainConfig) -> None:
     if not isinstance(c.sample_prompt, str):
         raise ValueError(f"sample_prompt must be a str, got {c.sample_prompt!r}")
+    try:  # bytes of the command line that are not UTF-8 come as lone surrogates
+        c.sample_prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(
+            f"sample_prompt is not UTF-8 text: {c.sample_prompt!r}"
+        ) from None
     if not c.sample_prompt and c.sample_tokens:
         raise ValueError(
             "sample_prompt is empty: give a text for the samples to continue, or "

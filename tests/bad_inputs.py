@@ -172,6 +172,9 @@ def make_files(root: Path) -> None:
         json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}),
         encoding="utf-8",
     )
+    from tests.bad_inputs_fresh import make_fresh_files
+
+    make_fresh_files(root)
 
 
 def refused(verb: str, argv: Callable[..., Argv], *rows: str) -> list[Case]:
@@ -742,7 +745,9 @@ def cases() -> list[Case]:
             check=every_student_in_the_gradebook,
         ),
     ]
-    return out
+    from tests.bad_inputs_fresh import fresh_cases
+
+    return out + fresh_cases()
 
 
 LIMIT = 30  # seconds: a case still running by then went to work on the bad input

@@ -98,8 +98,15 @@ INT4_DRAFT = ["generate", "Hi", "--speculative", "4", "--draft", "int4"]
         ),
         ([*INT4_DRAFT, "--device", "cuda"], "--draft int4 runs on the CPU only"),
         (["chat", "--compile"], "--compile works for one message, not the interactive"),
-        (["generate", "Hi", "--threads", "0"], "--threads must be >= 1, got 0"),
-        (["chat", "Hi", "--threads", "-2"], "--threads must be >= 1, got -2"),
+        (["generate", "Hi", "--threads", "0"], "--threads must be in [1, 1024], got 0"),
+        (["chat", "Hi", "--threads", "-2"], "--threads must be in [1, 1024], got -2"),
+        # torch.set_num_threads overflows past 2**31, and crashes at some 10**5
+        (["generate", "Hi", "--threads", str(2**70)], "--threads must be in [1, 1024]"),
+        (["generate", "   "], "the prompt is empty"),
+        # bytes that are not UTF-8 reach Python as lone surrogates
+        (["generate", "caf\udce9"], "the prompt is not UTF-8 text: 'caf\\udce9'"),
+        (["chat", "caf\udce9"], "the message is not UTF-8 text"),
+        (["chat", "Hi", "--system", "caf\udce9"], "--system is not UTF-8 text"),
         (
             ["generate", "Hi", "--temperature", "1e-320"],
             "--temperature must be 0 (greedy) or at least 1e-06, got 1e-320",
@@ -176,6 +183,18 @@ def test_more_new_tokens_than_the_context_holds_is_a_usage_error(fake_load, caps
     code, out, err = run(["generate", "hi", "--max-new-tokens", str(2**70)], capsys)
     assert code == 2 and err.count("error:") == 1
     assert f"--max-new-tokens {2**70} is more than the context (8192)" in err
+
+
+def test_drafts_past_the_context_are_refused_before_any_work(fake_load, capsys):
+    """--speculative K keeps K drafted tokens in the cache past the last one: a K
+    the context cannot hold is a usage error, and a prompt that leaves no room for
+    K more a failure that says so, not the cache's complaint."""
+    code, _, err = run(["generate", "hi", "--speculative", str(2**70)], capsys)
+    assert code == 2 and err.count("error:") == 1
+    assert f"--speculative {2**70} is not less than the context (8192)" in err
+    code, _, err = run(["generate", "hello " * 8190, "--speculative", "16"], capsys)
+    assert code == 1 and err.count("error:") == 1
+    assert "context holds 8192 (less --speculative 16)" in err
 
 
 def test_fast_options_give_the_same_text(fake_load, capsys, monkeypatch):

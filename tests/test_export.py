@@ -453,6 +453,7 @@ def test_command_line_refusals_are_usage_errors_naming_the_input(tmp_path, capsy
             "dir.gguf is a folder",
         ),
         (["smollm2", out, "--name", " "], "--name is empty"),
+        (["smollm2", out, "--name", "caf\udce9"], "--name is not UTF-8 text"),
         (["", out], "the model is empty"),
         ([str(tmp_path / "nowhere"), out], "no such model: "),
         ([str(tmp_path / "m.gguf")] * 2, "is the model being exported"),
@@ -462,6 +463,22 @@ def test_command_line_refusals_are_usage_errors_naming_the_input(tmp_path, capsy
         assert len(err) == 1 and says in err[0], (argv, err)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir.gguf", "m.gguf"]
     assert (tmp_path / "m.gguf").read_bytes() == b"GGUF"
+
+
+def test_a_folder_out_cannot_be_written_in_is_a_usage_error(
+    tmp_path, capsys, monkeypatch
+):
+    """Found before the model is read and converted, not when its file is written."""
+
+    def denied(*args, **kwargs):  # a folder read-only to this user
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(type(tmp_path), "write_bytes", denied)
+    assert main(["smollm2", str(tmp_path / "o.gguf")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    says = f"cannot write to the folder of OUT {tmp_path}: Permission denied"
+    assert err == [f"smol export: error: {says}"]
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])

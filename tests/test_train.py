@@ -1035,6 +1035,8 @@ def test_settings_are_checked_when_the_config_is_made(tmp_path, bad, says):
         (["--warmup-steps", "400"], r"warmup_steps \(400\) must lie in \[0, steps"),
         (["--steps", "ten"], "argument --steps: invalid int value: 'ten'"),
         (["--sample-prompt", ""], "sample_prompt is empty: give a text"),
+        # a byte that is not UTF-8 reaches Python as a lone surrogate
+        (["--sample-prompt", "caf\udce9"], "sample_prompt is not UTF-8 text"),
         (["--seed", str(2**64)], rf"seed must lie in \[0, 2\*\*64 - 1\], got {2**64}"),
     ],
 )
@@ -1044,6 +1046,20 @@ def test_cli_usage_errors_are_one_line_and_exit_status_2(tmp_path, capsys, args,
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert re.search(says, err), err
     assert not (tmp_path / "x").exists()  # nothing was done
+
+
+def test_sigterm_before_the_first_step_exits_143(tmp_path, capsys, monkeypatch):
+    """SIGTERM while the run is set up (its data, its model): the status of a process
+    SIGTERM stopped, as a scheduler expects, not Ctrl-C's 130."""
+    import smol.commands.train as train_cli
+
+    def terminated(cfg):
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(train_cli, "Trainer", terminated)
+    assert main(["--out-dir", str(tmp_path / "run"), "--device", "cpu"]) == 143
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == "stopped by SIGTERM; nothing was saved", err
 
 
 # SIGTERM and Ctrl-C

@@ -9,7 +9,14 @@ from __future__ import annotations
 
 import sys
 
-from smol.commands.common import Parser, Terminated, UsageError, parser, run
+from smol.commands.common import (
+    Parser,
+    Terminated,
+    UsageError,
+    check_text,
+    parser,
+    run,
+)
 from smol.commands.generate import (
     TextStream,
     add_model_options,
@@ -45,6 +52,8 @@ def _parse(argv):
             "--system is empty: give a system prompt, or leave it out for the "
             "template's own"
         )
+    check_text(args.message, "the message")
+    check_text(args.system, "--system")
     check_options(args)
     if args.message is None:
         for flag in ("speculative", "compile"):

@@ -33,6 +33,15 @@ class Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def check_text(text: str | None, what: str) -> None:
+    """A UsageError naming `what` where `text`, from the command line, is not UTF-8:
+    Python keeps such bytes as lone surrogates, which no tokenizer takes."""
+    try:
+        (text or "").encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{what} is not UTF-8 text: {text!r}") from None
+
+
 # how every command's --help ends, and keeps its docstring's lines
 HELP = dict(epilog=EXIT_STATUS, formatter_class=argparse.RawDescriptionHelpFormatter)
 

@@ -8,9 +8,9 @@ import csv
 from pathlib import Path
 
 from smol import stats
+from smol.checkpoint import check_writable
 from smol.commands.common import UsageError
 from smol.commands.eval_runs import write_csv
-
 
 VERDICTS = ("correct", "correct normalised")  # by the sum, per character
 
@@ -45,6 +45,11 @@ def verdicts(path: Path, by: str) -> dict[int, bool]:
                     f"{path}, line {line}: expected a question number and a verdict "
                     f"of 0 or 1, got {number!r} and {v!r}"
                 )
+        if int(number) in found:
+            raise ValueError(
+                f"{path}, line {line}: question {number} again (a run answers each "
+                "question once)"
+            )
         found[int(number)] = verdict == "1"
     return found
 
@@ -56,11 +61,20 @@ COMPARISON = (
 
 
 def check_comparisons(path: Path | None) -> None:
-    """--csv: new, or a CSV of earlier comparisons, which a row is added to."""
-    if path is None or not path.exists():
+    """--csv: new, or a CSV of earlier comparisons, which a row is added to; in a
+    folder that can be written to (found now, not after the work)."""
+    if path is None:
         return
     if path.is_dir():
         raise UsageError(f"--csv must be a file, got the folder {path}")
+    if not path.parent.is_dir():
+        raise UsageError(f"--csv {path}: the folder {path.parent} does not exist")
+    try:
+        check_writable(path.parent, "the folder of --csv")
+    except OSError as e:
+        raise UsageError(str(e)) from None
+    if not path.exists():
+        return
     with open(path, "rb") as f:
         first = f.readline().rstrip(b"\r\n")
     if first != COMPARISON.encode():

@@ -12,7 +12,8 @@ import argparse
 import re
 from pathlib import Path
 
-from smol.commands.common import Parser, UsageError, parser, run
+from smol.checkpoint import check_writable
+from smol.commands.common import Parser, UsageError, check_text, parser, run
 from smol.export import TYPES, export_gguf
 
 RELEASED = "smollm2"  # the name of the bundled released weights
@@ -53,6 +54,7 @@ def _parse(argv) -> argparse.Namespace:
             raise UsageError(f"OUT {out} is the model being exported")
     if args.name is not None and not args.name.strip():
         raise UsageError("--name is empty: give the model a name, or leave it out")
+    check_text(args.name, "--name")
     if out.suffix != ".gguf":
         raise UsageError(f"OUT must end in .gguf, got {out}")
     if out.is_dir():
@@ -61,6 +63,10 @@ def _parse(argv) -> argparse.Namespace:
         raise UsageError(f"{out} exists; pass --overwrite to replace it")
     if not out.parent.is_dir():
         raise UsageError(f"no such folder: {out.parent}")
+    try:  # found now, not after the model is read and converted
+        check_writable(out.parent, "the folder of OUT")
+    except OSError as e:
+        raise UsageError(str(e)) from None
     return args
 
 

@@ -19,9 +19,13 @@ from dataclasses import dataclass
 
 import torch
 
-from smol.commands.common import Parser, UsageError, parser, run
+from smol.commands.common import Parser, UsageError, check_text, parser, run
 from smol.config import MIN_TEMPERATURE, GenerationConfig
 from smol.generate import DecodingPath, decoding_path
+
+MAX_THREADS = 1024  # more than a CPU has cores; PyTorch crashes at some 10**5
+# the options that are GenerationConfig's settings under the same names
+SETTINGS = ("max_new_tokens", "temperature", "top_k", "top_p", "compile", "speculative")
 
 
 class TextStream:
@@ -117,8 +121,8 @@ def check_options(args) -> None:
     (UsageError: exit status 2)."""
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.threads is not None and args.threads < 1:
-        raise UsageError(f"--threads must be >= 1, got {args.threads}")
+    if args.threads is not None and not 1 <= args.threads <= MAX_THREADS:
+        raise UsageError(f"--threads must be in [1, {MAX_THREADS}], got {args.threads}")
     if not math.isfinite(args.temperature) or args.temperature < 0:
         raise UsageError(
             f"--temperature must be a finite number >= 0, got {args.temperature}"
@@ -226,15 +230,7 @@ class Decoding:
 
 def generation_config(args) -> GenerationConfig:
     """generate()'s settings from the options (the tokenizer's eos comes later)."""
-    names = (
-        "max_new_tokens",
-        "temperature",
-        "top_k",
-        "top_p",
-        "compile",
-        "speculative",
-    )
-    return GenerationConfig(**{name: getattr(args, name) for name in names})
+    return GenerationConfig(**{name: getattr(args, name) for name in SETTINGS})
 
 
 def _path(generation: GenerationConfig, args) -> DecodingPath:
@@ -294,20 +290,25 @@ def load(args, decoding: Decoding):
 
 def _fit(ids: list[int], args, model) -> int:
     """How many tokens may follow the prompt: --max-new-tokens, or fewer where the
-    context ends; a UsageError where --max-new-tokens alone outgrows the context."""
-    n, context = args.max_new_tokens, model.config.max_position_embeddings
+    context ends (less --speculative's drafts); a UsageError where either outgrows it."""
+    n, k = args.max_new_tokens, args.speculative
+    context = model.config.max_position_embeddings
     if n > context:  # no prompt leaves room for them
         raise UsageError(f"--max-new-tokens {n} is more than the context ({context})")
-    if len(ids) >= context:
+    if k >= context:
+        raise UsageError(f"--speculative {k} is not less than the context ({context})")
+    room = context - k  # the cache holds the drafts past the last token too
+    if len(ids) >= room:
         raise ValueError(
             f"the prompt has {len(ids)} tokens; the model's context holds {context}"
+            + f" (less --speculative {k})" * (k > 0)
         )
-    if len(ids) + args.max_new_tokens > context:
+    if len(ids) + n > room:
         print(
-            f"[stopping at the context's end: {context - len(ids)} new tokens at most]",
+            f"[stopping at the context's end: {room - len(ids)} new tokens at most]",
             file=sys.stderr,
         )
-    return min(args.max_new_tokens, context - len(ids))
+    return min(n, room - len(ids))
 
 
 def seeded(args, device) -> torch.Generator | None:
@@ -377,8 +378,9 @@ def build_parser() -> Parser:
 
 def _parse(argv):
     args = build_parser().parse_args(argv)
-    if not args.prompt:
+    if not args.prompt.strip():
         raise UsageError("the prompt is empty: give a text to continue")
+    check_text(args.prompt, "the prompt")
     check_options(args)
     return args
 

@@ -50,7 +50,8 @@ from smol.grading.runner import grade_notebook
 
 def notebook_paths(args: list[str]) -> list[Path]:
     """The notebooks named, folders expanded (a hand-in may end in .IPYNB: any case
-    of the suffix is a notebook's); ValueError for an argument that names none."""
+    of the suffix is a notebook's); ValueError for an argument that names none, and
+    for a notebook named twice (its score would count twice)."""
     paths = []
     for arg in args:
         p = Path(arg)
@@ -67,6 +68,11 @@ def notebook_paths(args: list[str]) -> list[Path]:
             paths.append(p)
         else:
             raise ValueError(f"{arg} is neither a folder nor a notebook")
+    seen = set()
+    for path in paths:
+        if path.resolve() in seen:
+            raise ValueError(f"{path} is named twice: name each notebook once")
+        seen.add(path.resolve())
     return paths
 
 

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from smol.checkpoint import CheckpointError
-from smol.commands.common import Parser, UsageError, parser, run
+from smol.commands.common import Parser, Terminated, UsageError, parser, run
 from smol.config import SmolConfig
 from smol.interrupt import TrainingInterrupted
 from smol.train import TrainConfig, Trainer
@@ -162,11 +162,12 @@ def fit_until_stopped(
         if e.signal_name not in signal.Signals.__members__:
             return 1
         return 128 + signal.Signals[e.signal_name].value
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated) outside a step
         saved = trainer.last_checkpoint if trainer is not None else None
         where = f"the last checkpoint is {saved}" if saved else "nothing was saved"
-        print(f"interrupted; {where}", file=sys.stderr, flush=True)
-        return 128 + signal.SIGINT
+        stopped = "stopped by SIGTERM" if isinstance(e, Terminated) else "interrupted"
+        print(f"{stopped}; {where}", file=sys.stderr, flush=True)
+        return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
 
 
 def _write_results(trainer: Trainer, history: dict, summary: dict) -> None:
