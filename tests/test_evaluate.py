@@ -5,6 +5,7 @@ import csv
 import json
 import re
 import signal
+from pathlib import Path
 
 import pytest
 import torch
@@ -390,6 +391,10 @@ def test_the_command_line_compares_two_runs(tmp_path, capsys):
         ("question,correct,correct normalised\n0,1,yes\n", "got '0' and 'yes'"),
         ("question,correct,correct normalised\n0,yes,1\n", "got '0' and 'yes'"),
         (b"question,correct,correct normalised\n0,1,1,caf\xe9\n", "is not UTF-8"),
+        (
+            "question,correct,correct normalised\n0,1,1\n0,0,0\n",
+            "line 3: question 0 again",
+        ),
     ],
 )
 def test_compare_names_a_hand_edited_run_file(tmp_path, capsys, text, says):
@@ -416,6 +421,27 @@ def test_compare_adds_its_row_to_no_other_file(tmp_path, capsys):
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "--csv" in err and says in err, err
     assert notes.read_text(encoding="utf-8") == "my,own\n1,2\n"
+
+
+def test_compare_finds_a_csv_it_cannot_write_before_the_work(
+    tmp_path, capsys, monkeypatch
+):
+    write_run(tmp_path / "base", {0: (1, 1)})
+    base = str(tmp_path / "base")
+
+    def denied(*args, **kwargs):  # a folder read-only to this user
+        raise PermissionError(13, "Permission denied")
+
+    for target, says in (
+        (tmp_path / "no" / "pairs.csv", f"the folder {tmp_path / 'no'} does not"),
+        (tmp_path / "base" / "mmlu_questions.csv" / "x.csv", "does not exist"),
+        (tmp_path / "pairs.csv", f"folder of --csv {tmp_path}: Permission denied"),
+    ):
+        if target == tmp_path / "pairs.csv":
+            monkeypatch.setattr(Path, "write_bytes", denied)
+        assert eval_cli.main(["compare", base, base, "--csv", str(target)]) == 2
+        err = capsys.readouterr()
+        assert err.out == "" and err.err.count("\n") == 1 and says in err.err
 
 
 def test_the_wilson_interval():
@@ -637,6 +663,11 @@ def test_bfloat16_on_a_cpu_without_its_instructions_is_warned_about(
         (["--shots", "-1"], "--shots must be >= 0, got -1"),
         (["--token-budget", "0"], "--token-budget must be >= 1"),
         (["--model", "no/such/folder"], "--model: no such file or folder"),
+        (["--threads", str(2**70)], "--threads must be in [1, 1024], got 1180"),
+        (["--seed", "-1"], "--seed must lie in [0, 2**64 - 1], got -1"),
+        (["--seed", str(2**64)], "--seed must lie in [0, 2**64 - 1], got 1844"),
+        (["--out", ""], "--out is empty: name a folder"),
+        (["--out", "/proc/no/results"], "cannot write to --out /proc/no/results"),
     ],
 )
 def test_usage_errors_exit_2_with_one_line(argv, message, tiny_load, capsys):

@@ -22,13 +22,12 @@ which. Tasks of `all` that finished keep their files.
 from __future__ import annotations
 
 import argparse
-import os
 import re
 from pathlib import Path
 
 import torch
 
-from smol import benchmarks, evaluate
+from smol import benchmarks, checkpoint, evaluate
 from smol.commands.common import HELP, Parser, UsageError, parser, run
 from smol.commands.eval_compare import check_comparisons, compare
 from smol.commands.eval_partial import partial_name
@@ -97,7 +96,7 @@ def scoring_options(p: Parser, out: str) -> None:
         "--token-budget", type=int, default=4096, help="tokens per batch (4096)"
     )
     p.add_argument("--seed", type=int, default=0, help="the subset's seed (0)")
-    p.add_argument("--out", type=Path, help=out)
+    p.add_argument("--out", help=out)
     p.add_argument(
         "--overwrite",
         action="store_true",
@@ -135,10 +134,21 @@ def check_out(args) -> None:
 
 
 def check_args(args) -> None:
+    from smol.commands.generate import MAX_THREADS, check_seed
+
     for name in ("limit", "threads", "workers", "token_budget"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
+    if args.threads is not None and args.threads > MAX_THREADS:
+        raise UsageError(f"--threads must be in [1, {MAX_THREADS}], got {args.threads}")
+    check_seed(args.seed)
+    if args.out is not None:
+        if not args.out.strip():
+            raise UsageError(
+                "--out is empty: name a folder for the results, or leave it out"
+            )
+        args.out = Path(args.out)
     if args.shots < 0:
         raise UsageError(f"--shots must be >= 0, got {args.shots}")
     if args.model is not None and not args.model.strip():
@@ -190,9 +200,10 @@ def _work(args) -> None:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     if args.out is not None:  # made before the hours of work, not after
-        args.out.mkdir(parents=True, exist_ok=True)
-        if not os.access(args.out, os.W_OK):
-            raise UsageError(f"--out {args.out} is not writable")
+        try:
+            checkpoint.check_writable(args.out, "--out")
+        except OSError as e:
+            raise UsageError(str(e)) from None
     if args.task == "mmlu":
         run_mmlu(args)
     else:
