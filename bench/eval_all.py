@@ -1,12 +1,11 @@
 """`smol eval all` timed from the outside: the command run as a user runs it (a process
-of its own: loading the weights, reading and tokenizing every split, starting its
-workers, scoring MMLU and the seven other benchmarks), its wall seconds measured
-around it; each task's row of its all.csv, then a row `total` with the whole run's
-wall seconds.
+of its own: loading the weights, reading and tokenizing every split, scoring MMLU and
+the seven other benchmarks), its wall seconds measured around it; each task's row of
+its all.csv, then a row `total` with the whole run's wall seconds.
 
-    python bench/eval_all.py --dtype bfloat16 --threads 2 --workers 2 \\
+    python bench/eval_all.py --dtype bfloat16 --threads 2 \\
         --csv bench/results/eval_all.csv          # every whole split: about an hour
-    python bench/eval_all.py --limit 50 --workers 2   # a quick look"""
+    python bench/eval_all.py --limit 50           # a quick look"""
 
 from __future__ import annotations
 
@@ -21,18 +20,11 @@ from pathlib import Path
 from smol import benchmarks
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--limit", type=int, help="questions per task (default: all)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
-    parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--workers", type=int, default=1)
-    parser.add_argument("--csv", type=Path, help="write the table here")
-    args = parser.parse_args()
+def timed_run(args) -> list[dict]:
+    """One `smol eval all`: its all.csv rows and a row total."""
     with tempfile.TemporaryDirectory() as out:
         argv = [sys.executable, "-m", "smol", "eval", "all", "--out", out]
         argv += ["--dtype", args.dtype, "--threads", str(args.threads)]
-        argv += ["--workers", str(args.workers)]
         if args.limit is not None:
             argv += ["--limit", str(args.limit)]
         print(" ".join(argv[1:]), flush=True)
@@ -51,11 +43,23 @@ def main() -> None:
     }
     print(
         f"smol eval all: {total['questions']} questions in {seconds:.0f} s "
-        f"({seconds / 60:.1f} min; {scored:.0f} s of it scoring, the rest loading "
-        f"the weights, the splits and the workers)"
+        f"({seconds / 60:.1f} min; {scored:.0f} s of it scoring, the rest loading the "
+        "weights and tokenizing the splits)",
+        flush=True,
     )
+    return [*rows, total]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--limit", type=int, help="questions per task (default: all)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--csv", type=Path, help="write the table here")
+    args = parser.parse_args()
+    rows = timed_run(args)
     if args.csv:
-        benchmarks.write_csv(args.csv, [*rows, total])
+        benchmarks.write_csv(args.csv, rows)
         print("wrote", args.csv)
 
 

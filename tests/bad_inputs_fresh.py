@@ -436,9 +436,6 @@ def _eval_cases() -> list[Case]:
             "--formulation bogus -> --formulation",
             "--device cuda:x -> --device",
             "--out '' -> --out",
-            "--workers 0 -> --workers",
-            "--workers two -> --workers",
-            "--workers 4 --threads 2 -> --workers",
         ),
         *refused(
             e,

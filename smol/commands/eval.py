@@ -10,7 +10,6 @@ compare two runs question by question; prints each accuracy with its 95% interva
                                         # mmlu_questions.csv in results/
     smol eval hellaswag --limit 200     # a seeded subset, spread over its activities
     smol eval all --limit 200 --out results/   # MMLU and the seven others, all.csv
-    smol eval all --workers 2 --threads 2      # 2 processes of 1 thread each
     smol eval compare base/ tuned/      # two runs, question by question
 
 Ctrl-C or SIGTERM stops a run: with --out, the questions scored so far go to
@@ -84,14 +83,7 @@ def scoring_options(p: Parser, out: str) -> None:
     )
     p.add_argument("--dtype", choices=list(DTYPES), default="float32")
     p.add_argument("--device", help="default: cuda when available, else cpu")
-    p.add_argument("--threads", type=int, help="PyTorch's CPU threads, in all")
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="processes that score, each with its own model and threads/workers "
-        "of the threads (CPU only; on 2 cores, 2 are about 1.2x as fast as 1)",
-    )
+    p.add_argument("--threads", type=int, help="PyTorch's CPU threads")
     p.add_argument(
         "--token-budget", type=int, default=4096, help="tokens per batch (4096)"
     )
@@ -136,7 +128,7 @@ def check_out(args) -> None:
 def check_args(args) -> None:
     from smol.commands.generate import MAX_THREADS, check_seed
 
-    for name in ("limit", "threads", "workers", "token_budget"):
+    for name in ("limit", "threads", "token_budget"):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise UsageError(f"--{name.replace('_', '-')} must be >= 1, got {value}")
@@ -159,29 +151,9 @@ def check_args(args) -> None:
         from smol.commands.generate import _check_device
 
         _check_device(args.device)
-    if args.workers > 1:
-        check_workers(args)
     hub_id = args.model is not None and re.fullmatch(r"[\w.-]+/[\w.-]+", args.model)
     if args.model is not None and not (Path(args.model).exists() or hub_id):
         raise UsageError(f"--model: no such file or folder, nor a hub id: {args.model}")
-
-
-def check_workers(args) -> None:
-    """--workers N: on a CPU, with at least a thread each."""
-    cuda = args.device is None and torch.cuda.is_available()
-    if cuda or (args.device is not None and torch.device(args.device).type != "cpu"):
-        raise UsageError(
-            f"--workers {args.workers} splits a CPU's threads; on "
-            f"{args.device or 'cuda'} one process scores (leave --workers out, or "
-            "give --device cpu)"
-        )
-    threads = args.threads or torch.get_num_threads()
-    if args.workers > threads:
-        raise UsageError(
-            f"--workers {args.workers} is more than the {threads} CPU threads "
-            f"{'--threads gives' if args.threads else 'PyTorch uses here'}: each "
-            "worker needs one"
-        )
 
 
 def _parse(argv) -> argparse.Namespace:

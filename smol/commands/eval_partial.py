@@ -24,9 +24,8 @@ class KeptScores:
     interrupted run still has what it scored. The batches, and so the scores, are
     evaluate.score's own."""
 
-    def __init__(self, workers=None):
+    def __init__(self):
         self.done: dict[int, object] = {}
-        self.workers = workers  # an eval_workers.Workers scores the batches, if given
 
     def __call__(self, model, requests, token_budget=4096, progress=False, desc=""):
         from tqdm.auto import tqdm
@@ -38,21 +37,13 @@ class KeptScores:
         order = sorted(range(len(requests)), key=length)
         # closed before an interruption's line, not redrawn after it
         with tqdm(total=len(requests), disable=not progress, desc=desc) as bar:
-            batches = evaluate.row_batches(order, length, token_budget)
-            for batch, found in self._scored(model, batches, requests, token_budget):
+            for batch in evaluate.row_batches(order, length, token_budget):
+                # one batch in: evaluate.score scores it as one batch
+                batch_requests = [requests[i] for i in batch]
+                found = evaluate.score(model, batch_requests, token_budget)
                 self.done.update(zip(batch, found))
                 bar.update(len(batch))
         return [self.done[i] for i in range(len(requests))]
-
-    def _scored(self, model, batches, requests, token_budget):
-        """(batch, its scores) for every batch: here, or by the workers."""
-        if self.workers is not None:
-            yield from self.workers.scores(batches, requests, token_budget)
-            return
-        for batch in batches:
-            # one batch in: evaluate.score scores it as one batch
-            batch_requests = [requests[i] for i in batch]
-            yield batch, evaluate.score(model, batch_requests, token_budget)
 
 
 def mmlu_results(

@@ -4,7 +4,6 @@ their results written as CSVs into --out."""
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import sys
 import time
@@ -21,7 +20,6 @@ from smol.commands.eval_partial import (
     partial_name,
 )
 from smol.commands.eval_shots import card_render, check_shots, mmlu_render
-from smol.commands.eval_workers import Workers
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -123,25 +121,7 @@ def load_model(args):
     return model, tokenizer, device
 
 
-@contextlib.contextmanager
-def workers_for(args, given: Workers | None = None):
-    """The worker processes --workers asks for, each with its share of this
-    process's threads (given: ones already started, kept open); None where this
-    process scores."""
-    if given is not None or args.workers == 1:
-        yield given
-        return
-    threads = torch.get_num_threads() // args.workers
-    workers = Workers(args.model, DTYPES[args.dtype], args.workers, threads)
-    try:
-        yield workers
-    finally:
-        workers.close()
-
-
-def run_mmlu(
-    args, loaded=None, workers: Workers | None = None
-) -> list[evaluate.Result]:
+def run_mmlu(args, loaded=None) -> list[evaluate.Result]:
     questions = pool = evaluate.load_mmlu()
     if args.limit is not None:
         questions = evaluate.subset(pool, args.limit, args.seed)
@@ -155,19 +135,18 @@ def run_mmlu(
     def write_rows(path, results):
         write_csv(path, [question_row(number[id(r.question)], r) for r in results])
 
+    kept = KeptScores()
     try:
-        with workers_for(args, workers) as scoring:
-            kept = KeptScores(scoring)
-            results = mmlu_results(
-                model,
-                tokenizer,
-                questions,
-                args.formulation,
-                args.shots,
-                args.token_budget,
-                pool,
-                kept,
-            )
+        results = mmlu_results(
+            model,
+            tokenizer,
+            questions,
+            args.formulation,
+            args.shots,
+            args.token_budget,
+            pool,
+            kept,
+        )
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (common.Terminated)
         keep_partial(e, args.out, "MMLU", len(questions), e.partial, write_rows)
         raise
@@ -194,7 +173,6 @@ def run_mmlu(
             "cpu_seconds": round(cpu_seconds),
             "device": device.type,
             "threads": torch.get_num_threads() if device.type == "cpu" else "",
-            "workers": args.workers,
             "cpu": cpu_kind() if device.type == "cpu" else "",
         }
         write_csv(args.out / "mmlu.csv", [summary])
@@ -226,16 +204,15 @@ def run_card(args) -> None:
         selected[task] = items  # the items benchmarks.run selects, in its order
     summaries = []
     try:
-        with workers_for(args) as workers:
-            if args.task == "all":
-                args.formulation = "cloze"
-                start = time.perf_counter()
-                results = run_mmlu(args, loaded, workers)
-                summaries.append(
-                    benchmarks.summarize("mmlu", results, time.perf_counter() - start)
-                )
-            for task in tasks:
-                summaries.append(run_task(args, task, loaded, selected[task], workers))
+        if args.task == "all":
+            args.formulation = "cloze"
+            start = time.perf_counter()
+            results = run_mmlu(args, loaded)
+            summaries.append(
+                benchmarks.summarize("mmlu", results, time.perf_counter() - start)
+            )
+        for task in tasks:
+            summaries.append(run_task(args, task, loaded, selected[task]))
     except KeyboardInterrupt as e:
         if args.task == "all":
             done = [s["task"] for s in summaries]
@@ -252,20 +229,17 @@ def run_card(args) -> None:
             "dtype": args.dtype,
             "device": device.type,
             "threads": torch.get_num_threads() if device.type == "cpu" else "",
-            "workers": args.workers,
             "cpu": cpu_kind() if device.type == "cpu" else "",
         }
         benchmarks.write_summary(args.out / "all.csv", summaries, extra)
 
 
-def run_task(
-    args, task: str, loaded, items: list, workers: Workers | None = None
-) -> dict:
+def run_task(args, task: str, loaded, items: list) -> dict:
     """One benchmark of the card scored, printed and (with --out) written; its
     summary. Interrupted, it keeps or discards the questions scored so far
     (eval_partial) and says which."""
     model, tokenizer, _ = loaded
-    kept = KeptScores(workers)
+    kept = KeptScores()
     try:
         s, _ = benchmarks.run(
             task,
