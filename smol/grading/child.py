@@ -52,10 +52,15 @@ def _in_child(
     """work(obj, load problem) in a forked child: (the bytes it returned, "") or (None,
     why it sent none). The time limit starts once the child has its object."""
     read_fd, write_fd = os.pipe()
-    with warnings.catch_warnings():
-        # "This process is multi-threaded, use of fork() may lead to deadlocks" (3.12+)
-        warnings.simplefilter("ignore", DeprecationWarning)
-        pid = os.fork()
+    try:
+        pid = _fork()
+    except BlockingIOError:
+        os.close(read_fd)
+        os.close(write_fd)
+        return None, (
+            "the grader could not start a process for this check: the machine is at "
+            "its limit of processes (not this code's fault); grade it again"
+        )
     if pid == 0:
         _child(load, work, read_fd, write_fd)
     os.close(write_fd)
@@ -69,6 +74,29 @@ def _in_child(
     if data is not None:
         return data, ""
     return None, why or _how_it_ended(status, killed)
+
+
+FORK_TRIES = (0.1, 0.3, 1.0, 3.0)  # seconds to wait between tries
+
+
+def _fork() -> int:
+    """os.fork(), tried again while the machine is at its limit of processes
+    (BlockingIOError, EAGAIN: others' processes, or the ones a check just left, still
+    being reaped)."""
+    for wait in FORK_TRIES:
+        try:
+            return _fork_once()
+        except BlockingIOError:
+            reaper.sweep()
+            time.sleep(wait)
+    return _fork_once()
+
+
+def _fork_once() -> int:
+    with warnings.catch_warnings():
+        # "This process is multi-threaded, use of fork() may lead to deadlocks" (3.12+)
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return os.fork()
 
 
 def _receive(fd: int, pid: int, timeout: float) -> tuple[bytes | None, str]:
