@@ -159,7 +159,8 @@ def grpo_loss(
     """GRPO's loss from per-token log-probabilities (B, T) of the completions under
     the policy (logps, with gradient), the policy that sampled them (old_logps; None:
     this very policy, w = 1) and the reference (ref_logps, needed when beta > 0), one
-    advantage per completion (B,) and completion_mask (B, T), 1 on real tokens.
+    advantage per completion (B,) and completion_mask (B, T), 1 on real tokens
+    (the padding, 0, counts nothing, whatever the three hold there).
 
     loss_type picks the averaging (LOSS_TYPES); dr_grpo needs max_completion_length,
     and dapo and cispo divide by num_items, the completion tokens of the whole
@@ -195,6 +196,13 @@ def grpo_loss(
         raise ValueError(f"beta={beta!r} must be >= 0, and > 0 needs ref_logps")
     if loss_type == "dr_grpo" and not max_completion_length:
         raise ValueError("dr_grpo divides by max_completion_length: give it")
+    # the padding may hold anything (TRL keeps a model's numbers there): zeroed, it
+    # counts nothing, where exp of it could overflow and inf * 0 is NaN
+    pad = completion_mask == 0
+    logps = logps.masked_fill(pad, 0.0)
+    old_logps, ref_logps = (
+        None if x is None else x.masked_fill(pad, 0.0) for x in (old_logps, ref_logps)
+    )
     mask = completion_mask.to(logps.dtype)  # (B, T)
     tokens = mask.sum(-1)  # (B,)
     A = advantages[:, None]  # (B, 1): every token shares its completion's advantage
