@@ -99,6 +99,24 @@ def close(actual, expected, what="the result", atol=1e-5, rtol=1e-5) -> None:
         )
 
 
+def rounded_once(out, want, what="the result", rounding=None) -> None:
+    """Judge side: `out` has the dtype of `want`, a reference that computes in float32
+    and casts to `rounding` (want's dtype by default) once, and its values but for 1
+    in 100, each at most about a step of `rounding` off: float32 steps in another
+    order now and then round a value near a midpoint the other way, while code that
+    rounds to `rounding` on the way changes a sixth of them or more."""
+    rounding = rounding or want.dtype
+    step = torch.finfo(rounding).eps
+    same_shape(out, want.shape, what, want.dtype)
+    close(out, want, what, atol=step, rtol=2 * step)
+    off = int((out.detach() != want).sum())
+    assert off <= want.numel() // 100, (
+        f"{what} is rounded differently from the reference in {off} of "
+        f"{want.numel()} values: the reference computes in float32 and casts to "
+        f"{rounding} once"
+    )
+
+
 def same_std(t, expected: float, name: str, tol=0.1) -> None:
     """Judge side: the standard deviation of `t` within `tol` (relative) of
     `expected`."""

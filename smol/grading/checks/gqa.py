@@ -201,6 +201,37 @@ def _(fn, qkv):
     return fn(*qkv)
 
 
+def _extreme_qkv():
+    """Scores q . k / sqrt(D) of up to about 1500, where exp overflows in float32; and
+    q and k pointing opposite ways: every score about -2e4, below a mask of -1e4,
+    where exp underflows to 0."""
+    q, k, v = _qkv(T=6)
+    large = [20 * q, 20 * k, v]
+    q, k, v = _qkv(T=6)
+    return [large, [-100 * (1 + 0.1 * q), 100 * (1 + 0.1 * k), v]]
+
+
+def _judge_extreme(runs, outs):
+    whats = ("large scores", "scores that are all far below zero")
+    for qkv, what, out in zip(runs, whats, outs, strict=True):
+        _judge_values(qkv, out, f"the output for {what}")
+
+
+@probe_check(
+    "gqa_attention",
+    "large scores (up to about 1500) and scores all far below zero (about -2e4) stay "
+    "finite and right",
+    1,
+    "softmax(-1) subtracts each row's maximum before exp (exp(89) is inf in float32, "
+    "exp(-2e4) is 0 and 0 / 0 NaN); mask with -inf, not with a large negative number "
+    "such as -1e4, which beats the scores below it",
+    inputs=_extreme_qkv,
+    judge=_judge_extreme,
+)
+def _(fn, runs):
+    return [fn(*qkv) for qkv in runs]
+
+
 def _judge_attention_grads(inputs, out):
     same_qkv_grads(out, _reference, inputs)
 

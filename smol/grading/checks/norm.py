@@ -7,9 +7,9 @@ from smol.grading.checks._util import (
     bfloat16_out,
     close,
     grads,
-    is_tensor,
     module_grads,
     module_made,
+    rounded_once,
     same_grads,
     same_shape,
     same_value_and_grads,
@@ -211,23 +211,56 @@ def _(cls, inputs):
     return _student(cls, inputs["weight"]).to(torch.bfloat16)(inputs["x"])
 
 
-def _judge_half(inputs, out):
-    is_tensor(out)
-    want = _reference(inputs["weight"]).to(torch.float16)(inputs["x"])
-    close(out.float(), want.float(), "the float16 output", atol=1e-2, rtol=1e-2)
+# what: (the weight's dtype, the module's, x's dtype, x's scale); 16 x 64 values,
+# of which rounded_once lets 10 round the other way
+HALF = {
+    "the float16 output for activations of size ~1000": (
+        torch.float16,
+        torch.float16,
+        1000,
+    ),
+    "the output for bfloat16 x and a float32 weight": (
+        torch.float32,
+        torch.bfloat16,
+        1,
+    ),
+    "the output for bfloat16 x and weight": (torch.bfloat16, torch.bfloat16, 1),
+}
+
+
+def _half_inputs():
+    return [
+        {
+            "weight": torch.randn(64).to(weight),
+            "x": (torch.randn(16, 64) * scale).to(x),
+        }
+        for weight, x, scale in HALF.values()
+    ]
+
+
+def _judge_half(inputs, outs):
+    wants = [
+        _reference(c["weight"].float()).to(c["weight"].dtype)(c["x"]) for c in inputs
+    ]
+    for what, want, out in zip(HALF, wants, outs, strict=True):
+        same_shape(out, want.shape, what, want.dtype)  # the dtypes first, then values
+    for what, case, want, out in zip(HALF, inputs, wants, outs):
+        rounded_once(out, want, what, rounding=case["x"].dtype)
 
 
 @probe_check(
     BOTH,
-    "float16 activations of size ~1000 give the right output",
+    "float16 activations of size ~1000 give smol's output; so do bfloat16 ones, with a "
+    "float32 weight (a float32 output, as in HF) or a bfloat16 one",
     2,
     "x.pow(2) of a float16 of 300 is already inf: upcast with x.float() before "
-    "squaring",
-    inputs=lambda: {
-        "weight": torch.randn(16),
-        "x": (torch.randn(4, 16) * 1000).to(torch.float16),
-    },
+    "squaring, normalise in float32, cast back once with .to(x's dtype), and only then "
+    "multiply by the weight (in the weight's dtype, as HF's LlamaRMSNorm does)",
+    inputs=_half_inputs,
     judge=_judge_half,
 )
-def _(cls, inputs):
-    return _student(cls, inputs["weight"]).to(torch.float16)(inputs["x"])
+def _(cls, cases):
+    return [
+        _student(cls, case["weight"].float()).to(case["weight"].dtype)(case["x"])
+        for case in cases
+    ]

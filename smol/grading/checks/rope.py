@@ -8,6 +8,7 @@ from smol.grading.checks._util import (
     close,
     is_tensor,
     pair,
+    rounded_once,
     same_pair,
     same_shape,
     untouched,
@@ -183,18 +184,37 @@ def _rope(fn, inputs):
     return fn(inputs["x"], inputs["cos"], inputs["sin"])
 
 
-def _judge_dtype(inputs, out):
-    bfloat16_out(same_shape(out, inputs["x"].shape))
+def _rounding_inputs():
+    # head_dim 2: one pair, the same in either convention (checked below), so that
+    # these see only the rounding; 2048 values each
+    halves = [_inputs(B=4, H=4, T=64, D=2) for _ in range(2)]
+    for case, dtype in zip(halves, (torch.bfloat16, torch.float16)):
+        case["x"] = case["x"].to(dtype)
+    return [_inputs() | {"x": torch.randn(2, 3, 5, 8).bfloat16()}, *halves]
 
 
-probe_check(
+def _judge_rounding(inputs, outs):
+    first, *halves = inputs
+    out, *rest = outs
+    bfloat16_out(same_shape(out, first["x"].shape))
+    for case, out in zip(halves, rest, strict=True):
+        x = case["x"]
+        want = reference_apply_rope(x, case["cos"], case["sin"])
+        rounded_once(out, want, f"the {x.dtype} output for a head of 2")
+
+
+@probe_check(
     BOTH,
-    "shape and dtype: a bfloat16 x with float32 tables gives bfloat16",
+    "shape, dtype and rounding: a bfloat16 or float16 x with float32 tables gives x's "
+    "dtype, computed in float32 and rounded once",
     1,
-    "compute in float32 (the tables' dtype), then cast back with .to(x.dtype)",
-    inputs=lambda: _inputs() | {"x": torch.randn(2, 3, 5, 8).bfloat16()},
-    judge=_judge_dtype,
-)(_rope)
+    "compute in float32 (x * cos promotes to the tables' dtype), then cast back once "
+    "with .to(x.dtype): cos.to(x.dtype) rounds the tables and every product and sum",
+    inputs=_rounding_inputs,
+    judge=_judge_rounding,
+)
+def _(fn, cases):
+    return [_rope(fn, case) for case in cases]
 
 
 def _judge_position_0(inputs, out):

@@ -14,10 +14,13 @@ from smol.grading.checks._util import (
     close,
     float32_and_bfloat16,
     in_float32_and_bfloat16,
+    is_tensor,
     pair,
     qkv_grads,
+    rounded_once,
     same_qkv_grads,
     same_shape,
+    untouched,
     without,
 )
 from smol.grading.registry import probe_check, task
@@ -133,6 +136,29 @@ def _(fn, cases):
     return [fn(*args) for args in cases]
 
 
+STATS = ("m_a", "l_a", "m_b", "l_b")
+
+
+def _judge_kept(inputs, out):
+    assert isinstance(out, list) and len(out) == 4, "four inputs"
+    for name, after, before in zip(STATS, out, inputs["args"]):
+        untouched(after, before, what=name)
+
+
+@probe_check(
+    "merge_stats",
+    "m_a, l_a, m_b and l_b are left unchanged",
+    1,
+    "return new tensors (l_a * torch.exp(...) + ...): l_a *= ... or l_a.mul_(...) "
+    "writes into the caller's running sum",
+    inputs=lambda: _blocks(torch.randn(3, 5, 4) * 3, torch.randn(3, 5, 6) * 3),
+    judge=_judge_kept,
+)
+def _(fn, inputs):
+    fn(*inputs["args"])
+    return inputs["args"]
+
+
 def _reference(q, k, v, is_causal=False):
     return F.scaled_dot_product_attention(q, k, v, is_causal=is_causal)
 
@@ -158,7 +184,7 @@ def _judge_shape(qkv, out):
     BOTH,
     "shape (B, H, Tq, D); bfloat16 in, bfloat16 out",
     1,
-    "accumulate in float32 if you like, then return acc.to(q.dtype)",
+    "accumulate in float32, then return acc.to(q.dtype)",
     inputs=lambda: _qkv(Tq=10, Tk=13),
     judge=_judge_shape,
 )
@@ -303,6 +329,27 @@ def _judge_extreme(runs, outs):
 )
 def _(fn, runs):
     return [fn(*qkv, 6) for qkv in runs]
+
+
+def _judge_bfloat16(qkv, out):
+    want = _reference(*(t.float() for t in qkv)).bfloat16()
+    # the dtype is the shape check's: a float32 output is rounded here
+    rounded_once(is_tensor(out).bfloat16(), want, "the bfloat16 output")
+
+
+@probe_check(
+    "tiled_attention",
+    "bfloat16 q, k and v (256 keys in blocks of 32) give SDPA's float32 output, "
+    "rounded once",
+    1,
+    "upcast each block with .float() and keep m, l and the output's sum in float32 "
+    "(torch.zeros gives float32): in bfloat16 a sum of 256 terms keeps 3 digits; cast "
+    "with .to(q.dtype) once, at the end",
+    inputs=lambda: [t.bfloat16() for t in _qkv(Tq=256, Tk=256)],
+    judge=_judge_bfloat16,
+)
+def _(fn, qkv):
+    return fn(*qkv, 32)
 
 
 def _judge_grads(inputs, out):
