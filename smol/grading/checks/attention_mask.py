@@ -93,25 +93,36 @@ SHIFTED = [(PADDED, 6, 0), (PADDED, 2, 4)]
 
 
 def _judge_real_seen(masks):
+    """Real queries see every real key up to themselves; with cached tokens
+    (offset > 0) no padded key either (at offset 0 that is the business of "padded
+    keys are hidden")."""
     real = PADDED.bool()
     for (_, T, offset), got in zip(SHIFTED, masks):
         for b in range(len(PADDED)):
             for i in range(T):
                 q = offset + i
                 want = real[b, : q + 1]  # the real keys up to the query
-                if real[b, q] and not got[b, 0, i, : q + 1][want].all():
+                seen = got[b, 0, i, : q + 1]
+                if real[b, q] and not seen[want].all():
                     raise AssertionError(
                         f"row {b}: the token at position {q} does not see every "
                         f"real token up to itself (T={T}, offset={offset})"
                     )
+                if offset and real[b, q] and seen[~want].any():
+                    raise AssertionError(
+                        f"row {b}: the token at position {q} sees the padded key "
+                        f"{int((seen & ~want).nonzero()[0])} (T={T}, "
+                        f"offset={offset}): query i stands at position offset + i"
+                    )
 
 
 _mask_check(
-    "real tokens see every real token up to themselves (left or right padding, with "
-    "cached tokens too)",
+    "real tokens see every real token up to themselves (left or right padding), and "
+    "with cached tokens no padded key",
     1,
     "hide only what is padding or later: causal AND attention_mask, with the query "
-    "positions offset + 0 .. offset + T - 1; nothing more",
+    "positions offset + 0 .. offset + T - 1; nothing more, and the diagonal at "
+    "k == offset + i (not torch.eye(T, offset + T))",
     SHIFTED,
     _judge_real_seen,
 )

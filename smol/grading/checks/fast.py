@@ -88,19 +88,28 @@ def _(fn, weights):
     return [_quantized(fn, w) for w in weights]
 
 
+def _in_float32(w, out) -> bool:
+    """Judge side: whether to judge the values of (q, scale) for w: always for a
+    float32 w; for a bfloat16 w only when scale is float32 (a scale of another dtype
+    costs the dtype check alone)."""
+    return w.dtype == torch.float32 or _q_and_scale(out)[1].dtype == torch.float32
+
+
 def _judge_scales(w, out):
     _, scale = _q_and_scale(out)
-    close(scale, w.abs().amax(dim=1) / 127, "the scales", atol=0, rtol=1e-5)
+    want = w.float().abs().amax(dim=1) / 127
+    close(scale, want, f"the scales of a {w.dtype} weight", atol=0, rtol=1e-5)
 
 
 def _judge_rounding(w, out):
     q, scale = _q_and_scale(out)
     assert q.abs().max() <= 127, f"q reaches {int(q.abs().max())}, beyond 127"
     s = scale.float()[:, None]
-    error = (w - q.float() * s).abs() / s  # in steps of each row's scale
+    error = (w.float() - q.float() * s).abs() / s  # in steps of each row's scale
     worst = error.max().item()
     assert worst <= 0.5 + 1e-4, (
-        f"a weight is off by {worst:.3f} of its row's step; rounding keeps it to 0.5"
+        f"a {w.dtype} weight is off by {worst:.3f} of its row's step; rounding "
+        "keeps it to 0.5"
     )
 
 
@@ -116,38 +125,56 @@ def _judge_zero_row(w, out):
     assert not q[3].any(), f"the zero row quantizes to {q[3].tolist()}"
 
 
-# the checks that quantize a weight and judge (q, scale): name, points, hint, the
-# weight, the judge
-for name, points, hint, weight, judge in (
+def _judge_each(judge):
+    """Judge side: judge(w, out) for each weight and the student's result for it."""
+
+    def each(weights, outs):
+        for w, out in zip(weights, outs, strict=True):
+            if _in_float32(w, out):
+                judge(w, out)
+
+    return each
+
+
+# the checks that quantize weights and judge each (q, scale): name, points, hint,
+# the weights (a float32 one and the same in bfloat16, whose values are computed in
+# float32 too), the judge
+for name, points, hint, weights, judge in (
     (
-        "one scale per output channel: each row's largest |w| maps to 127",
+        "one scale per output channel: each row's largest |w| maps to 127, computed "
+        "in float32 for a bfloat16 weight too",
         1,
         (
-            "scale = weight.abs().amax(dim=1) / 127: a row of small weights keeps its "
-            "own precision instead of rounding to zero under the largest row's scale"
+            "scale = weight.float().abs().amax(dim=1) / 127: a row of small weights "
+            "keeps its own precision instead of rounding to zero under the largest "
+            "row's scale; divided in bfloat16, the scale is off by up to 0.4%"
         ),
-        _weight,
+        lambda: [_weight(), _weight(seed=3).bfloat16()],
         _judge_scales,
     ),
     (
-        "rounded to the nearest step: every |w - q * scale| <= scale / 2",
+        "rounded to the nearest step: every |w - q * scale| <= scale / 2 (also for "
+        "a bfloat16 weight)",
         2,
         (
-            "torch.round(w / scale) before .to(torch.int8): the cast alone truncates "
-            "towards zero, and the error grows to a whole step"
+            "torch.round(w / scale) before .to(torch.int8), with w = weight.float(): "
+            "the cast alone truncates towards zero, and the error grows to a whole "
+            "step; w / scale in bfloat16 is off by up to 0.25 of a step"
         ),
-        lambda: _weight(seed=1),
+        lambda: [_weight(seed=1), _weight(seed=4).bfloat16()],
         _judge_rounding,
     ),
     (
         "an all-zero row gives zeros and a finite scale (no division by zero)",
         1,
         "clamp the scale from below (scale.clamp(min=1e-12)) before dividing by it",
-        _with_zero_row,
+        lambda: [_with_zero_row()],
         _judge_zero_row,
     ),
 ):
-    probe_check(BOTH, name, points, hint, inputs=weight, judge=judge)(_quantized)
+    probe_check(BOTH, name, points, hint, inputs=weights, judge=_judge_each(judge))(
+        lambda fn, weights: [_quantized(fn, w) for w in weights]
+    )
 
 
 @probe_check(

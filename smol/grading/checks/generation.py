@@ -141,6 +141,71 @@ _leaves_input(
     "masked_fill (not masked_fill_, nor logits[remove] = ...) returns a new tensor",
     0.5,
 )
+
+
+def _judge_nucleus(logits, outs, ps, tol):
+    """Judge side: each of `outs`, the filter at p for p of `ps`, keeps a set of most
+    likely tokens whose exact (float64) mass reaches p - tol and that without its
+    least likely token falls below p + tol: ties and float32 sums may pick other
+    tokens than smol's sort, but not more or fewer than within `tol`."""
+    probs = logits.double().softmax(-1)
+    for p, out in zip(ps, outs, strict=True):
+        what = f"filter_top_p({logits.dtype} logits, {p})"
+        kept = same_shape(out, logits.shape, what) != NEG
+        for row, (k, pr) in enumerate(zip(kept, probs)):
+            mass, least = pr[k].sum().item(), pr[k].min().item()
+            dropped = pr[~k]
+            assert not len(dropped) or dropped.max().item() <= least, (
+                f"{what}, row {row}: drops a token more likely than one it keeps"
+            )
+            assert mass >= p - tol and mass - least < p + tol, (
+                f"{what}, row {row}: keeps {int(k.sum())} tokens of mass "
+                f"{mass:.6f}; the smallest set of mass >= {p} has "
+                f"{'more' if mass < p - tol else 'fewer'}"
+            )
+
+
+def _nucleus_check(name, hint, make_logits, ps, tol):
+    """A check of filter_top_p at each p of `ps` on logits from make_logits(), judged
+    by `_judge_nucleus` (within `tol`)."""
+    probe_check(
+        "filter_top_p",
+        name,
+        1,
+        hint,
+        inputs=make_logits,
+        judge=lambda logits, outs: _judge_nucleus(logits, outs, ps, tol),
+    )(lambda fn, logits: [fn(logits.clone(), p) for p in ps])
+
+
+def _uniform_rows():
+    """Probabilities 1/4 (four tokens, the rest -inf) and 1/8: masses of multiples
+    of 1/8, exact in every float type, reach p = 0.25 and 0.5 exactly."""
+    logits = torch.zeros(2, 8)
+    logits[0, 4:] = NEG
+    return logits
+
+
+_nucleus_check(
+    "a mass of exactly p is enough: no token after it is kept",
+    "remove a token when the mass before it is >= p (not > p): with probabilities "
+    "1/4 each and p = 0.5, two tokens reach p",
+    _uniform_rows,
+    (0.25, 0.5),
+    0.0,
+)
+_nucleus_check(
+    "bfloat16 logits: the probabilities summed in float32",
+    "softmax and cumsum of sorted_logits.float(): summed in bfloat16, the mass near "
+    "p = 0.9 is off by ~0.004, a token or two",
+    lambda: (torch.randn(64, 200, generator=torch.Generator().manual_seed(0)) * 2).to(
+        torch.bfloat16
+    ),
+    (0.9, 0.95),
+    1e-3,
+)
+
+
 _filter_check(
     "filter_top_p",
     "p = 1 keeps every logit",

@@ -100,6 +100,8 @@ def _q8_inputs(kind):
         elif kind == "halves":  # scale 1: x * (1 / d) lands on k + 0.5
             w = torch.arange(64, dtype=torch.float32).view(2, 32) - 15.5
             w[:, 31] = 127
+            # just below a half: 0.49999997 + 0.5 rounds to 1.0 in float32
+            w[0, 1], w[1, 1] = 0.49999997, -2.4999998
         elif kind == "reciprocal":  # 0.1254576 * (1 / d) is 2.4999998, / d is 2.5
             w = torch.zeros(1, 32)
             w[0, :2] = torch.tensor([6.373247146606445, 0.12545761466026306])
@@ -156,11 +158,13 @@ for _name, _kind, _part, _points, _hint in [
         "it)",
     ),
     (
-        "halves round away from zero",
+        "halves round away from zero, and just below a half down",
         "halves",
         "bytes",
         1,
-        "ggml rounds 2.5 to 3 and -2.5 to -3; torch.round rounds halves to even",
+        "ggml rounds 2.5 to 3 and -2.5 to -3 (roundf); torch.round rounds halves to "
+        "even, and floor(|x| + 0.5) rounds 0.49999997 up to 1 (the sum rounds to "
+        "1.0 in float32): add floor(2 * (|x| - floor(|x|))) to floor(|x|) instead",
     ),
     (
         "multiply by 1 / d",
@@ -285,10 +289,11 @@ def _info_judge(inputs, outputs):
 
 for _name, _entries, _hint in [
     (
-        "a vector",
-        [("output_norm.weight", [576], 0, 0)],
-        "the name as a GGUF string, the number of dimensions (uint32), each "
-        "dimension (uint64), the type (uint32), the offset (uint64)",
+        "a vector, and a name that is not ASCII",
+        [("output_norm.weight", [576], 0, 0), ("blk.0.é", [8], 0, 64)],
+        "the name as a GGUF string (its length in UTF-8 bytes: 'é' is two), the "
+        "number of dimensions (uint32), each dimension (uint64), the type (uint32), "
+        "the offset (uint64)",
     ),
     (
         "a square matrix",

@@ -29,10 +29,17 @@ task(
 )
 
 
-def _groups(fn, wd=0.1):
-    """Probe side: the student's groups for a fresh model, each parameter by its name
-    (None for one that is not the model's)."""
-    model = SmolLM(CONFIG)
+def _biased_model():
+    """A model unlike SmolLM: Linear layers with biases and a LayerNorm whose
+    parameters are named 1.weight and 1.bias (no "norm" in the names)."""
+    layers = torch.nn.Linear(4, 8), torch.nn.LayerNorm(8), torch.nn.Linear(8, 2)
+    return torch.nn.Sequential(*layers)
+
+
+def _groups(fn, wd=0.1, make=lambda: SmolLM(CONFIG)):
+    """Probe side: the student's groups for a fresh model from make(), each parameter
+    by its name (None for one that is not the model's)."""
+    model = make()
     groups = fn(model, wd)
     assert isinstance(groups, (list, tuple)) and len(groups) == 2, (
         "return a list of two dicts (decay, no decay)"
@@ -73,30 +80,31 @@ def _(fn, _):
     return _groups(fn)
 
 
-def _judge_decay(inputs, groups):
-    def with_decay(value):
-        return {n for g in groups if g["weight_decay"] == value for n in g["params"]}
-
-    decay, none = with_decay(0.037), with_decay(0.0)
-    for name, p in SmolLM(CONFIG).named_parameters():
-        want, where = (
-            (decay, "with weight decay 0.037 (the argument)")
-            if p.dim() >= 2
-            else (none, "with weight decay 0.0")
-        )
-        assert name in want, f"{name} ({p.dim()}-D) should be in the group {where}"
+def _judge_decay(inputs, outs):
+    models = (("SmolLM", SmolLM(CONFIG)), ("nn.Sequential", _biased_model()))
+    for (model_name, model), groups in zip(models, outs, strict=True):
+        group = {n: g["weight_decay"] for g in groups for n in g["params"]}
+        for name, p in model.named_parameters():
+            want = 0.037 if p.dim() >= 2 else 0.0  # 0.037: the argument
+            assert group.get(name) == want, (
+                f"{model_name}'s {name} ({p.dim()}-D) should be in the group with "
+                f"weight decay {want}"
+            )
 
 
 @probe_check(
     "param_groups",
-    "weight decay on matrices (>= 2-D) only; norm weights get 0",
+    "weight decay on matrices (>= 2-D) only; vectors (norm gains, biases) get 0, "
+    "whatever their names",
     2,
     "p.dim() >= 2 -> weight_decay, else 0.0: decaying norm gains pulls them towards "
-    "zero",
+    "zero; decide by the shape, not by the name (a bias or a LayerNorm in "
+    "nn.Sequential has no 'norm' in its name)",
     judge=_judge_decay,
 )
 def _(fn, _):
-    return _groups(fn, 0.037)  # not 0.1: the argument, not a constant
+    # 0.037, not 0.1: the argument, not a constant
+    return [_groups(fn, 0.037), _groups(fn, 0.037, _biased_model)]
 
 
 def _model(state):

@@ -187,23 +187,33 @@ def _(fn, _):
     ]
 
 
+# warmup to the very end: no step of decay, and min_lr at total_steps all the same
+WARMUP_ONLY = {"max_lr": 1e-3, "warmup_steps": 10, "total_steps": 10, "min_lr": 1e-4}
+
+
 def _judge_end(inputs, outs):
-    for step, out in zip((1000, 1500), outs, strict=True):
+    ends = (
+        (1000, "", outs[0]),
+        (1500, "", outs[1]),
+        (10, " of 10 (warmup 10)", outs[2]),
+    )
+    for step, of, out in ends:
         lr = _lr(out)
         assert abs(lr - 1e-4) < 1e-6, (
-            f"lr at step {step} is {lr:.4g}, expected min_lr 1e-4"
+            f"lr at step {step}{of} is {lr:.4g}, expected min_lr 1e-4"
         )
 
 
 @probe_check(
     "lr_schedule",
-    "ends at min_lr and stays there after total_steps",
+    "ends at min_lr and stays there after total_steps, with warmup to the end too",
     1,
-    "clamp progress to 1 (or return min_lr when step >= total_steps)",
+    "return min_lr when step >= total_steps (clamping progress to 1 leaves max_lr "
+    "where warmup_steps == total_steps)",
     judge=_judge_end,
 )
 def _(fn, _):
-    return _lrs(fn, (1000, 1500))
+    return [*_lrs(fn, (1000, 1500)), *_lrs(fn, (10,), WARMUP_ONLY)]
 
 
 NO_WARMUP = {"max_lr": 1e-3, "warmup_steps": 0, "total_steps": 100, "min_lr": 1e-4}
