@@ -8,4 +8,4 @@ from smol.grading.checks import attention_mask, fast, speculative  # noqa: F401
 from smol.grading.checks import training, train_step, tiled  # noqa: F401
 from smol.grading.checks import lora, finetune, gguf, evaluation  # noqa: F401
 from smol.grading.checks import dpo, dpo_loss, dpo_batch  # noqa: F401
-from smol.grading.checks import grpo, grpo_batch  # noqa: F401
+from smol.grading.checks import grpo, grpo_loss, grpo_batch  # noqa: F401

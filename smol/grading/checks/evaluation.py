@@ -34,10 +34,12 @@ def reference(logits: torch.Tensor, ids: torch.Tensor, n: int) -> torch.Tensor:
     return logp.gather(-1, ids[n:, None]).squeeze(-1)
 
 
-def cases(normalised: bool, constant_rows: bool = False) -> list[dict]:
+def cases(normalised: bool, constant_rows: bool = False, gap: float = 0) -> list[dict]:
     """A sequence for each context length: logits (T, V) and ids (T,). normalised:
     rows that are already log-probabilities; constant_rows: every position's logits
-    alike, so which position scores a token does not matter."""
+    alike, so which position scores a token does not matter; gap: the last token's
+    logit that far above the others', a token the ids never hold (120: each answer
+    token's log-probability near -120, its probability 0 in float32)."""
     out = []
     for n in CONTEXTS:
         logits = torch.randn(T, V) * 2
@@ -45,7 +47,10 @@ def cases(normalised: bool, constant_rows: bool = False) -> list[dict]:
             logits = logits[:1].expand(T, V).clone() + 3.0
         if normalised:
             logits = logits.log_softmax(-1)
-        out.append({"logits": logits, "ids": torch.randint(0, V, (T,)), "n": n})
+        if gap:
+            logits[:, -1] = logits.max() + gap
+        ids = torch.randint(0, V - 1 if gap else V, (T,))
+        out.append({"logits": logits, "ids": ids, "n": n})
     return out
 
 
@@ -106,11 +111,16 @@ for name, points, hint, make, judge in (
     ),
     (
         "log-probabilities (log_softmax over the vocabulary, in float32 for bfloat16 "
-        "logits), not raw logits",
+        "logits), not raw logits, nor softmax().log() (-inf 120 below the best)",
         1,
         "take log_softmax(-1) of the logits in float32 (logits.float() first: in "
-        "bfloat16 each log-probability is off by hundredths) before picking the tokens",
-        lambda: and_bfloat16(cases(normalised=False, constant_rows=True)),
+        "bfloat16 each log-probability is off by hundredths) before picking the "
+        "tokens; not softmax(-1).log(): a token whose logit is 120 below the best "
+        "has probability e^-120, 0 in float32, and its log is -inf, not -120",
+        lambda: (
+            and_bfloat16(cases(normalised=False, constant_rows=True))
+            + cases(normalised=False, constant_rows=True, gap=120)
+        ),
         judge_values,
     ),
 ):
@@ -146,6 +156,14 @@ for normalise, name, hint, make in (
         "upcast before log_softmax (logits.float()), as answer_logprobs does: "
         "bfloat16 log-probabilities are off by hundredths each, and a sum adds them",
         lambda: in_bfloat16(cases(normalised=False)),
+    ),
+    (
+        False,
+        "a logit 120 above the answer's: log_softmax, not softmax().log() (-inf)",
+        "answer_logprobs(...) with log_softmax(-1), or F.cross_entropy: "
+        "softmax(-1).log() gives probability e^-120, 0 in float32, a log of -inf; "
+        "log_softmax subtracts the logsumexp instead, -120",
+        lambda: cases(normalised=False, gap=120),
     ),
 ):
 

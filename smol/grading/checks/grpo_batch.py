@@ -35,16 +35,19 @@ def _reference(c: dict, logps: torch.Tensor | None = None) -> torch.Tensor:
     ).loss
 
 
-def _batch(P: int, G: int, T: int, beta: float, on_policy: bool) -> dict:
+def _batch(
+    P: int, G: int, T: int, beta: float, on_policy: bool, shift: float = 0.0
+) -> dict:
     """P groups of G completions of up to T tokens (lengths from 1 to T, padded with
     0 as smol.grpo.completion_logprobs pads), 0/1 rewards with the last group's all
     equal, a reference away from the policy, and old log-probabilities equal to the
-    policy's (on_policy: every ratio 1) or from ratios of 0.41 to 2.46."""
+    policy's (on_policy: every ratio 1) or from ratios of 0.41 to 2.46; shift: added
+    to all three (-110: unlikely tokens, whose exp is 0 in float32)."""
     B = P * G
     lengths = torch.randint(1, T + 1, (B,))
     lengths[0] = T
     mask = (torch.arange(T)[None] < lengths[:, None]).long()
-    logps = -torch.rand(B, T) * 4 - 0.1
+    logps = -torch.rand(B, T) * 4 - 0.1 + shift
     log_ratio = torch.stack(
         [torch.linspace(-0.9, 0.9, T)[torch.randperm(T)] for _ in range(B)]
     )
@@ -130,6 +133,18 @@ for name, points, hint, make, grad, judge in (
         "is minus it: -torch.min(ratio * A, clipped * A), which is "
         "torch.max(-ratio * A, -clipped * A), not torch.min of the negatives",
         lambda: [_batch(3, 4, 6, 0.0, False), _batch(2, 3, 7, 0.1, False)],
+        False,
+        _judge_values,
+    ),
+    (
+        "log-probabilities near -110 (unlikely tokens): exp of their differences",
+        1,
+        "exp(-110) is 0 in float32, and 0 / 0 is NaN: torch.exp(logps - old_logps), "
+        "not torch.exp(logps) / torch.exp(old_logps), and the KL from ref - logps",
+        lambda: [
+            _batch(2, 4, 5, 0.1, True, -110.0),
+            _batch(3, 2, 6, 0.0, True, -110.0),
+        ],
         False,
         _judge_values,
     ),
