@@ -36,6 +36,12 @@ from smol.grading.make_exercises import (
 from smol.grading.runner import collected_results, expected_tasks
 from smol.mlp import MLP
 from smol.norm import RMSNorm
+from tests import (
+    grading_mutants_generation,
+    grading_mutants_precision,
+    grading_mutants_rl,
+)
+from tests.grading_mutants_rl import grpo_loss_by, grpo_loss_with
 from tests.nbtools import ROOT
 
 SOLUTIONS = [ROOT / "solutions" / f"{stem}.ipynb" for stem in NOTEBOOKS.values()]
@@ -182,6 +188,10 @@ def test_stored_outputs_show_the_scores(path):
     assert set(results) == set(expected_tasks(nb)), "re-execute the notebook"
     for r in results.values():
         assert r["score"] == (r["total"] if path.parent.name == "solutions" else 0), r
+        # the table a reader sees is today's: its checks and points, not a stale set
+        shown = [(c["check"], c["points"]) for c in r["checks"]]
+        checks = TASKS[r["task"]].checks
+        assert shown == [(c.name, c.points) for c in checks], "re-execute the notebook"
 
 
 @pytest.mark.parametrize("path", SOLUTIONS, ids=lambda p: p.stem)
@@ -705,11 +715,18 @@ def dpo_batch_loss_reference_attached(policy_logits, ref_logits, targets, beta):
     return dpo_loss_by(policy[:B], policy[B:], ref[:B], ref[B:], beta, reference=True)
 
 
+def at_least_two(group_size):  # as group_advantages must: a group of one refused
+    if group_size < 2:
+        raise ValueError(f"group_size must be at least 2, got {group_size}")
+
+
 def advantages_over_the_batch(rewards, group_size):  # every prompt's rewards mixed
+    at_least_two(group_size)
     return (rewards - rewards.mean()) / (rewards.std() + 1e-4)
 
 
 def _advantages_by(rewards, group_size, std=lambda g: g.std(1, keepdim=True) + 1e-4):
+    at_least_two(group_size)
     grouped = rewards.view(-1, group_size)
     return ((grouped - grouped.mean(1, keepdim=True)) / std(grouped)).view(-1)
 
@@ -730,78 +747,17 @@ def advantages_biased_std(rewards, group_size):  # std over G, not G - 1
 
 
 def advantages_grouped_by_stride(rewards, group_size):  # (G, P): prompts round-robin
+    at_least_two(group_size)
     grouped = rewards.view(group_size, -1)
     return ((grouped - grouped.mean(0)) / (grouped.std(0) + 1e-4)).view(-1)
 
 
 def advantages_centred_in_place(rewards, group_size):  # the view is the caller's
+    at_least_two(group_size)
     grouped = rewards.view(-1, group_size)
     std = grouped.std(1, keepdim=True)
     grouped -= grouped.mean(1, keepdim=True)
     return (grouped / (std + 1e-4)).view(-1)
-
-
-def grpo_loss_by(
-    logps,
-    old,
-    ref,
-    advantages,
-    completion_mask,
-    loss_type="grpo",
-    beta=0.0,
-    epsilon_low=0.2,
-    epsilon_high=0.2,
-    **bugs,
-):
-    """GRPO's loss with one of `bugs`: unclipped (w A alone), optimistic (the max of
-    the two objectives), negative_side_only (clipped where A < 0 only), low_both
-    (epsilon_low on both sides), swapped_eps, kl_flipped (d = logp - ref), kl_bonus
-    (minus beta KL), kl_detached (the KL without a gradient), kl_everywhere (the
-    KL's mean over every slot), padding_counted (the mask ignored), swapped_averaging
-    (grpo's and dapo's exchanged), dr_by_tokens (dr_grpo divided by the token count),
-    detached (the ratio without a gradient), masked_in_place (the padding of logps
-    zeroed in the caller's tensor)."""
-    if bugs.get("masked_in_place"):
-        logps.masked_fill_(completion_mask == 0, 0.0)
-    A = advantages[:, None]
-    low, high = 1 - epsilon_low, 1 + epsilon_high
-    if bugs.get("low_both"):
-        high = 1 + epsilon_low
-    if bugs.get("swapped_eps"):
-        low, high = 1 - epsilon_high, 1 + epsilon_low
-    w = torch.exp((logps.detach() if bugs.get("detached") else logps) - old)
-    clipped = w.clamp(low, high)
-    if bugs.get("unclipped"):
-        objective = w * A
-    elif bugs.get("optimistic"):
-        objective = torch.max(w * A, clipped * A)
-    elif bugs.get("negative_side_only"):
-        objective = torch.where(A < 0, torch.min(w * A, clipped * A), w * A)
-    else:
-        objective = torch.min(w * A, clipped * A)
-    d = (logps - ref) if bugs.get("kl_flipped") else (ref - logps)
-    if bugs.get("kl_detached"):
-        d = d.detach()
-    kl = (torch.exp(d) - d - 1) * (-1 if bugs.get("kl_bonus") else 1)
-    mask = completion_mask.to(logps.dtype)
-    if bugs.get("padding_counted"):
-        mask = torch.ones_like(mask)
-    extra = beta * kl.mean() if bugs.get("kl_everywhere") else 0.0
-    per_token = -objective + (0.0 if bugs.get("kl_everywhere") else beta * kl)
-    summed = (per_token * mask).sum(-1)
-    if bugs.get("swapped_averaging"):
-        loss_type = {"grpo": "dapo", "dapo": "grpo"}.get(loss_type, loss_type)
-    if bugs.get("dr_by_tokens") and loss_type == "dr_grpo":
-        loss_type = "dapo"
-    if loss_type == "grpo":
-        return (summed / mask.sum(-1)).mean() + extra
-    if loss_type == "dapo":
-        return summed.sum() / mask.sum() + extra
-    return summed.sum() / mask.numel() + extra
-
-
-def grpo_loss_with(bug):
-    return lambda *args, **options: grpo_loss_by(*args, **options, **{bug: True})
 
 
 def grpo_loss_by_smol(logps, old, ref, advantages, completion_mask, **options):
@@ -1238,6 +1194,15 @@ WIDE_MUTANTS = {
 }
 
 
+for _more in (
+    grading_mutants_precision,
+    grading_mutants_generation,
+    grading_mutants_rl,
+):
+    MUTANTS |= _more.MUTANTS
+    WIDE_MUTANTS |= _more.WIDE_MUTANTS
+
+
 @pytest.mark.parametrize("bug", sorted(WIDE_MUTANTS))
 def test_a_wide_mutant_loses_the_checks_it_breaks(bug):
     task, mutant, checks = WIDE_MUTANTS[bug]
@@ -1314,6 +1279,32 @@ def test_raising_hanging_exiting_and_misshaped_code_costs_only_its_checks():
             "rms", lambda x, eps: x.pow(2).mean(-1).sqrt(), isolate=isolate
         )
         assert "shape" in wrong_shape.rows[0].message and not wrong_shape.rows[0].passed
+
+
+def test_a_fork_refused_for_want_of_processes_is_tried_again_then_named(monkeypatch):
+    """os.fork failing with EAGAIN (the machine's limit of processes, others' doing)
+    costs nothing while a later try works (switch-off: one try, and a check scores 0
+    for the machine's state); when every try fails, each row says so, not the code."""
+    from smol.grading import child
+
+    real, refusals = os.fork, [2]  # forks still to refuse
+
+    def fork():
+        if refusals[0] > 0:
+            refusals[0] -= 1
+            raise BlockingIOError(11, "Resource temporarily unavailable")
+        return real()
+
+    monkeypatch.setattr(child, "FORK_TRIES", (0.0,) * 4)
+    monkeypatch.setattr(os, "fork", fork)
+    result = run_checks("rotate_half", good_rotate_half, isolate=True)
+    assert result.score == result.total, result.table()
+    refusals[0] = 10**6
+    result = run_checks("rotate_half", good_rotate_half, isolate=True)
+    assert result.score == 0
+    assert all(
+        "the machine is at its limit of processes" in r.message for r in result.rows
+    )
 
 
 def test_isolated_checks_survive_crashes_and_forget_what_the_code_patched():
@@ -1677,9 +1668,8 @@ class DividingRMSNorm(nn.Module):
 
     def forward(self, x):
         h = x.float()
-        return (
-            self.weight * (h / torch.sqrt(h.square().mean(-1, keepdim=True) + self.eps))
-        ).to(x.dtype)
+        normed = h / torch.sqrt(h.square().mean(-1, keepdim=True) + self.eps)
+        return self.weight * normed.to(x.dtype)  # cast back, then the weight (as HF)
 
 
 def additive_mask_attention(q, k, v):
@@ -1917,7 +1907,9 @@ def lr_warmup_from_step_one(s, *, max_lr, warmup_steps, total_steps, min_lr=0.0)
     """Warmup reaching max_lr * (s + 1) / warmup_steps, then cosine decay."""
     if s < warmup_steps:
         return max_lr * (s + 1) / warmup_steps
-    progress = min(1.0, (s - warmup_steps) / (total_steps - warmup_steps))
+    if s >= total_steps:
+        return min_lr
+    progress = (s - warmup_steps) / (total_steps - warmup_steps)
     return min_lr + (max_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
@@ -2116,6 +2108,7 @@ def dpo_batch_loss_by_chunks(policy_logits, ref_logits, targets, beta):
 def advantages_by_rearrange(rewards, group_size):  # einops, the std written out
     from einops import rearrange
 
+    at_least_two(group_size)
     grouped = rearrange(rewards, "(p g) -> p g", g=group_size)
     centred = grouped - grouped.mean(-1, keepdim=True)
     std = (centred.square().sum(-1, keepdim=True) / (group_size - 1)).sqrt()
@@ -2337,6 +2330,8 @@ def lr_min_a_tenth(step, *, max_lr, warmup_steps, total_steps, min_lr=0.0):
     min_lr = max_lr / 10  # a common choice, hard-coded over the argument
     if step < warmup_steps:
         return max_lr * step / warmup_steps
+    if step >= total_steps:
+        return min_lr
     progress = min(1.0, (step - warmup_steps) / (total_steps - warmup_steps))
     return min_lr + (max_lr - min_lr) * 0.5 * (1 + math.cos(math.pi * progress))
 
@@ -2609,7 +2604,7 @@ def rotate_half_in_place(x):  # the halves swapped inside the caller's x
 
 
 def lr_warmup_through_its_last_step(step, **schedule):  # step <= warmup_steps
-    if step <= schedule["warmup_steps"]:
+    if step <= schedule["warmup_steps"] and step < schedule["total_steps"]:
         return schedule["max_lr"] * step / schedule["warmup_steps"]
     return lr_warmup_from_step_one(step, **schedule)
 
@@ -2651,6 +2646,7 @@ def grpo_loss_over_the_longest(logps, old, ref, advantages, mask, **options):
 
 
 def advantages_by_std_mean(rewards, group_size):  # its mean may round the other way
+    at_least_two(group_size)
     grouped = rewards.view(-1, group_size)
     std, mean = torch.std_mean(grouped, dim=1, keepdim=True)
     return ((grouped - mean) / (std + 1e-4)).view(-1)
@@ -3605,6 +3601,26 @@ def test_a_notebook_ending_in_capitals_is_graded_by_itself_too(tmp_path):
     (tmp_path / "hw" / "notes.txt").write_text("x")
     assert notebook_paths([str(upper)]) == [upper]
     assert notebook_paths([str(tmp_path / "hw")]) == [upper]
+
+
+@pytest.mark.parametrize(
+    "twice", [["hw/02_rope.ipynb"] * 2, ["hw", "hw/02_rope.ipynb"]]
+)
+def test_a_notebook_named_twice_is_refused_not_counted_twice(
+    tmp_path, capsys, monkeypatch, twice
+):
+    """Named twice, by itself or with its folder: a usage error, before any grading
+    (graded twice, its points would count twice in the total)."""
+    from smol.commands.grade import main
+
+    (tmp_path / "hw").mkdir()
+    (tmp_path / "hw" / "02_rope.ipynb").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    assert main([*twice, "--json", "-"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == (
+        "smol grade: error: hw/02_rope.ipynb is named twice: name each notebook once\n"
+    )
 
 
 def test_a_deleted_notebook_stays_missing_run_after_run(gradebook):
