@@ -11,9 +11,6 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-import torch.distributed as dist
-
 
 class TrainingInterrupted(Exception):
     """SIGTERM or SIGINT (Ctrl-C) stopped training at a step boundary, after saving a
@@ -27,11 +24,17 @@ class TrainingInterrupted(Exception):
         )
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the code runs as Ctrl-C raises KeyboardInterrupt (so that
+    what cleans up after Ctrl-C cleans up after it too); a command exits 143 on it."""
+
+
 @contextlib.contextmanager
 def stop_on_signals(notice: Callable[[str], None] | None = None):
     """While the block runs, SIGTERM and SIGINT only note that they came, by name, in
     the list it yields (the first also calls `notice` with its name); the loop stops at
-    the next step boundary. A second one raises KeyboardInterrupt at once. Signals go to
+    the next step boundary. A second one raises KeyboardInterrupt at once (Terminated
+    for SIGTERM). Signals go to
     the main thread only: on another thread the list stays empty."""
     caught: list[str] = []
     if threading.current_thread() is not threading.main_thread():
@@ -40,8 +43,9 @@ def stop_on_signals(notice: Callable[[str], None] | None = None):
 
     def note(signum, frame):
         name = signal.Signals(signum).name
-        if caught:
-            raise KeyboardInterrupt(f"a second {name}: stopped at once")
+        if caught:  # SIGTERM stays SIGTERM: a scheduler reads the status
+            stop = Terminated if signum == signal.SIGTERM else KeyboardInterrupt
+            raise stop(f"a second {name}: stopped at once")
         caught.append(name)
         if notice is not None:
             notice(name)
@@ -54,8 +58,11 @@ def stop_on_signals(notice: Callable[[str], None] | None = None):
             signal.signal(s, handler)
 
 
-def any_rank_caught(caught: list[str], device: torch.device) -> bool:
+def any_rank_caught(caught: list[str], device) -> bool:
     """Whether a signal reached any rank; every rank must call it at the same step."""
+    import torch  # here: the commands import Terminated from this module, not torch
+    import torch.distributed as dist
+
     flag = torch.tensor(float(bool(caught)), device=device)
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     return flag.item() > 0

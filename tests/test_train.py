@@ -1138,6 +1138,29 @@ def signalled_during(t: Trainer, step: int, sig=signal.SIGTERM) -> None:
     t.train_step = train_step
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_signal_stops_at_once_and_says_which(tmp_path, sig):
+    """The signal sent twice in one step: the second stops the run at once, as
+    Terminated for SIGTERM (a command exits 143 on it, the status a scheduler reads;
+    it was Ctrl-C's KeyboardInterrupt, 130) and KeyboardInterrupt for Ctrl-C."""
+    from smol.interrupt import Terminated
+
+    t = trainer(small_config(tmp_path, steps=6, ckpt_every=4, log_every=3))
+    take = t.train_step
+
+    def train_step():
+        if t.step + 1 == 2:
+            os.kill(os.getpid(), sig)
+            os.kill(os.getpid(), sig)
+        return take()
+
+    t.train_step = train_step
+    name = signal.Signals(sig).name
+    with pytest.raises(KeyboardInterrupt, match=f"a second {name}") as stop:
+        t.fit()
+    assert isinstance(stop.value, Terminated) == (sig == signal.SIGTERM)
+
+
 def test_a_signal_stops_after_its_step_with_a_checkpoint_in_process(tmp_path, capsys):
     """The loop as the command line runs it, in this process: SIGTERM during step 2 of
     6 saves step 2 (not a checkpoint interval) and raises TrainingInterrupted, which

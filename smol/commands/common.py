@@ -10,6 +10,8 @@ import sys
 import threading
 from collections.abc import Callable
 
+from smol.interrupt import Terminated  # noqa: F401 - the commands take it from here
+
 EXIT_STATUS = """exit status: 0 done; 2 a usage error, found before any work; 1 a
 failure while running; 130 Ctrl-C; 143 SIGTERM. Each error is one line on stderr."""
 # Failures while running: the first line of the message on stderr, exit status 1.
@@ -18,11 +20,6 @@ FAILURES = (OSError, ValueError, RuntimeError, TypeError)
 
 class UsageError(Exception):
     """A command line that cannot work: exit status 2."""
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the command runs as Ctrl-C raises KeyboardInterrupt (so
-    that what cleans up after Ctrl-C cleans up after it too): exit status 143."""
 
 
 class Parser(argparse.ArgumentParser):
