@@ -290,7 +290,7 @@ def load(args, decoding: Decoding):
 
 def _fit(ids: list[int], args, model) -> int:
     """How many tokens may follow the prompt: --max-new-tokens, or fewer where the
-    context ends (less --speculative's drafts); a UsageError where either outgrows it."""
+    context ends (less --speculative's drafts); a UsageError where either overflows."""
     n, k = args.max_new_tokens, args.speculative
     context = model.config.max_position_embeddings
     if n > context:  # no prompt leaves room for them
