@@ -232,11 +232,16 @@ def forward_calls(fn, model, *args) -> list[tuple[int, bool]]:
     return spy.calls
 
 
-def cached_lengths(calls) -> list[int]:
-    """Judge side: the tokens of each forward call in `calls` (from forward_calls),
-    after checking that there were calls and that each had the cache."""
+def after_prefill(calls, prompt: int) -> list[int]:
+    """Judge side: the tokens of each forward call in `calls` (from forward_calls) after
+    the first, once it is checked that every call had the cache and that the first
+    took the whole prompt of `prompt` tokens."""
     assert calls and all(c for _, c in calls), "the model was called without kv_cache="
-    return [n for n, _ in calls]
+    lengths = [n for n, _ in calls]
+    assert lengths[0] == prompt, (
+        f"the first pass took {lengths[0]} tokens, not the prompt's {prompt}"
+    )
+    return lengths[1:]
 
 
 def qkv_grads(attention, inputs) -> list:

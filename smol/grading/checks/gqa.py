@@ -44,20 +44,26 @@ def _judge_repeat_shape(inputs, out):
     float32_and_bfloat16(out, (1, 9, 7, 5), what, "repeat_kv of bfloat16 keys")
 
 
-@probe_check(
-    BOTH,
-    "shape (B, H_kv * n_rep, T, D) on odd sizes, in the input's dtype",
-    1,
-    "the head dimension (dim 1) grows n_rep times; B, T and D stay; build the result "
-    "from x itself (a new torch.empty is float32 for bfloat16 keys)",
-    inputs=lambda: torch.randn(1, 3, 7, 5),
-    judge=_judge_repeat_shape,
-)
-def _(fn, x):
-    return in_float32_and_bfloat16(lambda t: fn(t, 3), x)
+def _judge_values(n_rep, what):
+    return lambda x, out: close(out, reference_repeat_kv(x, n_rep), what)
 
 
-for name, points, hint, shape, n_rep, what in (
+def _judge_repeat_grads(x, out):
+    same_grads(out, [torch.full_like(x, 2.0)], ["sum(repeat_kv(x, 2))"])
+
+
+# The checks of repeat_kv, in the order a report lists them: (name, points, hint,
+# the input's shape, the probe that runs the student's repeat_kv on it, the judge).
+REPEAT_KV = (
+    (
+        "shape (B, H_kv * n_rep, T, D) on odd sizes, in the input's dtype",
+        1,
+        "the head dimension (dim 1) grows n_rep times; B, T and D stay; build the "
+        "result from x itself (a new torch.empty is float32 for bfloat16 keys)",
+        (1, 3, 7, 5),
+        lambda fn, x: in_float32_and_bfloat16(lambda t: fn(t, 3), x),
+        _judge_repeat_shape,
+    ),
     (
         "query head h reads key/value head h // n_rep (k0 k0 k1 k1, not k0 k1 k0 k1)",
         2,
@@ -65,57 +71,38 @@ for name, points, hint, shape, n_rep, what in (
         "'b h t d -> b (h r) t d'), not tile the whole stack "
         "(x.repeat(1, n_rep, 1, 1))",
         (2, 3, 5, 4),
-        2,
-        "repeat_kv(x, 2)",
+        lambda fn, x: fn(x, 2),
+        _judge_values(2, "repeat_kv(x, 2)"),
     ),
     (
         "n_rep = 1 returns the input's values",
         1,
         "with one query head per key/value head there is nothing to repeat",
         (2, 4, 3, 6),
-        1,
-        "repeat_kv(x, 1)",
+        lambda fn, x: fn(x, 1),
+        _judge_values(1, "repeat_kv(x, 1)"),
     ),
     (
         "one key/value head (multi-query attention) serves every query head",
         1,
         "H_kv = 1 repeated n_rep times gives n_rep identical heads",
         (2, 1, 4, 6),
-        4,
-        "repeat_kv of one head, n_rep=4",
+        lambda fn, x: fn(x, 4),
+        _judge_values(4, "repeat_kv of one head, n_rep=4"),
     ),
-):
-
-    def _judge(x, out, n_rep=n_rep, what=what):
-        close(out, reference_repeat_kv(x, n_rep), what)
-
-    @probe_check(
-        BOTH,
-        name,
-        points,
-        hint,
-        inputs=lambda shape=shape: torch.randn(shape),
-        judge=_judge,
-    )
-    def _(fn, x, n_rep=n_rep):
-        return fn(x, n_rep)
-
-
-def _judge_repeat_grads(x, out):
-    same_grads(out, [torch.full_like(x, 2.0)], ["sum(repeat_kv(x, 2))"])
-
-
-@probe_check(
-    BOTH,
-    "gradients: each key/value head collects the gradients of its n_rep copies",
-    1,
-    "use differentiable operations (expand + reshape, repeat_interleave, "
-    "einops.repeat)",
-    inputs=lambda: torch.randn(2, 3, 4, 5),
-    judge=_judge_repeat_grads,
+    (
+        "gradients: each key/value head collects the gradients of its n_rep copies",
+        1,
+        "use differentiable operations (expand + reshape, repeat_interleave, "
+        "einops.repeat)",
+        (2, 3, 4, 5),
+        lambda fn, x: grads(lambda t: fn(t, 2), x, upstream=torch.ones(2, 6, 4, 5))[1],
+        _judge_repeat_grads,
+    ),
 )
-def _(fn, x):
-    return grads(lambda t: fn(t, 2), x, upstream=torch.ones(2, 6, 4, 5))[1]
+for name, points, hint, shape, probe, judge in REPEAT_KV:
+    inputs = lambda shape=shape: torch.randn(shape)  # noqa: E731
+    probe_check(BOTH, name, points, hint, inputs=inputs, judge=judge)(probe)
 
 
 def _reference(q, k, v):

@@ -142,8 +142,7 @@ def _judge_tied_runs(ids, out):
 )
 def _(fn, ids):
     model = _tied_by(fn)
-    out = _learned(model, ids)
-    return {**out, "grad": model.model.embed_tokens.weight.grad}
+    return {**_learned(model, ids), "grad": model.model.embed_tokens.weight.grad}
 
 
 def _judge_untied(inputs, tied):
