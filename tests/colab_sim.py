@@ -180,9 +180,9 @@ def simulate(path: Path, work: Path, base: Path, env: dict, timeout: int) -> dic
     name = path.stem
     venv = work / f"venv-{path.parent.name}-{name}"
     # Each notebook's runtime is a copy of the base made of hard links: seconds, where
-    # a CUDA build of torch (5.5 GB) takes minutes to copy. pip unlinks a file before
-    # it writes one, so an install never reaches the base (the torch check below and
-    # the base's own check at the end would see it).
+    # a CUDA build of torch (several GB) takes minutes to copy. pip unlinks a file
+    # before it writes one, so an install never reaches the base (the torch check
+    # below and the base's own check at the end would see it).
     shutil.copytree(base, venv, symlinks=True, copy_function=os.link)
     python = venv / "bin" / "python"
     torch_before = torch_install(python, env)
