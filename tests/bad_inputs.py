@@ -177,6 +177,25 @@ def make_files(root: Path) -> None:
     make_fresh_files(root)
 
 
+def compare_csv(path: str, says: str, **kw) -> Case:
+    """`smol eval compare run_a run_a --csv PATH` (PATH under the files' folder, or
+    absolute), a table the command must refuse to write before any work (exit 2),
+    naming `says`."""
+    return Case(
+        "eval",
+        lambda r: [
+            "compare",
+            str(r / "run_a"),
+            str(r / "run_a"),
+            "--csv",
+            str(r / path),
+        ],
+        2,
+        says,
+        **kw,
+    )
+
+
 def refused(verb: str, argv: Callable[..., Argv], *rows: str) -> list[Case]:
     """A case of `verb` refused with status 2 for each row "ARGS -> SAYS": ARGS, split
     as a shell would, go to `argv`; SAYS is what the message must name."""
@@ -603,25 +622,8 @@ def cases() -> list[Case]:
             )
         )
     out += [
-        Case(
-            e,
-            lambda r: (
-                ["compare", str(r / "run_a"), str(r / "run_a"), "--csv"]
-                + [str(r / "folder")]
-            ),
-            2,  # found before any work: a usage error
-            "folder",
-        ),
-        Case(
-            e,
-            lambda r: (
-                ["compare", str(r / "run_a"), str(r / "run_a"), "--csv"]
-                + [str(r / "precious.gguf")]
-            ),
-            2,
-            "precious.gguf",
-            keep="precious.gguf",
-        ),
+        compare_csv("folder", "folder"),
+        compare_csv("precious.gguf", "precious.gguf", keep="precious.gguf"),
     ]
     x = "export"
     out += [

@@ -11,7 +11,16 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.bad_inputs import HUGE, PAIR, Argv, Case, conversation, refused, stop_at
+from tests.bad_inputs import (
+    HUGE,
+    PAIR,
+    Argv,
+    Case,
+    compare_csv,
+    conversation,
+    refused,
+    stop_at,
+)
 
 UNWRITABLE = "/sys"  # a folder that even root cannot write into
 NOT_UTF8 = "caf\udce9"  # as Python gets the bytes b"caf\xe9" of a command line
@@ -478,40 +487,15 @@ def _eval_cases() -> list[Case]:
         compare("run_other", says="no question", about="compare (no question in both)"),
         compare("run_short"),
         compare("run_negative"),
-        Case(
-            e,
-            lambda r: (
-                ["compare", str(r / "run_a"), str(r / "run_a"), "--csv"]
-                + [str(r / "no" / "where.csv")]
-            ),
-            2,
-            "no",
-        ),
-        Case(
-            e,
-            lambda r: (
-                ["compare", str(r / "run_a"), str(r / "run_a"), "--csv"]
-                + [str(r / "latin1.csv")]
-            ),
-            2,
-            "latin1.csv",
-            keep="latin1.csv",
-        ),
+        compare_csv("no/where.csv", "no"),
+        compare_csv("latin1.csv", "latin1.csv", keep="latin1.csv"),
         Case(
             e,
             lambda r: ["compare", str(r / "run_a"), str(r / "run_a"), "--csv", ""],
             2,
             "--csv",
         ),
-        Case(
-            e,
-            lambda r: (
-                ["compare", str(r / "run_a"), str(r / "run_a"), "--csv"]
-                + [f"{UNWRITABLE}/c.csv"]
-            ),
-            2,
-            "--csv",
-        ),
+        compare_csv(f"{UNWRITABLE}/c.csv", "--csv"),
     ]
 
 
