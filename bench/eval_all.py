@@ -5,7 +5,9 @@ its all.csv, then a row `total` with the whole run's wall seconds.
 
     python bench/eval_all.py --dtype bfloat16 --threads 2 \\
         --csv bench/results/eval_all.csv          # every whole split: about an hour
-    python bench/eval_all.py --limit 50           # a quick look"""
+    python bench/eval_all.py --limit 50           # a quick look
+    python bench/eval_all.py --device cuda --token-budget 32768 \\
+        --csv bench/results/eval_all_cuda.csv     # on a GPU: make gpu-check's part"""
 
 from __future__ import annotations
 
@@ -25,6 +27,9 @@ def timed_run(args) -> list[dict]:
     with tempfile.TemporaryDirectory() as out:
         argv = [sys.executable, "-m", "smol", "eval", "all", "--out", out]
         argv += ["--dtype", args.dtype, "--threads", str(args.threads)]
+        argv += ["--token-budget", str(args.token_budget)]
+        if args.device is not None:
+            argv += ["--device", args.device]
         if args.limit is not None:
             argv += ["--limit", str(args.limit)]
         print(" ".join(argv[1:]), flush=True)
@@ -55,6 +60,10 @@ def main() -> None:
     parser.add_argument("--limit", type=int, help="questions per task (default: all)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="bfloat16")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--device", help="default: smol eval's (cuda when available)")
+    parser.add_argument(
+        "--token-budget", type=int, default=4096, help="tokens a batch (4096)"
+    )
     parser.add_argument("--csv", type=Path, help="write the table here")
     args = parser.parse_args()
     rows = timed_run(args)

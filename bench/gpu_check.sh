@@ -21,14 +21,15 @@
 #   mutants     tests/gpu_mutants.py: the mutants only a GPU kills: gpu_mutants_cuda.csv
 #   weights     the chapters that load the released weights (7-9, 12-14; chapter 14
 #               scores all of MMLU)
-#   mmlu        smol eval mmlu on the whole set, bfloat16: mmlu_cuda.csv
+#   eval        bench/eval_all.py: smol eval all (MMLU and the card's seven other
+#               benchmarks) over every whole split, bfloat16, timed: eval_all_cuda.csv
 #   generate    bench/generate.py --device cuda (eager paths): generate_cuda.csv
 # bench/store_gpu_outputs.py then stores the executed chapters' GPU-only cells.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 OUT=${1:-}
-PARTS=${PARTS:-chapter11 train t4 chapters mutants weights mmlu generate}
+PARTS=${PARTS:-chapter11 train t4 chapters mutants weights eval generate}
 RESULTS=bench/results
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/smol-gpu-check.XXXXXX")
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 PYTHONUNBUFFERED=1
@@ -71,8 +72,8 @@ if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
     wait
     part weights 220 "${NOTEBOOKS[@]}" --csv "$WORK/notebooks_3.csv" \
         --only 7,8,9,12,13,14 --jobs 6
-    part mmlu 60 bash -c "'$PY' -m smol eval mmlu --dtype bfloat16 --device cuda \
-        --token-budget 32768 --out '$WORK/mmlu' && cp '$WORK/mmlu/mmlu.csv' '$RESULTS/mmlu_cuda.csv'"
+    part eval 150 "$PY" bench/eval_all.py --device cuda --dtype bfloat16 \
+        --token-budget 32768 --csv "$RESULTS/eval_all_cuda.csv"
     # (chapter 9 times the compiled paths on the GPU: compiling them again here would
     # take most of this part's minute)
     part generate 70 "$PY" bench/generate.py --device cuda --runs 2 --new-tokens 128 \
@@ -87,15 +88,17 @@ if "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)"
 else
     echo "no CUDA device here: nothing runs on a GPU. Checking that the scripts run on the CPU"
     echo "with the tiny preset instead (their results go to $WORK, not bench/results)."
-    PARTS="notebooks-list train generate mutants"
+    PARTS="notebooks-list train generate eval mutants"
     part notebooks-list 30 "$PY" bench/run_notebooks.py --out "$WORK/notebooks" --list
     part train 300 "$PY" bench/train_gpu.py --preset tiny --device cpu --batch-size 2 \
         --seq-len 64 --steps 2 --warmup 1 --rounds 1 --csv "$WORK/train_gpu_cpu.csv"
     part generate 300 "$PY" bench/generate.py --preset tiny --device cpu --new-tokens 4 \
         --runs 1 --batches 1,2 --only "smol, bf16;int8 weights, bf16;speculative (summary)" \
         --csv "$WORK/generate_cpu.csv"
+    part eval 120 "$PY" bench/eval_all.py --device cpu --threads 1 --limit 2 \
+        --csv "$WORK/eval_all_cpu.csv"
     part mutants 60 "$PY" -m tests.gpu_mutants --check
-    results=("$WORK/train_gpu_cpu.csv" "$WORK/generate_cpu.csv")
+    results=("$WORK/train_gpu_cpu.csv" "$WORK/generate_cpu.csv" "$WORK/eval_all_cpu.csv")
 fi
 
 if [ -n "$OUT" ]; then

@@ -40,6 +40,9 @@ def test_gpu_check_dry_run_on_cpu(tmp_path):
         assert (tmp_path / "out" / name).is_file(), name
     table = (tmp_path / "out" / "generate_cpu.csv").read_text()
     assert "transformers generate" in table and "smol, speculative" in table
+    with open(tmp_path / "out" / "eval_all_cpu.csv", encoding="utf-8") as f:
+        rows = {row["task"]: row for row in csv.DictReader(f)}
+    assert len(rows) == 9 and rows["total"]["questions"] == "16", rows
     assert "gpu_check.tar.gz" in os.listdir(tmp_path / "out")
     assert "all 24 changes apply" in (tmp_path / "out" / "mutants.log").read_text()
 
