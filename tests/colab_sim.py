@@ -176,6 +176,14 @@ def install_problem(said: list[str]) -> str | None:
     return None
 
 
+def link_or_copy(source: str, target: str) -> None:
+    """A hard link to `source` at `target`, or a copy where the file system has none."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
 def simulate(path: Path, work: Path, base: Path, env: dict, timeout: int) -> dict:
     name = path.stem
     venv = work / f"venv-{path.parent.name}-{name}"
@@ -183,7 +191,7 @@ def simulate(path: Path, work: Path, base: Path, env: dict, timeout: int) -> dic
     # a CUDA build of torch (several GB) takes minutes to copy. pip unlinks a file
     # before it writes one, so an install never reaches the base (the torch check
     # below and the base's own check at the end would see it).
-    shutil.copytree(base, venv, symlinks=True, copy_function=os.link)
+    shutil.copytree(base, venv, symlinks=True, copy_function=link_or_copy)
     python = venv / "bin" / "python"
     torch_before = torch_install(python, env)
     folder = work / "notebooks" / path.parent.name

@@ -315,3 +315,36 @@ def test_the_colab_simulation_expects_what_the_setup_cell_installs(monkeypatch, 
     for i in range(len(said)):
         assert colab_sim.install_problem(said[:i] + said[i + 1 :]), i
         assert colab_sim.install_problem(said + [said[i]]), i
+
+
+def test_the_colab_simulations_runtimes_share_the_base_by_hard_links(
+    tmp_path, monkeypatch
+):
+    """Each simulated runtime is the base made of hard links (a CUDA torch is gigabytes:
+    a full copy a notebook took minutes), which a file written the way pip writes one
+    (unlinked first) leaves alone in the base; where links fail it copies instead. A
+    plain copy gives the same files, so this looks at the inodes."""
+    import shutil
+
+    from tests import colab_sim
+
+    base = tmp_path / "base" / "site-packages"
+    base.mkdir(parents=True)
+    (base / "torch.py").write_text("VERSION = 1\n")
+    linked = tmp_path / "linked"
+    shutil.copytree(tmp_path / "base", linked, copy_function=colab_sim.link_or_copy)
+    copy = linked / "site-packages" / "torch.py"
+    assert copy.stat().st_ino == (base / "torch.py").stat().st_ino
+    copy.unlink()  # pip removes a file before it writes the new one
+    copy.write_text("VERSION = 2\n")
+    assert (base / "torch.py").read_text() == "VERSION = 1\n"
+
+    def no_links(source, target):
+        raise OSError("no hard links on this file system")
+
+    monkeypatch.setattr(colab_sim.os, "link", no_links)
+    copied = tmp_path / "copied"
+    shutil.copytree(tmp_path / "base", copied, copy_function=colab_sim.link_or_copy)
+    again = copied / "site-packages" / "torch.py"
+    assert again.read_text() == "VERSION = 1\n"
+    assert again.stat().st_ino != (base / "torch.py").stat().st_ino
