@@ -177,6 +177,11 @@ def make_files(root: Path) -> None:
     make_fresh_files(root)
 
 
+def dpo_argv(*more: str) -> Argv:
+    """`--data FOLDER/pairs.jsonl --out FOLDER/o` and `more`: a DPO run's arguments."""
+    return lambda r: ["--data", str(r / "pairs.jsonl"), "--out", str(r / "o"), *more]
+
+
 def compare_csv(path: str, says: str, **kw) -> Case:
     """`smol eval compare run_a run_a --csv PATH` (PATH under the files' folder, or
     absolute), a table the command must refuse to write before any work (exit 2),
@@ -498,14 +503,7 @@ def cases() -> list[Case]:
     dpo = tuning_cases("dpo", "pairs.jsonl")
     out += [case for case in dpo if "lora" not in " ".join(case.args(Path("/r")))]
 
-    def p(*more: str) -> Argv:
-        return lambda r: [
-            "--data",
-            str(r / "pairs.jsonl"),
-            "--out",
-            str(r / "o"),
-            *more,
-        ]
+    p = dpo_argv
 
     out += [
         Case("dpo", lambda r, f=f: ["--data", str(r / f)], 1, f)

@@ -18,6 +18,7 @@ from tests.bad_inputs import (
     Case,
     compare_csv,
     conversation,
+    dpo_argv,
     refused,
     stop_at,
 )
@@ -340,14 +341,7 @@ def _finetune_dpo_cases() -> list[Case]:
             verb, lambda r: ["--data", str(r / name), "--out", str(r / "o")], 1, name
         )
 
-    def p(*more: str) -> Argv:
-        return lambda r: [
-            "--data",
-            str(r / "pairs.jsonl"),
-            "--out",
-            str(r / "o"),
-            *more,
-        ]
+    p = dpo_argv
 
     return [
         f("finetune", "chat_numbers.jsonl"),
