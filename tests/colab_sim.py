@@ -153,6 +153,17 @@ def text(cell) -> str:
     return "".join(o.get("text", "") for o in cell.outputs if o.output_type == "stream")
 
 
+def printed(cell) -> str:
+    """What the cell printed to stdout: the setup cell says there what it installs.
+    The kernel's own log lines go to stderr (a ZMQ "DELIM not in msg_list" error once
+    failed a second setup run that installed nothing)."""
+    return "".join(
+        o.get("text", "")
+        for o in cell.outputs
+        if o.output_type == "stream" and o.get("name") == "stdout"
+    ).strip()
+
+
 def expected_installs() -> list[str]:
     """What the setup cell installs in a fresh runtime: the course package, the
     released weights, MMLU's questions, the other benchmarks' questions (each named in
@@ -216,8 +227,8 @@ def simulate(path: Path, work: Path, base: Path, env: dict, timeout: int) -> dic
         setup = nbformat.v4.new_code_cell(nb.cells[0].source)
         again = nbformat.v4.new_notebook(cells=[setup])
         error = error or run_cells(again, folder, kernel(work, venv, env, name), 600)
-        if not error and text(again.cells[0]).strip():
-            error = f"a second run installed again: {text(again.cells[0])!r}"
+        if not error and printed(again.cells[0]):
+            error = f"a second run installed again: {printed(again.cells[0])!r}"
         notes.append(f"second setup {seconds(again.cells[0]):.0f}s")
     if torch_install(python, env) != torch_before:
         error = error or "pip replaced torch"

@@ -348,3 +348,21 @@ def test_the_colab_simulations_runtimes_share_the_base_by_hard_links(
     again = copied / "site-packages" / "torch.py"
     assert again.read_text() == "VERSION = 1\n"
     assert again.stat().st_ino != (base / "torch.py").stat().st_ino
+
+
+def test_the_colab_simulation_reads_a_second_setup_run_from_stdout():
+    """The second setup run must print nothing to stdout, where the cell names its
+    installs; the kernel's log lines on stderr (a ZMQ error once) are not installs."""
+    import nbformat
+
+    from tests import colab_sim
+
+    cell = nbformat.v4.new_code_cell("")
+    cell.outputs = [
+        nbformat.v4.new_output("stream", name="stderr", text="ERROR:tornado.general\n")
+    ]
+    assert colab_sim.printed(cell) == ""
+    cell.outputs.append(
+        nbformat.v4.new_output("stream", name="stdout", text="Installing smol ...\n")
+    )
+    assert colab_sim.printed(cell) == "Installing smol ..."
