@@ -199,6 +199,66 @@ def test_internal_links_and_assets_resolve(book):
     )
 
 
+class _Text(HTMLParser):
+    """The text a reader sees on a page: no scripts, no style sheets."""
+
+    def __init__(self):
+        super().__init__()
+        self.skip = 0
+        self.parts: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        self.skip += tag in ("script", "style")
+
+    def handle_endtag(self, tag):
+        self.skip -= tag in ("script", "style") and self.skip > 0
+
+    def handle_data(self, data):
+        if not self.skip:
+            self.parts.append(data)
+
+
+# A dash glued to the word after it is a command-line flag that typography turned into
+# an en or em dash (`--limit` shown as "–limit"): copied, the command does not run.
+DASHED_FLAG = re.compile(r"(?<![\w–—])[–—][a-z][a-z-]*")
+
+
+def dashed_flags(text: str) -> list[str]:
+    return [
+        text[max(0, m.start() - 40) : m.end()].replace("\n", " ")
+        for m in DASHED_FLAG.finditer(text)
+    ]
+
+
+def test_no_flag_is_shown_with_a_typographic_dash(book):
+    """`--limit` in a caption or a table must reach the reader as two hyphens. Sphinx's
+    smart quotes turn `--` into an en dash in prose (captions included) unless
+    `smartquotes_action` leaves dashes alone; this looks at every built page."""
+    found = []
+    for path in sorted(book.html.rglob("*.html")):
+        if path.relative_to(book.html).parts[0].startswith("_"):
+            continue
+        parser = _Text()
+        parser.feed(path.read_text(errors="replace"))
+        found += [
+            f"{path.relative_to(book.html)}: ...{hit}"
+            for hit in dashed_flags("".join(parser.parts))
+        ]
+    assert not found, "flags shown with a dash a reader cannot type:\n" + "\n".join(
+        found
+    )
+
+
+def test_dashed_flag_check_catches_an_en_dash():
+    assert dashed_flags("python bench/card.py –limit 200") == [
+        "python bench/card.py –limit"
+    ]
+    assert dashed_flags("run it with —dtype bfloat16")
+    # ranges and dashes between words are prose
+    assert not dashed_flags("Chapters 1–5 and pages 3–4, a pause — then")
+    assert not dashed_flags("smol eval --limit 200")
+
+
 def chapter_titles() -> dict[int, str]:
     """Each chapter of _toc.yml by its number, with its title: its notebook's first
     heading, "# 7. The tokenizer"."""
