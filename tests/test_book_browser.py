@@ -259,6 +259,40 @@ def test_dashed_flag_check_catches_an_en_dash():
     assert not dashed_flags("smol eval --limit 200")
 
 
+def page_text(book: Book, page: str) -> str:
+    parser = _Text()
+    parser.feed((book.html / f"{page}.html").read_text(errors="replace"))
+    return " ".join("".join(parser.parts).split())
+
+
+def test_the_pages_list_the_package_and_the_installs_of_today(book):
+    """The landing page's module table and the set-up page's list of what the setup
+    cell installs are made at build time (book/_ext/generated.py) from the package,
+    smol.commands.VERBS, pyproject.toml and the Makefile: a module, a verb or an install
+    added there reaches the built pages without anyone editing them."""
+    from smol.commands import VERBS
+    from tests.nbtools import (
+        benchmarks_requirement,
+        data_requirement,
+        pyproject_list,
+        requirement_name,
+        weights_requirement,
+    )
+
+    intro = page_text(book, "book/intro")
+    modules = [p.stem for p in (ROOT / "smol").glob("*.py") if p.stem[0] != "_"]
+    assert len(modules) > 30
+    missing = [m for m in modules if f"{m} " not in intro]
+    missing += [f"smol {v}" for v in VERBS if f"smol {v} " not in intro]
+    assert not missing, f"the landing page does not name {missing}"
+    rows = re.search(r"The package has (\d+) modules", intro)
+    assert rows and int(rows[1]) == len(modules), rows
+    setup = page_text(book, "book/setup")
+    wanted = [requirement_name(r) for r in pyproject_list("notebooks")]
+    wanted += [weights_requirement(), data_requirement(), benchmarks_requirement()]
+    assert [w for w in wanted if w not in setup] == []
+
+
 def chapter_titles() -> dict[int, str]:
     """Each chapter of _toc.yml by its number, with its title: its notebook's first
     heading, "# 7. The tokenizer"."""

