@@ -266,10 +266,11 @@ def page_text(book: Book, page: str) -> str:
 
 
 def test_the_pages_list_the_package_and_the_installs_of_today(book):
-    """The landing page's module table and the set-up page's list of what the setup
-    cell installs are made at build time (book/_ext/generated.py) from the package,
-    smol.commands.VERBS, pyproject.toml and the Makefile: a module, a verb or an install
-    added there reaches the built pages without anyone editing them."""
+    """The landing page's module table, the set-up page's list of what the setup
+    cell installs and each chapter's reading time are made at build time
+    (book/_ext/generated.py) from the package, smol.commands.VERBS, pyproject.toml,
+    the Makefile and the notebooks: a module, a verb, an install or a paragraph added
+    there reaches the built pages without anyone editing them."""
     from smol.commands import VERBS
     from tests.nbtools import (
         benchmarks_requirement,
@@ -291,6 +292,15 @@ def test_the_pages_list_the_package_and_the_installs_of_today(book):
     wanted = [requirement_name(r) for r in pyproject_list("notebooks")]
     wanted += [weights_requirement(), data_requirement(), benchmarks_requirement()]
     assert [w for w in wanted if w not in setup] == []
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    try:
+        from generated import reading
+    finally:
+        sys.path.remove(str(ROOT / "book" / "_ext"))
+    for notebook in sorted((ROOT / "chapters").glob("*.ipynb")):
+        minutes, words, _ = reading(notebook)
+        text = page_text(book, f"chapters/{notebook.stem}")
+        assert f"Reading time: about {minutes} minutes ({words:,} words" in text
 
 
 def chapter_titles() -> dict[int, str]:
@@ -789,6 +799,42 @@ WIDER_THAN_COLUMN = """() => {
     return found;
 }"""
 
+# a notebook's raster pictures as shown: (address, width shown, width drawn) in px
+RASTER_FIGURES = """() => [...document.querySelectorAll("article div.cell_output img")]
+    .filter(img => !/\\.svg([?#]|$)/i.test(img.currentSrc || img.src))
+    .filter(img => img.naturalWidth > 0 && img.clientWidth > 0)
+    .map(img => [img.currentSrc || img.src, img.clientWidth, img.naturalWidth])"""
+
+# Tables printed as text (book/_ext/legible.py's is_text_table: three or more lines of
+# at most 88 characters sharing a column edge) whose rows wrap as shown: each one's box
+# is measured as it is and again with its lines kept whole.
+WRAPPED_TEXT_TABLES = """() => {
+    const found = [];
+    for (const pre of document.querySelectorAll("article div.cell_output pre")) {
+        if (pre.getClientRects().length === 0) continue;
+        const lines = pre.textContent.split("\\n").filter(l => l.trim());
+        if (lines.length < 3 || Math.max(...lines.map(l => l.length)) > 88) continue;
+        const edges = new Map();
+        for (const line of lines) {
+            const at = new Set();
+            for (const m of line.matchAll(/(?<=  )\\S/g)) at.add(m.index);
+            for (const m of line.matchAll(/\\S(?=  )/g)) at.add(-(m.index + 1));
+            for (const a of at) edges.set(a, (edges.get(a) || 0) + 1);
+        }
+        if (Math.max(0, ...edges.values()) < 3) continue;
+        const shown = pre.scrollHeight;
+        const before = pre.style.whiteSpace;
+        pre.style.whiteSpace = "pre";
+        const whole = pre.scrollHeight;
+        pre.style.whiteSpace = before;
+        if (shown > whole + 1) {
+            found.push("a table printed as text wraps its rows: "
+                       + lines[0].trim().slice(0, 60));
+        }
+    }
+    return found;
+}"""
+
 # the vector figures of a page as shown: (address, width in px)
 SVG_FIGURES = """() => [...document.querySelectorAll("article img")]
     .filter(img => /\\.svg([?#]|$)/i.test(img.currentSrc || img.src))
@@ -1151,9 +1197,58 @@ def _reader_problems(page, doc: str) -> list[str]:
     return [f"{doc}: {problem}" for problem in found]
 
 
+def png_pictures(notebook: Path) -> dict[str, tuple[float, float]]:
+    """Each PNG a notebook's outputs hold, by the name the book gives its file (the
+    sha256 of its bytes): (the smallest font size its cell gives matplotlib, in
+    points; its dpi)."""
+    import base64
+    import hashlib
+
+    import nbformat
+
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    try:
+        from legible import png_size, smallest_points
+    finally:
+        sys.path.remove(str(ROOT / "book" / "_ext"))
+    found = {}
+    for cell in nbformat.read(notebook, as_version=4).cells:
+        for out in cell.get("outputs", []):
+            data = out.get("data", {}).get("image/png")
+            if data:
+                raw = base64.b64decode(data)
+                found[hashlib.sha256(raw).hexdigest()] = (
+                    smallest_points(cell.source),
+                    png_size(raw)[1],
+                )
+    return found
+
+
+def raster_label_problems(doc: str, figures: list) -> list[str]:
+    """The notebook pictures whose smallest labels are under MIN_LABEL_PX px high as
+    shown: a label of p points drawn at d dpi is p * d / 72 pixels high in the
+    picture, and the picture is shown at (width shown / width drawn) of its size."""
+    source = source_of(doc)
+    known = png_pictures(source) if source.suffix == ".ipynb" else {}
+    found = []
+    for src, shown, drawn in figures:
+        name = urlsplit(src).path.rsplit("/", 1)[-1].removesuffix(".png")
+        if name not in known:
+            continue  # not a cell's output picture (a logo, a drawing of the book's)
+        points, dpi = known[name]
+        px = points * dpi / 72 * shown / drawn
+        if px < MIN_LABEL_PX:
+            found.append(
+                f"{name[:12]}.png shown {shown} of {drawn} px wide: its"
+                f" {points:g}-point labels are {px:.1f} px high"
+            )
+    return found
+
+
 def _phone_problems(page, doc: str) -> list[str]:
-    """The same page at a phone's width: nothing cut off at the right edge, and every
-    label of a vector figure at least MIN_LABEL_PX px high as shown. The page
+    """The same page at a phone's width: nothing cut off at the right edge, every
+    label of a figure (vector or a notebook's raster picture) at least MIN_LABEL_PX px
+    high as shown, and no table printed as text wrapping its rows. The page
     is laid out again at that width (the theme's narrow layout is CSS alone), then
     given back its own."""
     desktop = page.viewport_size
@@ -1164,6 +1259,8 @@ def _phone_problems(page, doc: str) -> list[str]:
             PAGE_WIDER_THAN_SCREEN
         )
         found += small_labels(page.context, page.evaluate(SVG_FIGURES))
+        found += raster_label_problems(doc, page.evaluate(RASTER_FIGURES))
+        found += page.evaluate(WRAPPED_TEXT_TABLES)
     finally:
         page.set_viewport_size(desktop)
     return [f"{doc} at {PHONE['width']} px: {p}" for p in found]
@@ -1469,3 +1566,115 @@ def test_label_check_catches_small_labels(tmp_path):
     assert "plotted.svg shown 342 px wide" in narrow[1], narrow
     assert "'a label' 5.3 px" in narrow[1], narrow
     assert wide == [], wide
+
+
+def _legible():
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    try:
+        import legible
+    finally:
+        sys.path.remove(str(ROOT / "book" / "_ext"))
+    return legible
+
+
+def test_legible_widths_come_from_the_picture_and_its_cell(tmp_path):
+    """book/_ext/legible.py: a cell's smallest font (matplotlib's 10 points, or less
+    where the code asks), a PNG's width and dpi as matplotlib writes them, and the
+    width at which such labels are 8 px high; a text table told from prose."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    legible = _legible()
+    assert legible.smallest_points("plt.plot(x)\nbatch_size=4; figsize=(9, 3)") == 10
+    assert legible.smallest_points("ax.set_title('a', fontsize=8)") == 8
+    assert legible.smallest_points('ax.legend(fontsize="small")') == pytest.approx(8.33)
+    assert legible.smallest_points("ax.tick_params(labelsize=14)") == 10
+    fig, ax = plt.subplots(figsize=(9.9, 2.9), dpi=100)
+    ax.plot([0, 1])
+    fig.savefig(tmp_path / "f.png")
+    plt.close(fig)
+    assert legible.png_size((tmp_path / "f.png").read_bytes()) == (990, 100.0)
+    # 10 points at 100 dpi are 13.9 px as drawn: 8 px at 990 * 8 / 13.9 = 571 px
+    assert legible.legible_width(990, 100.0, 10) == 571
+    assert legible.legible_width(300, 100.0, 10) == 173
+    assert legible.legible_width(300, 50.0, 5) == 300  # never wider than drawn
+    with pytest.raises(ValueError):
+        legible.png_size(b"GIF89a")
+    table = "step  loss   acc\n   1  2.31  0.10\n   2  1.95  0.25\n"
+    assert legible.is_text_table(table)
+    assert not legible.is_text_table("loss 2.31 after 1 step\nthen 1.95\n")
+    # three long lines of sampled text with a double space are no table
+    prose = "correct  'Once upon a time, in a village by the sea, there lived'\n"
+    assert not legible.is_text_table(prose * 3 + "x" * 89)
+    assert not legible.is_text_table("a  b\nab  c\nabc  d\n")
+
+
+def test_raster_label_check_reads_the_pictures_of_a_chapter():
+    """The phone check of a notebook's pictures: chapter 15's first picture shown at a
+    third of its width has 5 px labels and is reported; shown at the width legible.py
+    gives it, it passes; a picture the notebook does not hold is left alone."""
+    legible = _legible()
+    doc = "chapters/15_preference_tuning"
+    name, (points, dpi) = next(iter(png_pictures(source_of(doc)).items()))
+    drawn = 890
+    third = raster_label_problems(doc, [(f"x/_images/{name}.png", drawn // 3, drawn)])
+    assert len(third) == 1 and "labels are 4.6 px high" in third[0], third
+    wide = legible.legible_width(drawn, dpi, points)
+    assert raster_label_problems(doc, [(f"x/_images/{name}.png", wide, drawn)]) == []
+    assert raster_label_problems(doc, [("x/_static/logo.png", 10, drawn)]) == []
+
+
+WRAPPING_TABLE_PAGE = """<!doctype html><html><head><style>
+  pre { font: 14px monospace; white-space: pre-wrap; overflow-wrap: anywhere; }
+  .keep pre { white-space: pre; overflow-x: auto; }
+</style></head><body><article style="width: 240px">
+<div class="cell_output"><div class="wrap"><pre>model       accuracy   interval
+untuned     24.3%      18.9 to 30.6
+dpo         40.3%      33.8 to 47.1</pre></div></div>
+<div class="cell_output"><div class="keep"><pre>model       accuracy   interval
+untuned     24.3%      18.9 to 30.6
+dpo         40.3%      33.8 to 47.1</pre></div></div>
+<div class="cell_output"><pre>a line of prose that wraps, no table at all</pre></div>
+</article></body></html>"""
+
+
+def test_text_table_check_catches_wrapped_rows():
+    """A table printed as text in a box narrower than its rows is reported where its
+    rows wrap, and passes where they are kept whole (and scroll); prose may wrap."""
+    _require_browser()
+    with _chromium() as browser:
+        page = browser.new_page(viewport=PHONE)
+        page.set_content(WRAPPING_TABLE_PAGE)
+        found = page.evaluate(WRAPPED_TEXT_TABLES)
+    assert found == [
+        "a table printed as text wraps its rows: model       accuracy   interval"
+    ], found
+
+
+def test_reading_time_counts_what_a_reader_meets(tmp_path):
+    """book/_ext/generated.py's reading time: words of text without the citations'
+    comments, lines of code the book shows (not the folded ones, not blank ones), at
+    200 words and 20 lines a minute, rounded up."""
+    import nbformat
+
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    try:
+        from generated import reading
+    finally:
+        sys.path.remove(str(ROOT / "book" / "_ext"))
+    nb = nbformat.v4.new_notebook()
+    prose = (
+        " ".join(["word"] * 390)
+        + " 41.6%<!-- cite bench/results/card.csv: a=b -> c -->"
+    )
+    nb.cells = [
+        nbformat.v4.new_markdown_cell(prose),
+        nbformat.v4.new_code_cell("x = 1\n\ny = 2\n"),
+        nbformat.v4.new_code_cell("\n".join(["z = 3"] * 50)),
+    ]
+    nb.cells[2].metadata["tags"] = ["hide-input"]
+    path = tmp_path / "c.ipynb"
+    nbformat.write(nb, path)
+    assert reading(path) == (3, 391, 2)  # 391 / 200 + 2 / 20 = 2.06, rounded up

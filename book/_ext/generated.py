@@ -8,19 +8,30 @@ book/generated/ (git ignores it) and pulled into pages with MyST's `{include}`:
 - installs.md, what the notebooks' setup cell installs in Colab (book/setup.md): the
   same functions of tests/nbtools.py that write the cell.
 - verbs.md, the commands (book/intro.md): smol.commands.VERBS.
+
+And under each chapter's title, its reading time: the words of its text at
+WORDS_A_MINUTE and the lines of the code it shows (cells not folded) at
+LINES_A_MINUTE, counted from the notebook each time the book is built.
 """
 
 from __future__ import annotations
 
 import ast
 import importlib
+import json
+import math
 import re
 import sys
 from pathlib import Path
 
+from docutils import nodes
+
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "book" / "generated"
 FOLDERS = ("commands", "grading")  # the package's folders, each one row
+WORDS_A_MINUTE = 200
+LINES_A_MINUTE = 20
+FOLDED = {"hide-input", "remove-input", "remove-cell"}
 
 
 def first_sentence(docstring: str) -> str:
@@ -131,6 +142,46 @@ def installs_md() -> str:
     return "\n".join(lines) + "\n"
 
 
+def reading(notebook: Path) -> tuple[int, int, int]:
+    """(minutes, words, lines of code) of a chapter as a reader meets it: the words
+    of its markdown cells (comments like <!-- cite ... --> left out) and the lines of
+    its code cells that the book shows unfolded."""
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    words = lines = 0
+    for cell in cells:
+        text = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            words += len(re.sub(r"<!--.*?-->", " ", text, flags=re.S).split())
+        elif cell["cell_type"] == "code":
+            if not FOLDED & set(cell.get("metadata", {}).get("tags", [])):
+                lines += sum(1 for line in text.splitlines() if line.strip())
+    minutes = math.ceil(words / WORDS_A_MINUTE + lines / LINES_A_MINUTE)
+    return minutes, words, lines
+
+
+def _reading_time(app, doctree) -> None:
+    """Put a chapter's reading time right under its title."""
+    docname = app.env.docname
+    notebook = ROOT / f"{docname}.ipynb"
+    if not docname.startswith("chapters/") or not notebook.exists():
+        return
+    section = next(iter(doctree.findall(nodes.section)), None)
+    if section is None:
+        return
+    minutes, words, lines = reading(notebook)
+    note = nodes.paragraph(
+        "",
+        f"Reading time: about {minutes} minutes ({words:,} words, {lines} lines of"
+        " code shown), more to run the cells and try things.",
+        classes=["smol-reading-time"],
+    )
+    at = next(
+        (i + 1 for i, n in enumerate(section.children) if isinstance(n, nodes.title)),
+        0,
+    )
+    section.insert(at, note)
+
+
 def write(app=None) -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     for name, text in [
@@ -145,4 +196,5 @@ def write(app=None) -> None:
 
 def setup(app):
     app.connect("builder-inited", write)
+    app.connect("doctree-read", _reading_time)
     return {"parallel_read_safe": True}
