@@ -41,8 +41,8 @@ def printed(chapter: str, latex: str) -> None:
 
 WARMUP = r"\eta_s = \eta_\text{max}\,\frac{s + 1}{W}"
 COSINE = (
-    r"\eta_s = \eta_\text{min} + \frac{\eta_\text{max} - \eta_\text{min}}{2}"
-    r"\Big(1 + \cos \frac{\pi\,(s - W)}{S - W}\Big)"
+    r"\eta_s = {} & \eta_\text{min} + \frac{\eta_\text{max} - \eta_\text{min}}{2} \\"
+    r"& \times \Big(1 + \cos \frac{\pi\,(s - W)}{S - W}\Big)"
 )
 WSD = (
     r"\eta_s = \eta_\text{max} + (\eta_\text{min} - \eta_\text{max})\,"
