@@ -1655,7 +1655,8 @@ def test_text_table_check_catches_wrapped_rows():
 
 def test_reading_time_counts_what_a_reader_meets(tmp_path):
     """book/_ext/generated.py's reading time: words of text without the citations'
-    comments, lines of code the book shows (not the folded ones, not blank ones), at
+    comments and the folded <details>, lines of code the book shows (not the folded
+    ones, not blank ones), at
     200 words and 20 lines a minute, rounded up."""
     import nbformat
 
@@ -1669,8 +1670,9 @@ def test_reading_time_counts_what_a_reader_meets(tmp_path):
         " ".join(["word"] * 390)
         + " 41.6%<!-- cite bench/results/card.csv: a=b -> c -->"
     )
+    folded = "<details>\n<summary>More</summary>\n\n" + "deep " * 500 + "\n</details>"
     nb.cells = [
-        nbformat.v4.new_markdown_cell(prose),
+        nbformat.v4.new_markdown_cell(prose + "\n\n" + folded),
         nbformat.v4.new_code_cell("x = 1\n\ny = 2\n"),
         nbformat.v4.new_code_cell("\n".join(["z = 3"] * 50)),
     ]

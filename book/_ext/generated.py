@@ -31,7 +31,7 @@ OUT = ROOT / "book" / "generated"
 FOLDERS = ("commands", "grading")  # the package's folders, each one row
 WORDS_A_MINUTE = 200
 LINES_A_MINUTE = 20
-FOLDED = {"hide-input", "remove-input", "remove-cell"}
+FOLDED = {"hide-input", "hide-cell", "remove-input", "remove-cell"}
 
 
 def first_sentence(docstring: str) -> str:
@@ -144,13 +144,15 @@ def installs_md() -> str:
 
 def reading(notebook: Path) -> tuple[int, int, int]:
     """(minutes, words, lines of code) of a chapter as a reader meets it: the words
-    of its markdown cells (comments like <!-- cite ... --> left out) and the lines of
-    its code cells that the book shows unfolded."""
+    of its markdown cells (comments like <!-- cite ... --> left out, and folded
+    <details> blocks, which are there to open or not) and the lines of its code cells
+    that the book shows unfolded."""
     cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
     words = lines = 0
     for cell in cells:
         text = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
+            text = re.sub(r"<details>.*?</details>", " ", text, flags=re.S)
             words += len(re.sub(r"<!--.*?-->", " ", text, flags=re.S).split())
         elif cell["cell_type"] == "code":
             if not FOLDED & set(cell.get("metadata", {}).get("tags", [])):
