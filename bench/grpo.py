@@ -39,7 +39,8 @@ import torch
 from common import write_csv
 
 from smol import evaluate, load_pretrained, stats, tasks
-from smol.grpo_train import LOGGED, TIMED, from_options, score, task_rewards
+from smol.grpo_rewards import score, task_rewards
+from smol.grpo_train import LOGGED, TIMED, from_options
 from smol.lora import TARGETS, apply_lora, merge_lora
 from smol.train import TrainConfig
 
@@ -66,6 +67,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lora-r", type=int, default=8)
     p.add_argument("--format-weight", type=float, default=0.0)
     p.add_argument("--max-new-tokens", type=int, default=24)
+    p.add_argument(
+        "--num-iterations", type=int, default=1, help="steps each batch trains"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--mmlu", type=int, default=570, help="MMLU questions (0: none)")
     p.add_argument("--csv", help="write one row a model and task here")

@@ -11,10 +11,11 @@ group,
 i shares A_i. The loss of a token is PPO's clipped objective with the probability
 ratio w = pi(token) / pi_old(token) of the policy now to the policy that sampled it,
 
-    loss_t = -min(w * A, clip(w, 1 - eps_low, 1 + eps_high) * A) + beta * KL_t
+    loss_t = -min(w * A, clip(w, 1 - eps_low, 1 + eps_high) * A) + beta * w * KL_t
 
 with KL_t = exp(ref - logp) - (ref - logp) - 1 the per-token estimate of the KL
-divergence to a frozen reference (Schulman's k3). The variants differ in how the
+divergence to a frozen reference (Schulman's k3), weighed by w as TRL weighs it by
+default (use_bias_correction_kl; False drops the w). The variants differ in how the
 token losses are averaged (LOSS_TYPES). The semantics are those of TRL's
 GRPOTrainer (trl 1.16), which tests/test_grpo.py proves equal."""
 

@@ -4,24 +4,20 @@ each with the policy, scores every reply with reward functions, and trains on th
 replies that beat their group's mean (Shao et al., 2024). The command is `smol grpo`
 (smol/commands/grpo.py).
 
-A reward function takes (problem, reply) and returns a number; a reply's reward is
-the weighted sum of the functions' (task_rewards: 1 for a right answer, tasks.check,
-and format_weight for a reply that is a number only, tasks.well_formed). A reward
-function that raises or returns a number that is not finite stops the run with a
-RewardError that names it, the question and the reply, before that step changes a
-weight: a checker that fails once may be wrong unnoticed elsewhere.
-
-One update per batch: the replies come from the weights being trained, so the old
-log-probabilities are the current ones, detached (the ratio is 1 in value and no
-token is clipped). The sampler's random generator is part of a checkpoint's data
-state, so a resumed run samples the replies an uninterrupted one would have."""
+Each batch of scored replies is trained on for num_iterations steps (TRL's
+num_iterations). The first step's replies come from the weights being trained, so
+the old log-probabilities are the current ones, detached (the ratio is 1 in value
+and no token is clipped); the later steps reuse them, and the ratio moves away from
+1 as the weights do, which is where the clip binds. The sampler's random generator
+and the batch under way (its replies, old and reference log-probabilities, and how
+many of its steps are taken) are a checkpoint's data state, so a resumed run trains
+on what an uninterrupted one would have, even when stopped within a batch."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import time
-from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -38,64 +34,19 @@ from smol.grpo import (
     group_advantages,
     grpo_loss,
 )
+from smol.grpo_rewards import Reward, check_rewards, score, task_rewards
 from smol.sft import ConversationBatches
 from smol.tasks import Problem
 from smol.train import TrainConfig, Trainer
 
-Reward = Callable[[Problem, str], float]
 # what each step logs into the history, besides the loss
 LOGGED = ("reward", "equal_groups", "kl", "clip_ratio", "completion_length")
 TIMED = ("sample_s", "update_s")  # seconds spent sampling, and the rest of the step
 # GRPOTrainer's keywords that from_options takes from the options that hold them
-OPTIONS = "group_size beta epsilon epsilon_high loss_type temperature max_new_tokens"
-
-
-class RewardError(ValueError):
-    """A reward function raised or gave a number that is not finite."""
-
-
-def correct(problem: Problem, reply: str) -> float:
-    """1 when the reply's last number is the answer (tasks.check), else 0."""
-    return float(tasks.check(reply, problem.answer))
-
-
-def number_only(problem: Problem, reply: str) -> float:
-    """1 when the reply is one number and nothing else (tasks.well_formed), else 0."""
-    return float(tasks.well_formed(reply))
-
-
-def task_rewards(format_weight: float = 0.0) -> dict[str, tuple[Reward, float]]:
-    """{name: (function, weight)}: correct with weight 1, and number_only with
-    format_weight when it is not 0."""
-    rewards = {"correct": (correct, 1.0)}
-    if format_weight:
-        rewards["format"] = (number_only, float(format_weight))
-    return rewards
-
-
-def score(rewards: dict, problems: list[Problem], replies: list[str]) -> torch.Tensor:
-    """(N,) float32: each reply's weighted sum of rewards. A function that raises or
-    gives a value that is not a finite number is a RewardError naming it."""
-    if len(problems) != len(replies):
-        raise ValueError(f"{len(problems)} problems but {len(replies)} replies")
-    total = torch.zeros(len(replies))
-    for name, (function, weight) in rewards.items():
-        for i, (problem, reply) in enumerate(zip(problems, replies)):
-            where = f"on {problem.question!r} and the reply {reply[:60]!r}"
-            try:
-                value = float(function(problem, reply))
-            except Exception as e:
-                raise RewardError(
-                    f"reward {name!r} raised {type(e).__name__}: {e} {where}; "
-                    "stopping before this step trains"
-                ) from e
-            if not math.isfinite(value):
-                raise RewardError(
-                    f"reward {name!r} gave {value} {where}: not a finite number; "
-                    "stopping before this step trains"
-                )
-            total[i] += weight * value
-    return total
+OPTIONS = (
+    "group_size beta epsilon epsilon_high loss_type temperature max_new_tokens "
+    "num_iterations"
+)
 
 
 def completion_mask(completion_ids: torch.Tensor, eos_id: int) -> torch.Tensor:
@@ -118,26 +69,63 @@ class Rollout:
     replies: list[str]  # (N,) the decoded replies
     rewards: torch.Tensor  # (N,)
     advantages: torch.Tensor  # (N,)
+    # kept after the first update of a batch that num_iterations > 1 trains on again
+    old_logps: torch.Tensor | None = None  # (N, T) the sampling policy's
+    ref_logps: torch.Tensor | None = None  # (N, T) the reference's (beta > 0)
 
 
 class ProblemBatches(ConversationBatches):
     """Endless batches of questions (lists of Problem) in a new random order each
-    epoch; the state is the position and the sampler's generator, which draws the
-    replies."""
+    epoch. With num_iterations > 1 a step's grad_accum micro-batches are questions,
+    whose Rollouts the trainer keeps in `replays`, and the next num_iterations - 1
+    steps' are those Rollouts again. The state is the position, the sampler's
+    generator, which draws the replies, and the replays."""
 
-    def __init__(self, problems, batch_size, generator, **options):
-        super().__init__(problems, batch_size, pad_id=0, **options)
-        self.generator = generator
+    def __init__(
+        self, problems, batch_size, generator, num_iterations=1, grad_accum=1, **kw
+    ):
+        super().__init__(problems, batch_size, pad_id=0, **kw)
+        self.generator, self.num_iterations = generator, num_iterations
+        self.grad_accum = grad_accum
+        self.served, self.replays = 0, []  # micro-batches served of this batch's
+
+    def __next__(self):
+        k = self.served
+        self.served = (k + 1) % (self.grad_accum * self.num_iterations)
+        if k >= self.grad_accum:
+            return self.replays[k % self.grad_accum]
+        self.replays = self.replays if k else []
+        return super().__next__()
 
     def collate(self, picked: list) -> list[Problem]:
         return picked
 
     def state_dict(self) -> dict:
-        return {**super().state_dict(), "sampler": self.generator.get_state()}
+        # the batch under way, when its updates are not all taken
+        replays = [dataclasses.asdict(r) for r in self.replays] if self.served else []
+        return {
+            **super().state_dict(),
+            "sampler": self.generator.get_state(),
+            "iterations": (self.num_iterations, self.served, replays),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
         self.generator.set_state(state["sampler"].cpu())
+        saved, self.served, replays = state.get("iterations", (1, 0, []))
+        if self.served and saved != self.num_iterations:
+            raise ValueError(
+                f"the checkpoint stopped within a batch trained on {saved} times; "
+                f"num_iterations is now {self.num_iterations}"
+            )
+        device = self.generator.device
+        self.replays = [
+            Rollout(
+                **{k: v.to(device) if torch.is_tensor(v) else v for k, v in r.items()}
+                | {"problems": [Problem(**p) for p in r["problems"]]}
+            )
+            for r in replays
+        ]
 
 
 class GRPOTrainer(Trainer):
@@ -146,8 +134,9 @@ class GRPOTrainer(Trainer):
     term (beta > 0); None takes the policy with its adapters off. `rewards`: {name:
     (function, weight)} (default task_rewards()). epsilon clips the ratio below,
     epsilon_high above (default epsilon); loss_type is one of smol.grpo.LOSS_TYPES;
-    scale_rewards divides advantages by the group's std (False: Dr. GRPO). A prompt
-    and its reply must fit in config.seq_len tokens."""
+    scale_rewards divides advantages by the group's std (False: Dr. GRPO);
+    num_iterations: the steps each batch of replies trains (the first on-policy). A
+    prompt and its reply must fit in config.seq_len tokens."""
 
     def __init__(
         self,
@@ -166,9 +155,11 @@ class GRPOTrainer(Trainer):
         rewards: dict[str, tuple[Reward, float]] | None = None,
         reference: nn.Module | None = None,
         scale_rewards: bool = True,
+        num_iterations: int = 1,
     ):
         _check_int("group_size", group_size, 2, "a group of one has no one to beat")
         _check_int("max_new_tokens", max_new_tokens, 1)
+        _check_int("num_iterations", num_iterations, 1)
         epsilon_high = epsilon if epsilon_high is None else epsilon_high
         _check_number("epsilon", epsilon, 0)
         _check_number("epsilon_high", epsilon_high, 0)
@@ -182,7 +173,7 @@ class GRPOTrainer(Trainer):
             raise ValueError(
                 f"loss_type must be one of {list(LOSS_TYPES)}, got {loss_type!r}"
             )
-        self.rewards = task_rewards() if rewards is None else _check_rewards(rewards)
+        self.rewards = task_rewards() if rewards is None else check_rewards(rewards)
         if reference is None and beta > 0:
             with adapters_off(model):  # raises without adapters
                 pass
@@ -194,6 +185,7 @@ class GRPOTrainer(Trainer):
         self.group_size, self.max_new_tokens = group_size, max_new_tokens
         self.beta, self.epsilon, self.epsilon_high = beta, epsilon, epsilon_high
         self.loss_type, self.temperature = loss_type, temperature
+        self.num_iterations = num_iterations
         self.scale_rewards, self.task, self.tokenizer = scale_rewards, task, tokenizer
         super().__init__(config, model=model)
         self.reference = reference
@@ -230,6 +222,8 @@ class GRPOTrainer(Trainer):
             self.problems,
             cfg.batch_size,
             generator,
+            self.num_iterations,
+            grad_accum=cfg.grad_accum,
             seed=cfg.seed,
             rank=self.rank,
             world_size=self.world_size,
@@ -269,20 +263,24 @@ class GRPOTrainer(Trainer):
             problems, ids, mask, completion, c_mask, replies, rewards, advantages
         )
 
-    def rollout_loss(self, model, rollout: Rollout) -> GRPOLoss:
+    def rollout_loss(self, model, rollout: Rollout, keep: bool = False) -> GRPOLoss:
         """GRPO's loss of a rollout, the policy run through `model` (the training
-        wrapper of self.model, or self.model)."""
+        wrapper of self.model, or self.model); the sampling policy's log-probabilities
+        are the rollout's old_logps, or when None the policy's own, detached, which
+        `keep` stores in the rollout (with the reference's) for the later updates."""
         r = rollout
         batch = (r.prompt_ids, r.prompt_mask, r.completion_ids, r.completion_mask)
         with self.autocast():
             logps = completion_logprobs(model, *batch, self.temperature)  # (N, T)
-            ref = None
-            if self.beta:
+            ref = r.ref_logps
+            if self.beta and ref is None:
                 with torch.no_grad():
                     ref = self._reference_logprobs(batch)  # (N, T)
+        if keep:
+            r.old_logps, r.ref_logps = logps.detach(), ref
         return grpo_loss(
             logps,
-            None,  # one update per batch: the sampling policy is this one
+            r.old_logps,  # None: the sampling policy is this one
             ref,
             r.advantages,
             r.completion_mask,
@@ -299,9 +297,14 @@ class GRPOTrainer(Trainer):
         with adapters_off(self.model):
             return completion_logprobs(self.model, *batch, self.temperature)
 
-    def batch_loss(self, batch: list[Problem]) -> torch.Tensor:
-        rollout = self.rollout(batch)
-        out = self.rollout_loss(self.train_model, rollout)
+    def batch_loss(self, batch: list[Problem] | Rollout) -> torch.Tensor:
+        """The loss of new questions, or of a batch's kept Rollout once more."""
+        fresh = not isinstance(batch, Rollout)
+        rollout = self.rollout(batch) if fresh else batch
+        keep = fresh and self.num_iterations > 1
+        out = self.rollout_loss(self.train_model, rollout, keep)
+        if keep:
+            self.train_batches.replays.append(rollout)
         self.last_rollout = rollout
         groups = rollout.rewards.view(-1, self.group_size)  # (P, G)
         equal = (groups == groups[:, :1]).all(1).float().mean()
@@ -384,16 +387,3 @@ def _check_int(name: str, value, least: int, why: str = "") -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < least:
         why = f": {why}" if why else ""
         raise ValueError(f"{name} must be an int >= {least}, got {value!r}{why}")
-
-
-def _check_rewards(rewards) -> dict:
-    """{name: (function, weight)}, each function callable and each weight finite."""
-    if not isinstance(rewards, dict) or not rewards:
-        raise ValueError(f"rewards must be a non-empty dict, got {rewards!r}")
-    for name, entry in rewards.items():
-        ok = isinstance(entry, tuple) and len(entry) == 2 and callable(entry[0])
-        if not (ok and _real(entry[1]) and math.isfinite(entry[1])):
-            raise ValueError(
-                f"reward {name!r} must be (function, finite weight), got {entry!r}"
-            )
-    return dict(rewards)

@@ -58,6 +58,7 @@ def test_the_command_writes_a_merged_model_that_loads(
     settings = json.loads((out / "training" / "grpo.json").read_text())
     assert settings["task"] == "add" and settings["group_size"] == 4
     assert "data" not in settings
+    assert settings["num_iterations"] == 1  # a resume keeps it
     tuned, tok = load_pretrained(out, device="cpu")
     assert not lora_layers(tuned) and tok.chat_template == tokenizer.chat_template
     start = load_pretrained(model, device="cpu")[0].state_dict()
@@ -78,6 +79,7 @@ def test_the_command_writes_a_merged_model_that_loads(
         (["--format-weight", "nan"], "--format-weight must be a finite number"),
         (["--loss-type", "ppo"], "--loss-type: unknown 'ppo', expected one of grpo"),
         (["--max-new-tokens", "0"], "--max-new-tokens must be >= 1, got 0"),
+        (["--num-iterations", "0"], "--num-iterations must be >= 1, got 0"),
         (["--out", "{model}"], "is the model being tuned"),
         *tuning.USAGE_ERRORS,
     ],

@@ -2,7 +2,9 @@
 replies are digits or nothing: the trainer's loss is smol.grpo's on the very batch it
 sampled, a reward that raises or is not a number stops the run before that step
 trains, bad settings are named, a stopped run resumes bit for bit (the sampler's
-state included), and a few steps raise the reward."""
+state included), and a few steps raise the reward. With num_iterations > 1 a batch
+is sampled once and trained on that many steps, the clip binds, and a run stopped
+within a batch resumes bit for bit."""
 
 import math
 
@@ -13,14 +15,8 @@ from smol import SmolLM, tasks
 from smol.checkpoint import load
 from smol.dpo import adapters_off
 from smol.grpo import completion_logprobs, group_advantages, grpo_loss
-from smol.grpo_train import (
-    GRPOTrainer,
-    RewardError,
-    completion_mask,
-    number_only,
-    score,
-    task_rewards,
-)
+from smol.grpo_rewards import RewardError, number_only, score, task_rewards
+from smol.grpo_train import GRPOTrainer, completion_mask
 from smol.lora import apply_lora
 from smol.train import TrainConfig
 from tests.tiny_models import config
@@ -190,6 +186,7 @@ def test_a_bad_reward_stops_the_run_before_its_step_trains(
         ({"epsilon_high": -1.0}, "epsilon_high must be a finite number > 0"),
         ({"temperature": 0.0}, "temperature must be a finite number > 0"),
         ({"loss_type": "ppo"}, "loss_type must be one of"),
+        ({"num_iterations": 0}, "num_iterations must be an int >= 1"),
         ({"rewards": {}}, "rewards must be a non-empty dict"),
         ({"rewards": {"x": (1, 1.0)}}, r"reward 'x' must be \(function, finite"),
         ({"rewards": {"x": (short, math.nan)}}, r"reward 'x' must be \(function"),
@@ -270,3 +267,74 @@ def test_a_few_steps_raise_the_reward_and_evaluation_counts_right_replies(
     monkeypatch.setattr(tasks, "answer", answer)
     assert trainer.evaluate() == 1 - 2 / len(held_out)
     assert trainer.history["val_accuracy"] == [2 / len(held_out)]
+
+
+def _iterated(tokenizer, out, num_iterations, until=None, resume=False, **train):
+    """A run of 6 steps with each batch trained num_iterations times, LoRA at a high
+    learning rate (the ratio moves within a batch), and every call of grpo_loss's
+    old_logps and of the sampler recorded."""
+    train = {"steps": 6, "ckpt_every": 0, "resume": resume, "lr": 0.3, **train}
+    trainer = lora_trainer(
+        tokenizer,
+        out,
+        train=train | {"min_lr": train["lr"]},
+        beta=0.1,
+        num_iterations=num_iterations,
+    )
+    calls = {"rollouts": 0, "old": []}
+    rollout, rollout_loss = trainer.rollout, trainer.rollout_loss
+
+    def counted(problems):
+        calls["rollouts"] += 1
+        return rollout(problems)
+
+    def recorded(model, r, keep=False):
+        out = rollout_loss(model, r, keep)
+        calls["old"].append(None if r.old_logps is None else r.old_logps.clone())
+        return out
+
+    trainer.rollout, trainer.rollout_loss = counted, recorded
+    return trainer, trainer.fit(until), calls
+
+
+def test_one_iteration_samples_every_step_and_trains_on_policy(tokenizer, tmp_path):
+    """num_iterations=1 is the run of one update a batch: a new batch each step, the
+    old log-probabilities the policy's own (None), nothing kept to replay."""
+    trainer, history, calls = _iterated(tokenizer, tmp_path, 1)
+    assert calls["rollouts"] == 6 and calls["old"] == [None] * 6
+    assert history["clip_ratio"] == [0.0] * 6 and not trainer.train_batches.replays
+    assert trainer.train_batches.state_dict()["iterations"] == (1, 0, [])
+
+
+def test_several_iterations_reuse_the_batch_and_the_clip_binds(tokenizer, tmp_path):
+    """Rejects a trainer that samples every step (6 rollouts), or that trains the
+    later steps on-policy (old log-probabilities of the policy now: no clip)."""
+    trainer, history, calls = _iterated(tokenizer, tmp_path, 3)
+    assert calls["rollouts"] == 2  # steps 1 and 4 sample, 2, 3, 5 and 6 reuse
+    old = calls["old"]
+    # the first update of a batch keeps the policy's log-probabilities as the old
+    for first, later in ((0, (1, 2)), (3, (4, 5))):
+        assert all(torch.equal(old[first], old[k]) for k in later)
+    assert not torch.equal(old[0], old[3])  # a new batch, new replies
+    clip = history["clip_ratio"]
+    assert clip[0] == clip[3] == 0  # w = 1 on the first update
+    assert max(clip[1], clip[2], clip[4], clip[5]) > 0  # the clip binds
+    assert history["reward"][0:3] == [history["reward"][0]] * 3  # the same replies
+
+
+def test_a_run_stopped_within_a_batch_resumes_bit_for_bit(tokenizer, tmp_path):
+    """A checkpoint after step 2 of a batch trained 3 times holds the batch's replies
+    and old log-probabilities: the resumed run samples nothing until step 4, and ends
+    where an uninterrupted one does. Resuming with another num_iterations is
+    refused."""
+    whole, history, _ = _iterated(tokenizer, tmp_path / "whole", 3)
+    _iterated(tokenizer, tmp_path / "parts", 3, until=2)
+    with pytest.raises(ValueError, match="within a batch trained on 3 times"):
+        _iterated(tokenizer, tmp_path / "parts", 2, resume=True)
+    parts, resumed, calls = _iterated(tokenizer, tmp_path / "parts", 3, resume=True)
+    assert calls["rollouts"] == 1  # step 3 replays the checkpoint's batch
+    assert {k: v for k, v in resumed.items() if k not in CLOCKED} == {
+        k: v for k, v in history.items() if k not in CLOCKED
+    }
+    ours = {n: p for n, p in parts.model.state_dict().items() if "lora_B" in n}
+    assert all(torch.equal(p, whole.model.state_dict()[n]) for n, p in ours.items())

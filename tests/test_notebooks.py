@@ -94,6 +94,7 @@ NOT_SHOWN = {
     "smol/tasks.py": (
         "arithmetic questions and their checker: chapter 15's pairs, chapter 16's task"
     ),
+    "smol/grpo_rewards.py": "the reward functions that chapter 16 calls and scores",
     "smol/grpo_train.py": (
         "GRPO on smol.train's Trainer, sampling and scoring a task's questions; "
         "chapter 16 runs it and shows smol/grpo.py, the loss it trains on"

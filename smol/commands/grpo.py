@@ -64,6 +64,7 @@ TRAINER_OPTIONS = (
     ),
     ("--temperature", float, 1.0, "for sampling"),
     ("--max-new-tokens", int, 24, "the longest reply sampled"),
+    ("--num-iterations", int, 1, "steps each batch of replies trains (>= 1)"),
     (
         "--format-weight",
         float,
@@ -121,6 +122,8 @@ def _parse_args(argv) -> tuple[argparse.Namespace, TrainConfig]:
         )
     if args.max_new_tokens < 1:
         raise UsageError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.num_iterations < 1:
+        raise UsageError(f"--num-iterations must be >= 1, got {args.num_iterations}")
     check_model_args(args, "the model being tuned")
     return args, train_config(args, LRS)
 
