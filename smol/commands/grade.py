@@ -5,6 +5,9 @@ are added up.
     smol grade exercises/02_rope.ipynb --strict  # exit 1 below full marks
     smol grade solutions/ --json report.json
     smol grade submissions/ --gradebook grades.csv --feedback feedback/
+    smol grade submissions/ --gradebook grades.csv --nbgrader nb.csv --canvas cv.csv
+    smol grade hw.ipynb --format gradescope --json results.json  # Gradescope's
+    smol grade 01 --autograder autograder.zip --hidden rmsnorm_bug
 
 Each notebook runs top to bottom (errors do not stop it) under a time limit of its own.
 After each cell that calls `grade("task", obj)`, the grader grades `obj` itself, in
@@ -27,7 +30,14 @@ from which a rerun takes every notebook that has not changed. The report also re
 the submissions folder and the gradebook and pages as written: one changed since (a
 regrade or a note by hand), another class's, or one no report records is replaced only
 with --overwrite. A student or an exercise of the last report whose notebooks are gone
-gets rows marked missing.
+gets rows marked missing. --nbgrader and --canvas write the same points in nbgrader's
+export columns and for Canvas's gradebook import.
+
+--format gradescope writes Gradescope's results.json (a test per check) in place of the
+report; --hidden shows checks only after the due date. --exercise NAME grades one
+student's hand-in as exercise NAME, its notebook found in a folder by name or by its
+check cells; --autograder writes Gradescope's autograder zip for an exercise, which runs
+that. The book's Instructors page says how to run a course with them.
 
 Below full marks, --strict exits with 1, as a notebook that could not be read or an
 output that could not be written does. Ctrl-C or SIGTERM ends every process it started
