@@ -25,7 +25,6 @@ import torch
 from smol.grading import TASKS, core, grade, registry, run_checks
 from smol.grading.checks._util import close
 from smol.grading.exports import CANVAS, NBGRADER, canvas_csv, nbgrader_csv
-from smol.grading.gradebook import csv_text, gradebook_rows
 from smol.grading.gradescope import (
     exercise_stem,
     find_handin,
