@@ -413,6 +413,20 @@ def test_the_autograder_installs_the_pinned_cpu_torch_and_the_course_pins(tmp_pa
     assert again.read_bytes() == out.read_bytes()
 
 
+def test_the_grader_needs_nothing_the_autograder_leaves_out():
+    """setup.sh installs smol without its notebooks extra: the grader and every
+    check import none of it (a fresh process, as run_autograder starts)."""
+    extra = ("transformers", "peft", "trl", "datasets", "pyarrow", "pandas")
+    code = (
+        "import sys, smol.commands.grade, smol.grading.gradebook\n"
+        f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({extra!r})))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300
+    )
+    assert done.stdout.strip() == "[]", done.stdout + done.stderr
+
+
 # --- one class, every path -----------------------------------------------------------
 
 
