@@ -78,6 +78,7 @@ def make_fresh_files(root: Path) -> None:
     (root / "latin1.csv").write_bytes(b"caf\xe9,1\n")
     (root / "feedback").mkdir()
     (root / "feedback" / "alice.md").write_text("my own notes\n", encoding="utf-8")
+    make_instructor_files(root)
 
 
 def truncated_gguf(size: int) -> Callable[[Path], None]:
@@ -97,7 +98,7 @@ def fresh_cases() -> list[Case]:
     out = _generate_cases() + _chat_cases() + _train_cases()
     out += _tuning_cases("finetune", "chat.jsonl") + _tuning_cases("dpo", "pairs.jsonl")
     out += _finetune_dpo_cases() + _grpo_cases() + _eval_cases() + _export_cases()
-    return out + _grade_cases()
+    return out + _grade_cases() + instructor_cases()
 
 
 def _hi(*more: str) -> list[str]:
@@ -646,5 +647,111 @@ def _grade_cases() -> list[Case]:
             about="$TMP/class --gradebook $TMP/book.csv, Ctrl-C while grading",
             fault=stop_at("smol.grading.gradebook", "grade_class", 1),
             gone="book.csv",
+        ),
+    ]
+
+
+# --- smol grade for instructors: Gradescope, exports, hand-in folders ---------------
+# (a block of its own: outputs that are not regular files, class folders as
+# downloads leave them, and the options of tests/test_gradescope.py)
+
+
+def make_instructor_files(root: Path) -> None:
+    """Class folders as downloads leave them, beside make_files' class/."""
+    notebook = (root / "class" / "alice" / "01_rmsnorm.ipynb").read_bytes()
+    for name, extra in (
+        ("class_macosx", "__MACOSX/alice/01_rmsnorm.ipynb"),
+        ("class_twice", "alice/01_rmsnorm (1).ipynb"),
+        ("class_empty", "bob/notes.txt"),
+    ):
+        (root / name / "alice").mkdir(parents=True)
+        (root / name / "alice" / "01_rmsnorm.ipynb").write_bytes(notebook)
+        (root / name / extra).parent.mkdir(parents=True, exist_ok=True)
+        (root / name / extra).write_bytes(notebook)
+    (root / "handin").mkdir()
+    (root / "handin" / "notes.txt").write_text("my notes\n", encoding="utf-8")
+
+
+def bob_is_missing(root: Path) -> str:
+    """What book.csv lacks: bob's rows, marked missing (his folder holds no
+    notebook)."""
+    text = (root / "book.csv").read_text(encoding="utf-8")
+    bob = [line for line in text.splitlines() if line.startswith("bob,")]
+    return "" if bob and all(b.endswith(",missing") for b in bob) else "no bob"
+
+
+def instructor_cases() -> list[Case]:
+    gr = "grade"
+
+    def class_book(folder: str, *more: str) -> Argv:
+        return lambda r: [str(r / folder), "--gradebook", str(r / "book.csv"), *more]
+
+    def nb(*more: str) -> Argv:
+        return lambda r: [str(r / "notebooks"), *more]
+
+    return [
+        Case(gr, nb("--json", "/dev/full"), 2, "/dev/full"),
+        Case(gr, class_book("class", "--json", "/dev/full"), 2, "/dev/full"),
+        Case(gr, lambda r: [str(r / "class"), "--gradebook", "/dev/full"], 2, "full"),
+        Case(gr, class_book("class", "--canvas", "/dev/full"), 2, "/dev/full"),
+        Case(gr, class_book("class_macosx"), 2, "__MACOSX"),
+        Case(gr, class_book("class_twice"), 2, "01_rmsnorm (1).ipynb"),
+        Case(
+            gr,
+            class_book("class_empty", "--jobs", "1"),
+            0,
+            about="$TMP/class_empty --gradebook $TMP/book.csv (bob's folder holds no "
+            "notebook)",
+            check=bob_is_missing,
+        ),
+        *refused(
+            gr,
+            nb,
+            "--format gradescope --hidden nosuch -> nosuch",
+            "--format gradescope --hidden rms/zz -> zz",
+            "--hidden rms -> --hidden",
+            "--visibility hidden -> --visibility",
+            "--format pdf -> --format",
+            "--nbgrader n.csv -> --nbgrader",
+            "--exercise 17 -> 17",
+        ),
+        Case(
+            gr,
+            lambda r: [str(r / "notebooks"), str(r / "folder"), "--exercise", "01"],
+            2,
+            "--exercise",
+        ),
+        *refused(
+            gr,
+            lambda *more: class_book("class", *more),
+            "--format gradescope -> gradescope",
+            "--exercise 01 -> --exercise",
+        ),
+        Case(
+            gr,
+            lambda r: class_book("class", "--canvas", str(r / "book.csv"))(r),
+            2,
+            "own",
+        ),
+        Case(gr, lambda r: ["17", "--autograder", str(r / "a.zip")], 2, "17"),
+        *refused(
+            gr,
+            lambda *more: lambda r: ["01", "--autograder", *more],
+            "a.txt -> .zip",
+            "a.zip --json r.json -> --json",
+            "a.zip --format gradescope -> --format",
+        ),
+        Case(
+            gr,
+            lambda r: ["01", "--autograder", str(r / "file.txt")],
+            2,
+            "file.txt",
+            keep="file.txt",
+        ),
+        Case(
+            gr,
+            lambda r: [str(r / "handin"), "--exercise", "01", "--json", "-"],
+            1,
+            "no notebook of 01_rmsnorm",
         ),
     ]

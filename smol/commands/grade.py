@@ -5,6 +5,9 @@ are added up.
     smol grade exercises/02_rope.ipynb --strict  # exit 1 below full marks
     smol grade solutions/ --json report.json
     smol grade submissions/ --gradebook grades.csv --feedback feedback/
+    smol grade submissions/ --gradebook grades.csv --nbgrader nb.csv --canvas cv.csv
+    smol grade hw.ipynb --format gradescope --json results.json  # Gradescope's
+    smol grade 01 --autograder autograder.zip --hidden rmsnorm_bug
 
 Each notebook runs top to bottom (errors do not stop it) under a time limit of its own.
 After each cell that calls `grade("task", obj)`, the grader grades `obj` itself, in
@@ -27,7 +30,14 @@ from which a rerun takes every notebook that has not changed. The report also re
 the submissions folder and the gradebook and pages as written: one changed since (a
 regrade or a note by hand), another class's, or one no report records is replaced only
 with --overwrite. A student or an exercise of the last report whose notebooks are gone
-gets rows marked missing.
+gets rows marked missing. --nbgrader and --canvas write the same points in nbgrader's
+export columns and for Canvas's gradebook import.
+
+--format gradescope writes Gradescope's results.json (a test per check) in place of the
+report; --hidden shows checks only after the due date. --exercise NAME grades one
+student's hand-in as exercise NAME, its notebook found in a folder by name or by its
+check cells; --autograder writes Gradescope's autograder zip for an exercise, which runs
+that. The book's Instructors page says how to run a course with them.
 
 Below full marks, --strict exits with 1, as a notebook that could not be read or an
 output that could not be written does. Ctrl-C or SIGTERM ends every process it started
@@ -43,6 +53,13 @@ from pathlib import Path
 
 from smol.commands.common import Parser, UsageError, parser, run
 from smol.commands.grade_files import report_problem, write_report
+from smol.commands.grade_instructor import (
+    add_options,
+    build_autograder,
+    handin,
+    instructor_problem,
+    write_gradescope,
+)
 from smol.grading import reaper
 from smol.grading.core import DEFAULT_TIMEOUT, timeout_problem
 from smol.grading.runner import grade_notebook
@@ -205,6 +222,7 @@ def build_parser() -> Parser:
         metavar="MODULE",
         help="import MODULE first: it registers tasks of its own (repeatable)",
     )
+    add_options(p)
     return p
 
 
@@ -220,6 +238,9 @@ def _usage_problem(args) -> str:
             importlib.import_module(name)
         except Exception as exc:  # noqa: BLE001 - any failure to import is a usage error
             return f"cannot import --tasks {name}: {type(exc).__name__}: {exc}"
+    problem = instructor_problem(args)
+    if problem or args.autograder is not None:
+        return problem
     if args.gradebook is not None:
         from smol.commands.grade_class import gradebook_problem
 
@@ -228,7 +249,8 @@ def _usage_problem(args) -> str:
         if getattr(args, option):
             return f"--{option} needs --gradebook"
     try:
-        args.paths = notebook_paths(args.paths)
+        if args.exercise is None:
+            args.paths = notebook_paths(args.paths)
     except ValueError as exc:
         return str(exc)
     if args.json is None:
@@ -244,10 +266,17 @@ def _usage_problem(args) -> str:
 
 
 def _grade_all(args) -> list[dict]:
-    """The report of each notebook, with a line on stderr as each one is done."""
-    reports = []
-    for path in args.paths:
-        r = grade_notebook(path, args.timeout, args.cell_timeout, args.check_timeout)
+    """The report of each notebook (with --exercise, of the hand-in's), with a line on
+    stderr as each one is done."""
+    paths, reports = args.paths, []
+    if args.exercise is not None:
+        paths, missing = handin(args)
+        if missing:
+            print(f"could not grade: {missing['error']}", file=sys.stderr, flush=True)
+            reports.append(missing)
+    for path in paths:
+        limits = (args.timeout, args.cell_timeout, args.check_timeout)
+        r = grade_notebook(path, *limits, args.exercise)
         print(
             f"graded {path} in {r['seconds']:.1f}s: {r['score']}/{r['total']}"
             if "error" not in r
@@ -274,6 +303,8 @@ def _grade(args) -> int:
             from smol.commands.grade_class import grade_class
 
             return grade_class(args)
+        if args.autograder is not None:
+            return build_autograder(args)
         reports = _grade_all(args)
         reaper.KEEP.clear()
         reaper.sweep()  # nothing a notebook or a check started outlives it
@@ -300,6 +331,9 @@ def _finish(args, reports: list[dict]) -> int:
             print(line, file=out)
         print(f"smol grade: error: {line}", file=sys.stderr, flush=True)
         code = 1
-    if not write_report(args.json, score, total, reports):
+    if args.format == "gradescope":
+        seconds = sum(r["seconds"] for r in reports)
+        code |= not write_gradescope(args, reports, seconds)
+    elif not write_report(args.json, score, total, reports):
         code = 1
     return code

@@ -8,11 +8,12 @@ takes --overwrite."""
 from __future__ import annotations
 
 import hashlib
+import sys
 import time
 from pathlib import Path
 
 from smol.commands.grade_files import report_problem, write_output, write_report
-from smol.grading import gradebook, reaper
+from smol.grading import exports, gradebook, reaper
 from smol.grading.files import (
     earlier_grades,
     earlier_notebooks,
@@ -31,11 +32,23 @@ def gradebook_problem(args) -> str:
         return "--gradebook grades one folder of submissions: name only that folder"
     try:
         args.submissions = gradebook.find_submissions(Path(args.paths[0]))
+        args.empty = gradebook.empty_folders(Path(args.paths[0]))
     except (ValueError, OSError) as exc:
         return str(exc)
-    problem = output_problem(args.gradebook, gradebook.is_gradebook, "gradebook")
-    if problem:
-        return f"cannot write the gradebook to {args.gradebook}: {problem}"
+    for student in args.empty:
+        print(
+            f"smol grade: warning: {student}/ holds no notebook: {student} hands in "
+            "nothing (every exercise missing)",
+            file=sys.stderr,
+            flush=True,
+        )
+    for _, path, ours, what in _exports(args):
+        problem = output_problem(path, ours, what)
+        if problem:
+            return f"cannot write the {what} to {path}: {problem}"
+    named = [p.resolve() for _, p, _, _ in _exports(args)]
+    if len(set(named)) < len(named):
+        return "--gradebook, --nbgrader and --canvas must name files of their own"
     if args.json is None:
         args.json = args.gradebook.with_suffix(".json")
     if str(args.json) == "-" or args.json.resolve() == args.gradebook.resolve():
@@ -69,7 +82,7 @@ def _changed_output(args) -> str:
     record = written_record(args.json)
     folder = str(Path(args.paths[0]).resolve())
     pages = record.get("feedback") if isinstance(record.get("feedback"), dict) else {}
-    outputs = [(args.gradebook, record.get("gradebook"), "--gradebook")]
+    outputs = [(p, record.get(o[2:]), o) for o, p, _, _ in _exports(args)]
     if args.feedback is not None:
         outputs += [
             (args.feedback / name, pages.get(name), "--feedback")
@@ -99,6 +112,19 @@ def _changed_output(args) -> str:
     return ""
 
 
+def _exports(args) -> list[tuple[str, Path, object, str]]:
+    """(option, path, whether a file there is one of ours, what it is) of each CSV
+    to write."""
+    out = [("--gradebook", args.gradebook, gradebook.is_gradebook, "gradebook")]
+    if args.nbgrader is not None:
+        out.append(
+            ("--nbgrader", args.nbgrader, exports.is_nbgrader_export, "nbgrader export")
+        )
+    if args.canvas is not None:
+        out.append(("--canvas", args.canvas, exports.is_canvas_export, "Canvas export"))
+    return out
+
+
 def grade_class(args) -> int:
     """Grade a class's submissions; write the gradebook, the report and the pages."""
     start = time.monotonic()
@@ -112,15 +138,24 @@ def grade_class(args) -> int:
     # a student or an exercise of the last report whose notebooks are gone stays,
     # marked missing
     earlier = earlier_notebooks(args.json)
-    rows = gradebook.gradebook_rows(reports, earlier_students(args.json), earlier)
+    # a student whose folder holds no notebook is in the gradebook, missing all
+    students = earlier_students(args.json) | set(args.empty)
+    rows = gradebook.gradebook_rows(reports, students, earlier)
     print(gradebook.summary(reports, rows, time.monotonic() - start))
     score, total = sum(r[3] for r in rows), sum(r[4] for r in rows)
     # what this run wrote, for the next one to know its own files from edited ones
     written = {"submissions": str(Path(args.paths[0]).resolve()), "feedback": {}}
-    text = gradebook.csv_text(rows)
-    ok = write_output(args.gradebook, text, "gradebook")
-    if ok:
-        written["gradebook"] = _sha256(text)
+    texts = {
+        "--gradebook": gradebook.csv_text(rows),
+        "--nbgrader": exports.nbgrader_csv(rows),
+        "--canvas": exports.canvas_csv(rows),
+    }
+    ok = True
+    for option, path, _, what in _exports(args):
+        if write_output(path, texts[option], what):
+            written[option[2:]] = _sha256(texts[option])
+        else:
+            ok = False
     if args.feedback is not None:
         args.feedback.mkdir(exist_ok=True)
         for student in sorted({r["student"] for r in reports}):

@@ -17,7 +17,7 @@ def report_problem(path: Path) -> str:
     return output_problem(path, is_report, "report of smol grade")
 
 
-def write_output(path: Path, text: str, what: str) -> bool:
+def write_output(path: Path, text: str | bytes, what: str) -> bool:
     """Write an output atomically; whether that worked (if not, say so on stderr)."""
     try:
         write_atomic(path, text)

@@ -41,9 +41,10 @@ def run_checks(
     *,
     isolate: bool | None = None,
     payload: bytes | None = None,
+    hidden: bool = True,
 ) -> Result:
-    """Every check of `task_name` against `obj`; never raises (except
-    KeyboardInterrupt).
+    """Every check of `task_name` against `obj` (without `hidden`, those a student
+    sees); never raises (except KeyboardInterrupt).
 
     isolate: run each check in a forked child that is killed at the time limit
     (default: on Linux, where the platform allows it). payload: the object as
@@ -73,11 +74,9 @@ def run_checks(
 
     if isolate:
         _warm_up(TASKS[task_name])
+    checks = [c for c in TASKS[task_name].checks if hidden or not c.hidden]
     with exits_refused():
-        return Result(
-            task_name,
-            [check_row(c, load, timeout, isolate) for c in TASKS[task_name].checks],
-        )
+        return Result(task_name, [check_row(c, load, timeout, isolate) for c in checks])
 
 
 def check_row(c: Check, load, timeout: float, isolate: bool) -> Row:
@@ -214,6 +213,7 @@ def grade(
     table.
 
     Never raises: a check that fails, raises, hangs or exits costs its own points only.
+    Hidden checks are neither run nor shown: `smol grade` runs and counts them.
     Returns None (so a notebook shows only the table); the result is kept in
     `RESULTS[task_name]`. In a kernel started by `smol grade` it only says so:
     that command grades `obj` itself, in processes of its own, right after this cell.
@@ -222,7 +222,7 @@ def grade(
         print(f"{task_name}: graded by smol grade after this cell")
         return
     try:
-        result = run_checks(task_name, obj, timeout)
+        result = run_checks(task_name, obj, timeout, hidden=False)
     except KeyboardInterrupt:
         raise
     # the grader itself must never break a notebook
@@ -242,7 +242,7 @@ def preview(
     """Run the checks of `task_name` on an object without counting it (to see a buggy
     version fail)."""
     try:
-        result = run_checks(task_name, obj, timeout)
+        result = run_checks(task_name, obj, timeout, hidden=False)
     except BaseException as exc:  # noqa: BLE001
         result = Result(task_name, [], error=f"the grader failed: {_describe(exc)}")
     _show(result, counted=False)
@@ -250,7 +250,7 @@ def preview(
 
 def summary(notebook: str | None = None) -> None:
     """The total of every task graded so far (or of one notebook's tasks, ungraded ones
-    as zero)."""
+    as zero), over the checks a student sees."""
     names = (
         [t.name for t in TASKS.values() if t.notebook == notebook]
         if notebook
@@ -259,7 +259,8 @@ def summary(notebook: str | None = None) -> None:
     rows = []
     for name in names:
         r = RESULTS.get(name)
-        total = r.total if r and r.total else TASKS[name].points if name in TASKS else 0
+        known = TASKS[name].shown_points if name in TASKS else 0
+        total = r.total if r and r.total else known
         rows.append((name, r.score if r else 0, total, r is not None))
     score, total = sum(r[1] for r in rows), sum(r[2] for r in rows)
     width = max([len(r[0]) for r in rows] + [5])

@@ -18,15 +18,41 @@ from typing import Callable
 import nbformat
 
 
-def is_report(path: Path) -> bool:
-    """Whether `path` holds a JSON report of `smol grade`."""
+def is_regular(path: Path) -> bool:
+    """Whether `path` is a regular file (not a device such as /dev/full, whose reads
+    never end, nor a pipe, whose reads wait)."""
     try:
-        if path.stat().st_size > 1 << 30:
+        return stat.S_ISREG(path.stat().st_mode)
+    except OSError:
+        return False
+
+
+def first_line(path: Path, limit: int = 4096) -> str | None:
+    """The first line of a regular text file (at most `limit` characters); None for
+    anything else."""
+    if not is_regular(path):
+        return None
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readline(limit).rstrip("\n")
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def is_report(path: Path) -> bool:
+    """Whether `path` holds a JSON report of `smol grade` (its own report, or the
+    Gradescope results it writes, which name it in their extra data)."""
+    try:
+        if not is_regular(path) or path.stat().st_size > 1 << 30:
             return False
         report = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(report, dict) and {"score", "total", "notebooks"} <= set(report)
+    if not isinstance(report, dict):
+        return False
+    extra = report.get("extra_data")
+    ours = isinstance(extra, dict) and extra.get("graded_by") == "smol grade"
+    return ours or {"score", "total", "notebooks"} <= set(report)
 
 
 def output_problem(path: Path, ours: Callable[[Path], bool], what: str) -> str:
@@ -40,6 +66,8 @@ def output_problem(path: Path, ours: Callable[[Path], bool], what: str) -> str:
     folder = path.parent
     if not folder.is_dir():
         return f"the folder {folder} does not exist"
+    if path.exists() and not is_regular(path):
+        return "it is not a regular file (a device or a pipe?): name a file"
     if path.exists() and not ours(path):
         return f"it exists and is not an earlier {what}, which the output would replace"
     try:
@@ -51,13 +79,14 @@ def output_problem(path: Path, ours: Callable[[Path], bool], what: str) -> str:
     return ""
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """Write `text` to `path` all at once: a reader sees the old file or the new one,
-    never a part; OSError if it cannot be written."""
+def write_atomic(path: Path, text: str | bytes) -> None:
+    """Write `text` (UTF-8) or bytes to `path` all at once: a reader sees the old file
+    or the new one, never a part; OSError if it cannot be written."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    data = text.encode("utf-8") if isinstance(text, str) else text
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         umask = os.umask(0)

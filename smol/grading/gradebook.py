@@ -27,12 +27,13 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+import nbformat
 import torch
 
 from smol.grading import TASKS, reaper
 from smol.grading.registry import NOT_WRITTEN
-from smol.grading.files import read_notebook
-from smol.grading.runner import expected_tasks, score_notebook
+from smol.grading.files import first_line, read_notebook
+from smol.grading.runner import exercise_name, expected_tasks, score_notebook
 
 HEADER = ["student", "exercise", "task", "points", "max_points", "status"]
 MARK = "<!-- feedback written by smol grade -->"
@@ -68,27 +69,34 @@ def notebooks_under(folder: Path) -> list[Path]:
 def find_submissions(folder: Path) -> list[Submission]:
     """The notebooks of a submissions folder, by student and exercise: a folder per
     student (its notebooks at any depth), or STUDENT__EXERCISE.ipynb at the top;
-    ValueError for a folder that holds none, a name that says no student, or an
-    exercise twice."""
+    ValueError for a folder that holds none, a name that says no student, an
+    exercise twice (a second download, "01_rmsnorm (1).ipynb", included) or macOS's
+    __MACOSX folder."""
     found: dict[tuple[str, str], Submission] = {}
 
-    def add(student: str, exercise: str, path: Path) -> None:
+    def add(student: str, path: Path) -> None:
         if not SAFE.fullmatch(student):
             raise ValueError(
                 f"{path}: the student's name {student!r} must be letters, digits, "
                 "'.', '_' or '-' (it names the feedback page)"
             )
+        exercise = exercise_name(path)
         if (student, exercise) in found:
             other = found[student, exercise].path
             raise ValueError(f"{student} hands in {exercise} twice: {other} and {path}")
         found[student, exercise] = Submission(student, exercise, path)
 
     for entry in sorted(folder.iterdir()):
+        if entry.name == "__MACOSX":
+            raise ValueError(
+                f"{entry} is macOS's record of a zip file, not a student's folder: "
+                "delete it"
+            )
         if entry.name.startswith("."):
             continue
         if entry.is_dir():
             for path in notebooks_under(entry):
-                add(entry.name, path.stem, path)
+                add(entry.name, path)
         elif is_notebook(entry):
             student, sep, exercise = entry.stem.partition("__")
             if not sep or not exercise:
@@ -97,13 +105,26 @@ def find_submissions(folder: Path) -> list[Submission]:
                     "STUDENT__EXERCISE.ipynb (or put it in a folder named for the "
                     "student)"
                 )
-            add(student, exercise, entry)
+            add(student, entry)
     if not found:
         raise ValueError(
             f"{folder} holds no submissions: one folder of notebooks per student, or "
             "notebooks named STUDENT__EXERCISE.ipynb"
         )
     return list(found.values())
+
+
+def empty_folders(folder: Path) -> list[str]:
+    """The students of a submissions folder whose folders hold no notebook: they
+    hand in nothing (their exercises are missing)."""
+    return [
+        entry.name
+        for entry in sorted(folder.iterdir())
+        if entry.is_dir()
+        and not entry.name.startswith(".")
+        and SAFE.fullmatch(entry.name)
+        and not notebooks_under(entry)
+    ]
 
 
 def fingerprint(args) -> str:
@@ -169,12 +190,8 @@ def _grade_one(sub: Submission, args, workers: reaper.Workers, logs: Path) -> di
         try:
             nb = read_notebook(sub.path)
         except ValueError as exc:
-            nb, why = None, f"{sub.path.name} {exc}"
-        import nbformat
-
-        report = score_notebook(
-            sub.path, nb or nbformat.v4.new_notebook(), f"error: {why}", 0.0, {}
-        )
+            nb, why = nbformat.v4.new_notebook(), f"{sub.path.name} {exc}"
+        report = score_notebook(sub.path, nb, f"error: {why}", 0.0, {}, sub.exercise)
         report["error"], report["retry"] = why, True
     return report
 
@@ -346,20 +363,12 @@ def csv_text(rows: list[list]) -> str:
 
 def is_gradebook(path: Path) -> bool:
     """Whether `path` holds a gradebook this command wrote (its header line)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.readline().rstrip("\n") == ",".join(HEADER)
-    except (OSError, UnicodeDecodeError):
-        return False
+    return first_line(path) == ",".join(HEADER)
 
 
 def is_feedback(path: Path) -> bool:
     """Whether `path` holds a feedback page this command wrote (its first line)."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.readline().rstrip("\n") in (MARK, EARLIER_MARK)
-    except (OSError, UnicodeDecodeError):
-        return False
+    return first_line(path) in (MARK, EARLIER_MARK)
 
 
 def summary(reports: list[dict], rows: list[list], seconds: float) -> str:

@@ -33,6 +33,9 @@ class Check:
     inputs: Callable[[], Any]
     probe: Callable[[Any, Any], Any]
     judge: Callable[[Any, Any], None]
+    # hidden from the student: `grade` in a notebook neither runs nor shows it, and
+    # Gradescope shows it after the due date; `smol grade` runs and counts it
+    hidden: bool = False
 
 
 @dataclass
@@ -49,6 +52,11 @@ class Task:
     @property
     def points(self) -> int:
         return sum(c.points for c in self.checks)
+
+    @property
+    def shown_points(self) -> int:
+        """The points of the checks a student sees (not hidden)."""
+        return sum(c.points for c in self.checks if not c.hidden)
 
 
 TASKS: dict[str, Task] = {}
@@ -71,18 +79,21 @@ def probe_check(
     *,
     judge: Callable[[Any, Any], None],
     inputs: Callable[[], Any] = lambda: None,
+    hidden: bool = False,
 ):
     """Decorator: register `probe(obj, inputs)` as the half of a check that runs the
     student's object, with `inputs()` choosing its data (none by default) and
     `judge(inputs, outputs)` deciding. Inputs and outputs are plain data
     (`smol.grading.plain`). The module that registers the check must be importable:
     `smol grade` imports it in the notebook's kernel to run the probe
-    there."""
+    there. A `hidden` check is left out of the student's `grade`."""
     names = (task_names,) if isinstance(task_names, str) else task_names
 
     def register(probe):
         for t in names:
-            TASKS[t].checks.append(Check(t, name, points, hint, inputs, probe, judge))
+            TASKS[t].checks.append(
+                Check(t, name, points, hint, inputs, probe, judge, hidden)
+            )
         return probe
 
     return register
@@ -116,7 +127,7 @@ class Result:
 
     @property
     def total(self) -> int:
-        if self.rows:
+        if self.rows or not self.error:
             return sum(r.points for r in self.rows)
         return TASKS[self.task].points if self.task in TASKS else 0
 

@@ -38,6 +38,8 @@ from smol.grading.plain import MAX_BYTES
 from smol.grading.registry import DEFAULT_TIMEOUT, MIME, TASKS, Result, Row
 
 GRADE_CALL = re.compile(r"""(?<![\w.])grade\(\s*["'](\w+)["']""")
+# a browser's second download of a file ("01_rmsnorm (1)") and Colab's copy of one
+COPY = re.compile(r"(?:Copy of )?(.+?)(?: ?\(\d+\))?")
 
 
 def grade_calls(source: str) -> list[tuple[str, str | None]]:
@@ -88,9 +90,10 @@ def grade_calls(source: str) -> list[tuple[str, str | None]]:
 
 
 def exercise_name(path: Path) -> str:
-    """The exercise a file holds: its name without a student's prefix
-    (alice__02_rope.ipynb: 02_rope)."""
-    return path.stem.split("__")[-1]
+    """The exercise a file holds: its name without a student's prefix, a download's
+    number or Colab's "Copy of" (alice__02_rope.ipynb, 02_rope (1).ipynb and Copy of
+    02_rope.ipynb: 02_rope)."""
+    return COPY.fullmatch(path.stem.split("__")[-1])[1]
 
 
 def topic_tasks(path: Path | None) -> list[str]:
@@ -332,10 +335,18 @@ def _row(c, message: str) -> Row:
 
 
 def score_notebook(
-    path: Path, nb, status: str, seconds: float, results: dict[str, dict]
+    path: Path,
+    nb,
+    status: str,
+    seconds: float,
+    results: dict[str, dict],
+    exercise: str | None = None,
 ) -> dict:
+    """A notebook's report; `exercise` (02_rope) names the exercise whose tasks are
+    at stake where the file's name does not."""
     tasks = []
-    for name in expected_tasks(nb, path):
+    named = path if exercise is None else Path(f"{exercise}.ipynb")
+    for name in expected_tasks(nb, named):
         r = results.get(name)
         total = TASKS[name].points if name in TASKS else (r["total"] if r else 0)
         tasks.append(
@@ -358,18 +369,27 @@ def score_notebook(
 
 
 def grade_notebook(
-    path: Path, timeout: float, cell_timeout: float, check_timeout: float
+    path: Path,
+    timeout: float,
+    cell_timeout: float,
+    check_timeout: float,
+    exercise: str | None = None,
 ) -> dict:
-    """The report of one notebook; an unreadable file gives an error row, never an
-    exception."""
+    """The report of one notebook (graded as `exercise`, if given); an unreadable
+    file gives an error row, never an exception."""
     start = time.monotonic()
     try:
         nb = read_notebook(path)
     except ValueError as exc:
-        report = score_notebook(
-            path, nbformat.v4.new_notebook(), f"error: {path.name} {exc}", 0.0, {}
-        )
-        report["error"] = f"{path.name} {exc}"
-        return report
+        return error_report(path, f"{path.name} {exc}", exercise)
     results, status = run_notebook(path, nb, timeout, cell_timeout, check_timeout)
-    return score_notebook(path, nb, status, time.monotonic() - start, results)
+    seconds = time.monotonic() - start
+    return score_notebook(path, nb, status, seconds, results, exercise)
+
+
+def error_report(path: Path, error: str, exercise: str | None = None) -> dict:
+    """The report of a notebook that could not be graded: its tasks at zero."""
+    nb = nbformat.v4.new_notebook()
+    report = score_notebook(path, nb, f"error: {error}", 0.0, {}, exercise)
+    report["error"] = error
+    return report
