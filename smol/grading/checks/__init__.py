@@ -9,3 +9,4 @@ from smol.grading.checks import training, train_step, tiled  # noqa: F401
 from smol.grading.checks import lora, finetune, gguf, evaluation  # noqa: F401
 from smol.grading.checks import dpo, dpo_loss, dpo_batch  # noqa: F401
 from smol.grading.checks import grpo, grpo_loss, grpo_batch  # noqa: F401
+from smol.grading.checks import dpo_differential, grpo_differential  # noqa: F401
