@@ -7,7 +7,7 @@ import torch
 
 from smol.grading import TASKS, run_checks
 from smol.grading.checks import _differential as diff
-from smol.grading.checks import dpo_differential, grpo_differential
+from smol.grading.checks import dpo_differential, gguf_differential, grpo_differential
 from smol.grading.checks.dpo import IGNORE
 
 GENERATED = {  # task name: its differential check
@@ -20,6 +20,7 @@ GENERATED = {  # task name: its differential check
 
 def test_every_task_of_exercises_15_and_16_has_one_and_it_is_reproducible():
     wanted = {t.name for t in TASKS.values() if t.notebook in ("dpo", "grpo")}
+    wanted.add("permute_qk")
     assert set(GENERATED) == wanted
     for c in GENERATED.values():
         first, again = c.inputs(), c.inputs()
@@ -162,3 +163,5 @@ def test_the_exercises_page_gives_the_number_of_generated_inputs():
 
     text = " ".join((ROOT / "book" / "exercises.md").read_text().split())
     assert f"smol's own on {dpo_differential.CASES} generated inputs" in text
+    assert f"on {gguf_differential.CASES} weights in four dtypes" in text
+    assert len(gguf_differential.DTYPES) == 4

@@ -14,7 +14,8 @@ plain data:
      "up": [tensor | None],   # an upstream gradient per output (None: not trained)
      "tol": (atol, rtol),     # for the values
      "gtol": (atol, rtol),    # for the gradients
-     "regions": {"padding": (B, T) bool}}  # optional: names a differing position
+     "regions": {"padding": (B, T) bool},  # optional: names a differing position
+     "dtype": True}           # optional: each result in the dtype of smol's
 
 The probe gives each argument in "grad" as a model's output (a clone of a leaf), runs
 call, backpropagates sum(out * up) and hands back the outputs and the leaves'
@@ -107,6 +108,9 @@ def _compare(got, want: dict, case: dict) -> None:
     for k, (out, w) in enumerate(zip(outs, wants)):
         what = f"result {k + 1}" if len(wants) > 1 else "the result"
         assert isinstance(out, torch.Tensor), f"{what} is not a tensor"
+        assert not case.get("dtype") or out.dtype == w.dtype, (
+            f"{what} is {out.dtype}, smol's {w.dtype}"
+        )
         if w.numel() == 1 and out.numel() == 1:
             out, w = out.reshape(()), w.reshape(())
         _close(out, w, what, case["tol"], case.get("regions", {}))
