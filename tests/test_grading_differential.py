@@ -165,3 +165,16 @@ def test_the_exercises_page_gives_the_number_of_generated_inputs():
     assert f"smol's own on {dpo_differential.CASES} generated inputs" in text
     assert f"on {gguf_differential.CASES} weights in four dtypes" in text
     assert len(gguf_differential.DTYPES) == 4
+
+
+def test_a_stub_is_not_written_yet_there_too():
+    from smol.grading.registry import NOT_WRITTEN
+
+    def stub(*args, **kwargs):
+        raise NotImplementedError
+
+    for task in GENERATED:
+        row = next(
+            r for r in run_checks(task, stub).rows if r.check == GENERATED[task].name
+        )
+        assert row.message == NOT_WRITTEN, (task, row.message)
