@@ -78,7 +78,7 @@ def _pairs_case(g) -> dict:
     spread = diff.pick(g, (1.0, 30.0, 2000.0))
     logps = {s: torch.randn(B, generator=g) * spread - 60 for s in SIDES}
     return {
-        "what": f"{B} pairs, beta={beta}, log-probabilities of spread {spread}",
+        "what": f"B={B} pairs, beta={beta}, log-probabilities of spread {spread}",
         "args": logps | {"beta": beta},
         "grad": list(SIDES),
         "up": [torch.randn((), generator=g), None, None],
@@ -104,7 +104,7 @@ def _batch_case(g) -> dict:
     policy, ref = (_logits(g, (2 * B, T, V), span, dtype) for _ in range(2))
     wide = dtype == torch.bfloat16
     return {
-        "what": f"{B} pairs, T={T}, V={V}, beta={beta}, {diff.dtype_name(policy)} "
+        "what": f"B={B} pairs, T={T}, V={V}, beta={beta}, {diff.dtype_name(policy)} "
         f"logits {span}, targets {targets.tolist()}",
         "args": {"policy_logits": policy, "ref_logits": ref, "targets": targets}
         | {"beta": beta},
