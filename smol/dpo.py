@@ -105,14 +105,17 @@ def encode_pair(tokenizer, pair: dict, max_len: int | None = None):
     """((ids, labels) of prompt + chosen, (ids, labels) of prompt + rejected): the
     chat template's tokens, labelled (not -100) on the reply's tokens only. As TRL
     splits a pair, the reply is every token after the prompt's generation header:
-    the text, <|im_end|> and the newline the template writes after it."""
+    the text, <|im_end|> and the newline the template writes after it. The prompt's
+    own assistant turns (a conversation's earlier replies) are context: -100."""
     pair = check_pair(pair)
     encoded = []
     for side in ("chosen", "rejected"):
         messages = pair["prompt"] + [{"role": "assistant", "content": pair[side]}]
         ids, labels = encode_conversation(tokenizer, messages)
-        start = next(i for i, t in enumerate(labels) if t != IGNORE_INDEX)
-        labels = labels[:start] + ids[start:]  # the template's tail after the reply
+        start = max(i for i, t in enumerate(labels) if t != IGNORE_INDEX)
+        while labels[start - 1] != IGNORE_INDEX:  # back to the last reply's start
+            start -= 1
+        labels = [IGNORE_INDEX] * start + ids[start:]  # and the template's tail
         encoded.append((ids[:max_len], labels[:max_len]))
     return tuple(encoded)
 

@@ -90,6 +90,16 @@ def merge_stats_into_l_a(m_a, l_a, m_b, l_b):
 
 
 HALF = "float16 activations"
+
+
+def permute_qk_in_float32(w, n_heads):
+    """The right rows, in float32 whatever w's dtype (a bfloat16 weight, uint8
+    codes)."""
+    out, fan_in = w.shape
+    w = w.float().reshape(n_heads, 2, out // n_heads // 2, fan_in)
+    return w.transpose(1, 2).reshape(out, fan_in)
+
+
 MUTANTS: dict = {
     "RMSNorm's x * rsqrt(...) in half precision": (
         "rmsnorm",
@@ -137,4 +147,9 @@ MUTANTS: dict = {
         "m_a, l_a, m_b and l_b",
     ),
 }
+MUTANTS["permute_qk returning float32 for a bfloat16 weight"] = (
+    "permute_qk",
+    permute_qk_in_float32,
+    "generated inputs",
+)
 WIDE_MUTANTS: dict = {}

@@ -44,10 +44,20 @@ def grpo_loss_by(
     detached (the ratio without a gradient), masked_in_place (the padding of logps
     zeroed in the caller's tensor), ratio_of_exps (exp(logps) / exp(old)),
     kl_of_exps (exp(ref) / exp(logps) in k3), padding_unzeroed (the padding
-    multiplied by 0 only, where its exp may be inf: exercise 16's former solution)."""
+    multiplied by 0 only, where its exp may be inf: exercise 16's former solution),
+    straight_through (the clip's value with the unclipped ratio's gradient),
+    padding_by_where (the padding dropped by a torch.where at the end: its value 0,
+    its gradient NaN where exp overflowed), kl_per_token and kl_per_completion (the
+    KL averaged over every real token, or per completion, whatever loss_type)."""
     if bugs.get("masked_in_place"):
         logps.masked_fill_(completion_mask == 0, 0.0)
-    if not {"kl_everywhere", "padding_counted", "padding_unzeroed"} & set(bugs):
+    unzeroed = {
+        "kl_everywhere",
+        "padding_counted",
+        "padding_unzeroed",
+        "padding_by_where",
+    }
+    if not unzeroed & set(bugs):
         pad = completion_mask == 0  # zeroed, the padding's numbers cannot overflow
         logps, old, ref = (x.masked_fill(pad, 0.0) for x in (logps, old, ref))
     A = advantages[:, None]
@@ -60,6 +70,8 @@ def grpo_loss_by(
     if bugs.get("ratio_of_exps"):
         w = logps.exp() / old.exp()
     clipped = w.clamp(low, high)
+    if bugs.get("straight_through"):
+        clipped = w + (clipped - w).detach()
     if bugs.get("unclipped"):
         objective = w * A
     elif bugs.get("optimistic"):
@@ -77,7 +89,14 @@ def grpo_loss_by(
     if bugs.get("padding_counted"):
         mask = torch.ones_like(mask)
     extra = beta * kl.mean() if bugs.get("kl_everywhere") else 0.0
-    per_token = -objective + (0.0 if bugs.get("kl_everywhere") else beta * kl)
+    if bugs.get("kl_per_token"):
+        extra = beta * (kl * mask).sum() / mask.sum()
+    if bugs.get("kl_per_completion"):
+        extra = beta * ((kl * mask).sum(-1) / mask.sum(-1)).mean()
+    own_kl = {"kl_everywhere", "kl_per_token", "kl_per_completion"} & set(bugs)
+    per_token = -objective + (0.0 if own_kl else beta * kl)
+    if bugs.get("padding_by_where"):
+        per_token = torch.where(completion_mask.bool(), per_token, 0.0)
     summed = (per_token * mask).sum(-1)
     if bugs.get("swapped_averaging"):
         loss_type = {"grpo": "dapo", "dapo": "grpo"}.get(loss_type, loss_type)
@@ -105,7 +124,70 @@ def grpo_batch_loss_ratio_of_exps(logps, old, ref, rewards, mask, group_size, be
     return ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
 
 
+def grpo_batch_loss_straight_through(logps, old, ref, rewards, mask, group_size, beta):
+    """The fix with the clip as a straight-through estimate: the clipped value, the
+    unclipped ratio's gradient."""
+    from smol.grpo import group_advantages, kl_k3
+
+    A = group_advantages(rewards, group_size)[:, None]
+    ratio = torch.exp(logps - old)
+    clipped = ratio + (ratio.clamp(0.8, 1.2) - ratio).detach()
+    per_token = -torch.min(ratio * A, clipped * A) + beta * kl_k3(logps, ref)
+    mask = mask.float()
+    return ((per_token * mask).sum(-1) / mask.sum(-1)).mean()
+
+
+def advantages_refusing_only(refused):
+    """group_advantages that refuses the group sizes in `refused` alone."""
+
+    def advantages(rewards, group_size):
+        if group_size in refused:
+            raise ValueError(f"group_size must be at least 2, got {group_size}")
+        grouped = rewards.view(-1, group_size)
+        centred = grouped - grouped.mean(1, keepdim=True)
+        return (centred / (grouped.std(1, keepdim=True) + 1e-4)).view(-1)
+
+    return advantages
+
+
+# --- 15 DPO
+def logprobs_without_the_max(logits, targets):
+    """log_softmax by hand, log(sum(exp(x))) without the maximum taken out: inf above
+    a logit of 88, -inf where every logit is below -103."""
+    x = logits.float()
+    logp = x - x.exp().sum(-1, keepdim=True).log()
+    picked = logp.gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1)
+    return torch.where(targets != -100, picked, 0.0).sum(-1)
+
+
+def logprobs_from_first_to_last_reply_token(logits, targets):
+    """The reply as every position from its first scored token to its last: a -100
+    between two reply tokens is scored as token 0."""
+    scored = (targets != -100).int()
+    reply = (
+        scored.cummax(-1).values.bool()
+        & scored.flip(-1).cummax(-1).values.flip(-1).bool()
+    )
+    logp = logits.float().log_softmax(-1)
+    picked = logp.gather(-1, targets.clamp(min=0)[..., None]).squeeze(-1)
+    return torch.where(reply, picked, 0.0).sum(-1)
+
+
+def dpo_batch_rejected_under_no_grad(policy_logits, ref_logits, targets, beta):
+    """The rejected rows scored with the reference's, under no_grad: the right loss,
+    no gradient for the rejected replies."""
+    from smol.dpo import dpo_loss, sequence_logprobs
+
+    B = len(targets) // 2
+    chosen = sequence_logprobs(policy_logits[:B], targets[:B])
+    with torch.no_grad():
+        rejected = sequence_logprobs(policy_logits[B:], targets[B:])
+        ref = sequence_logprobs(ref_logits, targets)
+    return dpo_loss(chosen, rejected, ref[:B], ref[B:], beta)
+
+
 UNLIKELY = "log-probabilities near -110"
+GENERATED = "generated inputs"  # the differential checks, one a task of 15 and 16
 MUTANTS: dict = {
     "answer log-probabilities as softmax().log() (-inf for a gap of 120)": (
         "answer_logprobs",
@@ -146,6 +228,59 @@ MUTANTS: dict = {
         "grpo_batch_bug",
         grpo_batch_loss_ratio_of_exps,
         UNLIKELY,
+    ),
+}
+# Full marks before the differential checks: each loses that check alone.
+MUTANTS |= {
+    "log_softmax by hand without the maximum (inf above 88, -inf below -103)": (
+        "sequence_logprobs",
+        logprobs_without_the_max,
+        GENERATED,
+    ),
+    "a -100 between two reply tokens scored as token 0": (
+        "sequence_logprobs",
+        logprobs_from_first_to_last_reply_token,
+        GENERATED,
+    ),
+    "a DPO batch whose rejected rows get no gradient (no_grad)": (
+        "dpo_batch_bug",
+        dpo_batch_rejected_under_no_grad,
+        GENERATED,
+    ),
+    "GRPO's clip as a straight-through estimate (unclipped gradient)": (
+        "grpo_loss",
+        grpo_loss_with("straight_through"),
+        GENERATED,
+    ),
+    "the padding dropped by torch.where at the end (NaN gradient there)": (
+        "grpo_loss",
+        grpo_loss_with("padding_by_where"),
+        GENERATED,
+    ),
+    "the KL averaged over every real token, whatever loss_type": (
+        "grpo_loss",
+        grpo_loss_with("kl_per_token"),
+        GENERATED,
+    ),
+    "the KL averaged per completion, whatever loss_type": (
+        "grpo_loss",
+        grpo_loss_with("kl_per_completion"),
+        GENERATED,
+    ),
+    "a fixed batch loss whose clip is a straight-through estimate": (
+        "grpo_batch_bug",
+        grpo_batch_loss_straight_through,
+        GENERATED,
+    ),
+    "group_size 0 not refused (only 1 is)": (
+        "group_advantages",
+        advantages_refusing_only({1}),
+        GENERATED,
+    ),
+    "a negative group_size not refused (0 and 1 are)": (
+        "group_advantages",
+        advantages_refusing_only({0, 1}),
+        GENERATED,
     ),
 }
 WIDE_MUTANTS: dict = {}

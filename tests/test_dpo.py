@@ -44,6 +44,17 @@ PAIRS = [
     pair("Name a colour.", "Blue.", "I would rather not say anything at all."),
     pair("What is 41 + 1?", "42", "43, I think"),
 ]
+# a conversation's later turn: the prompt holds an earlier reply, context only
+FOLLOW_UP = {
+    "prompt": [
+        {"role": "user", "content": "What is 2 + 3?"},
+        {"role": "assistant", "content": "It is 5, as 2 + 3 = 5."},
+        {"role": "user", "content": "And 5 + 3?"},
+    ],
+    "chosen": [{"role": "assistant", "content": "8"}],
+    "rejected": [{"role": "assistant", "content": "It is 9, I believe."}],
+}
+MULTI_TURN = [*PAIRS, FOLLOW_UP]
 
 
 def cpu_config(out, lr: float, **settings) -> TrainConfig:
@@ -101,7 +112,13 @@ def _perturbed(model, seed):
 
 @pytest.mark.parametrize(
     "case",
-    ["sigmoid-reference", "sigmoid-lora", "sigmoid_norm-reference"],
+    [
+        "sigmoid-reference",
+        "sigmoid-lora",
+        "sigmoid_norm-reference",
+        "sigmoid-reference-multi_turn",
+        "sigmoid_norm-reference-multi_turn",
+    ],
 )
 def test_loss_rewards_and_gradients_equal_trl(tokenizer, hf_tokenizer, tmp_path, case):
     pytest.importorskip("trl")
@@ -112,8 +129,9 @@ def test_loss_rewards_and_gradients_equal_trl(tokenizer, hf_tokenizer, tmp_path,
 
     from smol.reference import llama_twin
 
-    loss_type, how = case.split("-")
+    loss_type, how, *turns = case.split("-")
     lora = how == "lora"
+    pairs = MULTI_TURN if turns else PAIRS
     beta = 0.2
     torch.manual_seed(0)
     reference = SmolLM(TINY)
@@ -133,10 +151,10 @@ def test_loss_rewards_and_gradients_equal_trl(tokenizer, hf_tokenizer, tmp_path,
         beta=beta,
         loss_type=[loss_type],
         max_length=None,
-        per_device_train_batch_size=len(PAIRS),
+        per_device_train_batch_size=len(pairs),
         dataset_num_proc=None,
     )
-    data = Dataset.from_list(PAIRS)
+    data = Dataset.from_list(pairs)
     if lora:
         apply_lora(policy, 4, 8.0, TARGETS)
         trl = TRLDPOTrainer(
@@ -150,7 +168,7 @@ def test_loss_rewards_and_gradients_equal_trl(tokenizer, hf_tokenizer, tmp_path,
         )
         # the same nonzero A and B on both sides: the policy is not its reference
         same_random_lora(policy, dict(trl.model.named_parameters()), seed=1)
-        ours = smol_trainer(tmp_path, policy, tokenizer, beta=beta)
+        ours = smol_trainer(tmp_path, policy, tokenizer, pairs, beta=beta)
     else:
         _perturbed(policy, seed=1)
         theirs.load_state_dict(policy.state_dict(), strict=True)
@@ -167,6 +185,7 @@ def test_loss_rewards_and_gradients_equal_trl(tokenizer, hf_tokenizer, tmp_path,
             tmp_path,
             policy,
             tokenizer,
+            pairs,
             beta=beta,
             reference=reference,
             length_normalized=loss_type == "sigmoid_norm",
@@ -174,8 +193,10 @@ def test_loss_rewards_and_gradients_equal_trl(tokenizer, hf_tokenizer, tmp_path,
 
     # the same tokens, and the same reply tokens: TRL's completion is every token after
     # the prompt rendered with its generation header, "<|im_end|>\n" included
-    rows = [trl.train_dataset[i] for i in range(len(PAIRS))]
-    for row, (chosen, rejected) in zip(rows, map(encode_pair, [tokenizer] * 4, PAIRS)):
+    rows = [trl.train_dataset[i] for i in range(len(pairs))]
+    for row, (chosen, rejected) in zip(
+        rows, (encode_pair(tokenizer, p) for p in pairs)
+    ):
         prompt = row["prompt_ids"]
         for side, (ids, labels) in (("chosen", chosen), ("rejected", rejected)):
             assert ids == prompt + row[f"{side}_ids"]
@@ -189,14 +210,14 @@ def test_loss_rewards_and_gradients_equal_trl(tokenizer, hf_tokenizer, tmp_path,
     their_loss.backward()
     metrics = {k: v[-1] for k, v in trl._metrics["train"].items()}
 
-    batch = collate_pairs([encode_pair(tokenizer, p) for p in PAIRS], 2)
+    batch = collate_pairs([encode_pair(tokenizer, p) for p in pairs], 2)
     ours.model.train()
     out = ours.pair_loss(ours.model, batch)
     out.loss.backward()
 
     torch.testing.assert_close(out.loss, their_loss.detach())
     tokens = (batch[1] != IGNORE_INDEX).sum(-1).float()  # (2B,) reply tokens
-    B = len(PAIRS)
+    B = len(pairs)
     # TRL's sigmoid_norm logs the rewards of summed log-ratios; smol's are the
     # length-normalised ones that its loss compares
     scale = tokens if loss_type == "sigmoid_norm" else torch.ones(2 * B)

@@ -6,6 +6,8 @@ from smol.grading.checks import norm, rope, gqa, swiglu, init  # noqa: F401
 from smol.grading.checks import assembled, decoder_layer, bpe, generation  # noqa: F401
 from smol.grading.checks import attention_mask, fast, speculative  # noqa: F401
 from smol.grading.checks import training, train_step, tiled  # noqa: F401
-from smol.grading.checks import lora, finetune, gguf, evaluation  # noqa: F401
+from smol.grading.checks import lora, finetune, gguf, gguf_differential  # noqa: F401
+from smol.grading.checks import evaluation  # noqa: F401
 from smol.grading.checks import dpo, dpo_loss, dpo_batch  # noqa: F401
 from smol.grading.checks import grpo, grpo_loss, grpo_batch  # noqa: F401
+from smol.grading.checks import dpo_differential, grpo_differential  # noqa: F401
