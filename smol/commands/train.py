@@ -25,6 +25,7 @@ from smol.checkpoint import CheckpointError
 from smol.commands.common import Parser, Terminated, UsageError, parser, run
 from smol.config import SmolConfig
 from smol.interrupt import TrainingInterrupted
+from smol.shards import describe
 from smol.train import TrainConfig, Trainer
 from smol.train_report import TrainingDiverged, plot_history
 
@@ -123,6 +124,8 @@ def _train(cfg: TrainConfig) -> int:
                 f"{trainer.tokens_per_step:,} tokens/step, from step {trainer.step}",
                 flush=True,
             )
+            if trainer.data_info is not None:
+                print(describe(trainer.data_info), flush=True)
         return trainer
 
     def finish(trainer: Trainer, history: dict) -> None:
