@@ -23,14 +23,19 @@ from tqdm.auto import tqdm
 from smol import sources
 from smol.checkpoint import file_sha256
 from smol.distributed import on_main_rank
-from smol.tokenizer import EOT_TOKEN, Tokenizer
+from smol.run_inputs import (
+    check_fits,
+    load_tokenizer,
+    tokenizer_sha256,
+    train_tokenizer,
+)
+from smol.tokenizer import Tokenizer
 
 FORMAT = 1
 MANIFEST = "manifest.json"
 SPLITS = ("train", "val")
 BATCH_CHARS = 1 << 22  # text handed to the batch encoder at once
 BATCH_DOCS = 4096
-BPE_TRAIN_CHARS = 1 << 28  # bpe:N learns its merges from the first 256 M characters
 
 
 def dtype_for(vocab_size: int) -> np.dtype:
@@ -42,57 +47,11 @@ def val_every(val_fraction: float) -> int:
     return max(2, round(1 / val_fraction))
 
 
-def tokenizer_sha256(tokenizer: Tokenizer) -> str:
-    return hashlib.sha256(tokenizer.backend.to_str().encode()).hexdigest()
-
-
 def encode_texts(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
     """Token ids of each text, by the library's batch encoder on every core."""
     backend = tokenizer.backend
     encode = getattr(backend, "encode_batch_fast", backend.encode_batch)
     return [e.ids for e in encode(texts, add_special_tokens=False)]
-
-
-def train_tokenizer(spec: str, docs) -> Tokenizer:
-    """bpe:N: a byte-level BPE of N tokens learnt from the training documents (the
-    first BPE_TRAIN_CHARS characters of them)."""
-    from smol.data import train_bpe
-
-    def sample():
-        seen = 0
-        for text in docs:
-            yield text
-            seen += len(text)
-            if seen >= BPE_TRAIN_CHARS:
-                return
-
-    backend = train_bpe(sample(), int(spec.split(":", 1)[1]))
-    return Tokenizer(backend, bos_token=None, eos_token=EOT_TOKEN)
-
-
-def load_tokenizer(spec: str) -> Tokenizer:
-    """A tokenizer named by --tokenizer (not bpe:N): shakespeare, smollm2, a Hugging
-    Face tokenizer folder or a tokenizer.json file."""
-    from smol.data import load_tokenizer as named
-
-    if spec in ("shakespeare", "smollm2"):
-        return named(spec)
-    path = Path(spec)
-    if path.is_dir():
-        tokenizer = Tokenizer.from_folder(path)
-    else:
-        from tokenizers import Tokenizer as Backend
-
-        try:
-            backend = Backend.from_file(str(path))
-        except Exception as e:  # tokenizers raises a plain Exception
-            raise ValueError(f"{path} is not a readable tokenizer ({e})") from None
-        tokenizer = Tokenizer(backend, bos_token=None, eos_token=EOT_TOKEN)
-    if tokenizer.eot_id is None:
-        raise ValueError(
-            f"tokenizer {spec} has no {EOT_TOKEN} token, which separates documents"
-        )
-    return tokenizer
 
 
 class ShardWriter:
@@ -198,13 +157,21 @@ def saved_tokenizer(folder: Path, manifest: dict) -> Tokenizer:
 
 
 def prepare(
-    cfg, folder: Path, spec: str, tokenizer: Tokenizer | None, rebuild: bool = False
+    cfg,
+    folder: Path,
+    spec: str,
+    tokenizer: Tokenizer | None,
+    vocab_size: int,
+    rebuild: bool = False,
 ) -> tuple[dict, bool]:
     """(manifest, reused): the shards of cfg.data in `folder`, reused when its manifest
     matches (verified: sizes and sha256), else written. `spec` names the tokenizer
-    (bpe:N is trained here); `tokenizer`, when given, is it (the model's own)."""
+    (bpe:N is trained here); `tokenizer`, when given, is it (the model's own). A
+    tokenizer larger than vocab_size is refused before any work."""
     if tokenizer is None and not spec.startswith("bpe:"):
         tokenizer = load_tokenizer(spec)
+    if tokenizer is not None:
+        check_fits(tokenizer, vocab_size, f"tokenizer {spec}")
     # bpe:N is the same tokenizer for the same source; any other, its own hash
     label = spec if tokenizer is None else f"sha256:{tokenizer_sha256(tokenizer)[:16]}"
     wanted = key(cfg, label)
@@ -306,11 +273,12 @@ def open_shards(
     """(tokenizer, train ids (N,), val ids (M,)) memory-mapped, after checking that they
     fit a model of vocab_size and a window of seq_len + 1 tokens."""
     tokenizer = saved_tokenizer(folder, manifest)
-    if tokenizer.vocab_size > vocab_size or manifest["max_id"] >= vocab_size:
+    check_fits(tokenizer, vocab_size, f"the tokenizer of the shards in {folder}")
+    if manifest["max_id"] >= tokenizer.vocab_size:
         raise ValueError(
-            f"the tokenizer of the shards in {folder} has {tokenizer.vocab_size} tokens; "
-            f"the model's vocab_size is {vocab_size}: give a model that large "
-            f"(--set vocab_size={tokenizer.vocab_size}) or a smaller tokenizer"
+            f"the shards in {folder} hold id {manifest['max_id']}, beyond their "
+            f"tokenizer's {tokenizer.vocab_size} tokens; delete {folder} to tokenize "
+            "again"
         )
     if manifest["dtype"] != dtype_for(tokenizer.vocab_size).name:
         raise ValueError(

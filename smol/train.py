@@ -33,6 +33,7 @@ from smol.distributed import (
 from smol.interrupt import TrainingInterrupted, any_rank_caught, stop_on_signals
 from smol.model import SmolLM
 from smol.optim import adamw, amp_dtype, param_groups
+from smol.run_inputs import init_model
 from smol.train_config import TrainConfig
 
 # TrainingDiverged and plot_history are imported from here too
@@ -380,28 +381,6 @@ class Trainer:
         if self.data_info is not None:
             summary["data"] = self.data_info
         return summary
-
-
-def init_model(cfg: TrainConfig):
-    """(model, tokenizer) of cfg.init, in float32 on the CPU, the tokenizer checked
-    against cfg.tokenizer where one was named: a model trains on its own only."""
-    from smol.pretrained import load_pretrained
-
-    source = None if cfg.init == "smollm2" else cfg.init
-    model, tokenizer = load_pretrained(source, device="cpu")
-    if cfg.tokenizer != "auto":
-        named = shards.load_tokenizer(cfg.tokenizer)
-        if shards.tokenizer_sha256(named) != shards.tokenizer_sha256(tokenizer):
-            raise ValueError(
-                f"tokenizer {cfg.tokenizer} is not the tokenizer of init {cfg.init}: a "
-                "model trains on its own; leave tokenizer out"
-            )
-    if tokenizer.eot_id is None:
-        raise ValueError(
-            f"the tokenizer of init {cfg.init} has no {data.EOT!r} token to separate "
-            "documents"
-        )
-    return model.train(), tokenizer
 
 
 if __name__ == "__main__":  # `python -m smol.train` runs no command

@@ -263,6 +263,11 @@ def _check_data(c: TrainConfig) -> None:
         raise ValueError("data_config, data_files and shards need data")
     if not (_is_number(c.val_fraction) and 0 < c.val_fraction <= 0.5):
         raise ValueError(f"val_fraction must lie in (0, 0.5], got {c.val_fraction!r}")
+    if c.init and c.model_overrides:
+        raise ValueError(
+            f"init {c.init} gives the model's config: model_overrides (--set) cannot "
+            "change it"
+        )
     if c.init and c.init != "smollm2" and not os.path.exists(c.init):
         raise ValueError(
             f"init must be smollm2, a model folder or a .gguf file; {c.init} is no "
