@@ -296,8 +296,9 @@ class Batches:
         saved, now = state.get("stream"), self.windows.identity
         if saved != now and None not in (saved, now):
             raise ValueError(
-                f"the checkpoint was trained on the token stream {saved[:16]}..., these "
-                f"shards hold {now[:16]}...: resume on the shards it was trained on"
+                f"the checkpoint was trained on the token stream {saved[:16]}..., "
+                f"these shards hold {now[:16]}...: resume on the shards it was "
+                "trained on"
             )
         self.position = int(state["position"])
 

@@ -55,7 +55,7 @@ def encode_texts(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
 
 
 class ShardWriter:
-    """One split's token ids appended to a temporary file, hashed as they are written."""
+    """One split's token ids appended to a temporary file, hashed as written."""
 
     def __init__(self, path: Path, dtype: np.dtype):
         self.path, self.tmp, self.dtype = path, path.with_suffix(".bin.tmp"), dtype
@@ -118,7 +118,10 @@ def mismatch(folder: Path, manifest: dict, wanted: dict) -> str:
         )
     if saved["source"] != wanted["source"]:
         old = saved["source"].get("path") or saved["source"].get("hub")
-        return f"the shards in {folder} were made from another source or version ({old}){end}"
+        return (
+            f"the shards in {folder} were made from another source or version "
+            f"({old}){end}"
+        )
     differ = [k for k in wanted if saved.get(k) != wanted[k]]
     return (
         f"the shards in {folder} were made with other settings "
@@ -292,8 +295,8 @@ def open_shards(
         if n < seq_len + 1:
             raise ValueError(
                 f"the {'validation' if split == 'val' else 'training'} split of the "
-                f"shards in {folder} has {n} tokens, fewer than a window of seq_len + 1 "
-                f"= {seq_len + 1}: give more text or a shorter --seq-len"
+                f"shards in {folder} has {n} tokens, fewer than a window of "
+                f"seq_len + 1 = {seq_len + 1}: give more text or a shorter --seq-len"
             )
         path = folder / manifest["splits"][split]["file"]
         arrays.append(np.memmap(path, dtype=manifest["dtype"], mode="r", shape=(n,)))
@@ -314,7 +317,7 @@ def training_streams(
     def make() -> None:
         rebuild = cfg.overwrite and not cfg.shards
         made["manifest"], made["reused"] = prepare(
-            cfg, folder, spec, tokenizer, rebuild
+            cfg, folder, spec, tokenizer, vocab_size, rebuild
         )
 
     on_main_rank(make, rank, world_size)

@@ -1,5 +1,6 @@
-"""The user's text as a stream of documents: a text file, a folder of them, JSONL, Parquet
-(a FineWeb or FineWeb-Edu shard, say), or a Hugging Face dataset streamed by name.
+"""The user's text as a stream of documents: a text file, a folder of them, JSONL,
+Parquet (a FineWeb or FineWeb-Edu shard, say), or a Hugging Face dataset streamed by
+name.
 
 A folder is read recursively in sorted order, taking the files whose names end in
 .txt, .md, .text (text), .jsonl (one JSON object a line, its "text" field a document) or
@@ -35,7 +36,8 @@ def check(data: str, config: str = "", data_files: str = "") -> None:
         return
     if config or data_files:
         raise ValueError(
-            f"data_config and data_files are for a hub dataset (data hf:NAME), not {data}"
+            "data_config and data_files are for a hub dataset (data hf:NAME), not "
+            f"{data}"
         )
     path = Path(data)
     if not path.exists():
@@ -128,8 +130,8 @@ def text_pieces(path: Path) -> Iterator[tuple[str, bool]]:
             except UnicodeDecodeError as e:
                 at = offset - pending + e.start
                 raise ValueError(
-                    f"{path} is not UTF-8 text: byte 0x{e.object[e.start]:02x} at offset "
-                    f"{at}"
+                    f"{path} is not UTF-8 text: byte 0x{e.object[e.start]:02x} at "
+                    f"offset {at}"
                 ) from None
             offset += len(chunk)
             while len(buf) >= PIECE_CHARS:

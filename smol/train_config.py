@@ -229,18 +229,19 @@ def _check_tokenizer(c: TrainConfig) -> None:
         size = t[4:]
         if not (size.isdigit() and 257 <= int(size) <= 1 << 20):
             raise ValueError(
-                f"tokenizer {t}: expected bpe:N with N a vocabulary size in [257, 2**20]"
+                f"tokenizer {t}: expected bpe:N with N a vocabulary size in "
+                "[257, 2**20]"
             )
         if c.init:
             raise ValueError(
-                f"init {c.init} comes with its own tokenizer: a new {t} would not match "
-                "its embeddings; leave tokenizer out"
+                f"init {c.init} comes with its own tokenizer: a new {t} would not "
+                "match its embeddings; leave tokenizer out"
             )
         if c.preset in PRESETS and int(size) > c.model_config().vocab_size:
             raise ValueError(
-                f"tokenizer {t} has {size} tokens; the {c.preset} model's vocab_size is "
-                f"{c.model_config().vocab_size}: give --set vocab_size={size} or a "
-                "smaller bpe:N"
+                f"tokenizer {t} has {size} tokens; the {c.preset} model's vocab_size "
+                f"is {c.model_config().vocab_size}: give --set vocab_size={size} or "
+                "a smaller bpe:N"
             )
     elif not os.path.exists(t):
         raise ValueError(
