@@ -245,8 +245,9 @@ def _check_tokenizer(c: TrainConfig) -> None:
             )
     elif not os.path.exists(t):
         raise ValueError(
-            "tokenizer must be auto, shakespeare, smollm2, bpe:N, or a tokenizer "
-            f"folder or tokenizer.json; got {t!r}, which is no such file or folder"
+            "tokenizer must be one of auto, shakespeare, smollm2, bpe:N, or a "
+            f"tokenizer folder or tokenizer.json; got {t!r}, which is no such file or "
+            "folder"
         )
     if not c.data:
         raise ValueError(f"tokenizer {t} is for data of your own: give data too")
