@@ -72,6 +72,10 @@ class ShardWriter:
         self.sha.update(data)
         self.tokens += len(ids)
 
+    def discard(self) -> None:
+        self.file.close()
+        self.tmp.unlink(missing_ok=True)
+
     def close(self) -> dict:
         self.file.close()
         os.replace(self.tmp, self.path)
@@ -185,6 +189,12 @@ def prepare(
         verify(folder, manifest)
         saved_tokenizer(folder, manifest)
         return manifest, True
+    ours = [n for n in ("train.bin", "val.bin", "tokenizer") if (folder / n).exists()]
+    if manifest is None and ours:
+        raise ValueError(
+            f"{folder} holds {', '.join(ours)} but no {MANIFEST}: not shards of "
+            f"smol's, or shards cut short; give another --shards, or delete {folder}"
+        )
     if tokenizer is None:
         k = val_every(cfg.val_fraction)
         docs = sources.documents(cfg.data, cfg.data_config, cfg.data_files)
@@ -198,12 +208,46 @@ def write(cfg, folder: Path, tokenizer: Tokenizer, wanted: dict, name: str) -> d
     stays flat), then the tokenizer and, last, the manifest."""
     folder.mkdir(parents=True, exist_ok=True)
     (folder / MANIFEST).unlink(missing_ok=True)  # half-written shards never match
-    dtype, eot, k = (
-        dtype_for(tokenizer.vocab_size),
-        tokenizer.eot_id,
-        val_every(cfg.val_fraction),
-    )
+    dtype, k = dtype_for(tokenizer.vocab_size), val_every(cfg.val_fraction)
     out = {s: ShardWriter(folder / f"{s}.bin", dtype) for s in SPLITS}
+    try:  # a failure or a signal leaves no temporary file behind
+        _tokenize(cfg, tokenizer, out)
+        if not any(w.tokens for w in out.values()):
+            raise ValueError(f"data {cfg.data} holds no text")
+        for split, writer in out.items():
+            if not writer.tokens:
+                raise ValueError(
+                    f"data {cfg.data} holds one document (or piece) only: the "
+                    f"{'validation' if split == 'val' else 'training'} split would "
+                    "be empty; give more text"
+                )
+    except BaseException:
+        for writer in out.values():
+            writer.discard()
+        raise
+    splits = {s: w.close() for s, w in out.items()}
+    tokenizer.save(folder / "tokenizer")
+    manifest = {
+        "key": wanted,
+        "tokenizer": name,
+        "tokenizer_sha256": tokenizer_sha256(tokenizer),
+        "vocab_size": tokenizer.vocab_size,
+        "dtype": dtype.name,
+        "max_id": max(w.max_id for w in out.values()),
+        "val_every": k,
+        "splits": splits,
+    }
+    tmp = folder / (MANIFEST + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
+    os.replace(tmp, folder / MANIFEST)
+    return manifest
+
+
+def _tokenize(cfg, tokenizer: Tokenizer, out: dict[str, ShardWriter]) -> None:
+    """cfg.data's documents, batch by batch through the batch encoder, into `out`'s
+    writers, each document followed by the end-of-text id where it ends or where its
+    split's next piece does not follow it in the text."""
+    eot, k = tokenizer.eot_id, val_every(cfg.val_fraction)
     docs = enumerate(sources.documents(cfg.data, cfg.data_config, cfg.data_files))
     bar = tqdm(
         total=sources.text_bytes(cfg.data),
@@ -233,31 +277,6 @@ def write(cfg, folder: Path, tokenizer: Tokenizer, wanted: dict, name: str) -> d
             writer.write(ids[split])
         bar.set_postfix(tokens=f"{total:,}", refresh=False)
     bar.close()
-    splits = {s: w.close() for s, w in out.items()}
-    if total == 0:
-        raise ValueError(f"data {cfg.data} holds no text")
-    for s in SPLITS:
-        if splits[s]["tokens"] == 0:
-            raise ValueError(
-                f"data {cfg.data} holds one document (or piece) only: the "
-                f"{'validation' if s == 'val' else 'training'} split would be empty; "
-                "give more text"
-            )
-    tokenizer.save(folder / "tokenizer")
-    manifest = {
-        "key": wanted,
-        "tokenizer": name,
-        "tokenizer_sha256": tokenizer_sha256(tokenizer),
-        "vocab_size": tokenizer.vocab_size,
-        "dtype": dtype.name,
-        "max_id": max(w.max_id for w in out.values()),
-        "val_every": k,
-        "splits": splits,
-    }
-    tmp = folder / (MANIFEST + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1), encoding="utf-8")
-    os.replace(tmp, folder / MANIFEST)
-    return manifest
 
 
 def _batch(docs):

@@ -429,3 +429,34 @@ def test_every_new_setting_is_checked_when_the_config_is_made(tmp_path):
             TrainConfig(out_dir=str(tmp_path / "r"), **bad)
         assert says in str(e.value) and "\n" not in str(e.value), (bad, str(e.value))
     assert not (tmp_path / "r").exists()
+
+
+def test_a_failed_tokenization_leaves_nothing_and_a_fixed_source_then_works(tmp_path):
+    """A bad file met midway removes the half-written shards (left there, the next
+    run would find files without a manifest)."""
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("\n\n".join(plays(2)), encoding="utf-8")
+    (tmp_path / "texts" / "b.txt").write_bytes(b"\0binary")
+    cfg = config(tmp_path, tmp_path / "texts", tokenizer="shakespeare")
+    folder = tmp_path / "s"
+    with pytest.raises(ValueError, match="b.txt is a binary file"):
+        shards.prepare(cfg, folder, "shakespeare", None, 4096)
+    assert list(folder.iterdir()) == []
+    (tmp_path / "texts" / "b.txt").write_text("Now text.")
+    manifest, reused = shards.prepare(cfg, folder, "shakespeare", None, 4096)
+    assert not reused and manifest["splits"]["train"]["tokens"] > 0
+
+
+def test_a_folder_with_files_of_the_same_names_but_no_manifest_is_not_written(
+    tmp_path,
+):
+    (tmp_path / "a.txt").write_text("\n\n".join(plays(2)), encoding="utf-8")
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "train.bin").write_bytes(b"the user's own file")
+    cfg = config(tmp_path, tmp_path / "a.txt", tokenizer="shakespeare")
+    with pytest.raises(ValueError) as e:
+        shards.prepare(cfg, folder, "shakespeare", None, 4096)
+    assert str(e.value).startswith(f"{folder} holds train.bin but no manifest.json")
+    assert (folder / "train.bin").read_bytes() == b"the user's own file"
+    assert sorted(p.name for p in folder.iterdir()) == ["train.bin"]
