@@ -132,38 +132,25 @@ def main() -> None:
     rows = []
     for name, what in (("smol", "smol's path"), ("tokenizers", "tokenizers alone")):
         r = results[name]
-        rows.append([f"tokenize, {what}", f"{mb / r['seconds']:.2f}", "MB/s"])
+        rows.append([f"tokenize, {what}", round(mb / r["seconds"], 2), "MB/s"])
         rows.append(
-            [f"tokenize, {what}", f"{r['tokens'] / r['seconds']:,.0f}", "tokens/s"]
+            [f"tokenize, {what}", round(r["tokens"] / r["seconds"]), "tokens/s"]
         )
-    r = results["load"]
-    rows.append(
-        [
-            "load 16 x 1024-token windows",
-            f"{r['windows'] / r['seconds']:,.0f}",
-            "windows/s",
-        ]
-    )
-    rows.append(
-        [
-            "load 16 x 1024-token windows",
-            f"{r['tokens'] / r['seconds']:,.0f}",
-            "tokens/s",
-        ]
-    )
+    r, served = results["load"], "load batches of 16 x 1024 tokens"
+    rows.append([served, round(r["windows"] / r["seconds"]), "windows/s"])
+    rows.append([served, round(r["tokens"] / r["seconds"]), "tokens/s"])
     for name in ("smol", "tokenizers", "load"):
-        r = results[name]
         for key in ("rss_before_mb", "peak_rss_mb", "anon_rss_mb"):
-            rows.append([f"{name}: {key[:-3]}", f"{r[key]:.0f}", "MB"])
+            rows.append([f"{name}: {key[:-3]}", round(results[name][key]), "MB"])
     rows = [
-        [*row, f"{mb:.0f}", results["smol"]["tokens"], os.cpu_count(), load]
+        [*row, round(mb), results["smol"]["tokens"], os.cpu_count(), load]
         for row in rows
     ]
     header = ["measure", "value", "unit", "corpus_mb", "corpus_tokens", "cpus", "load"]
     width = max(len(r[0]) for r in rows)
     print(f"corpus {mb:,.0f} MB, {results['smol']['tokens']:,} tokens; load {load}")
     for row in rows:
-        print(f"{row[0]:<{width}}  {row[1]:>12} {row[2]}")
+        print(f"{row[0]:<{width}}  {row[1]:>12,} {row[2]}")
     if args.csv:
         write_csv(args.csv, header, rows)
 
