@@ -77,7 +77,9 @@ DATA_HELP = {
     "Face dataset streamed (online). Default: the bundled plays",
     "data_config": "hf:NAME's configuration, e.g. sample-10BT",
     "data_files": "hf:NAME's data_files, e.g. --data hf:parquet --data-files x.parquet",
-    "max_tokens": "tokenize at most this many tokens of --data (0: all of it)",
+    "max_tokens": "tokenize at most this many tokens of --data (0: all of it; a "
+    "large hub dataset, e.g. hf:HuggingFaceFW/fineweb-edu --data-config sample-10BT, "
+    "wants one)",
     "val_fraction": "the fraction of --data's documents (a text file's pieces of "
     "about 4 KB) held out whole for validation",
     "shards": "the folder of --data's token shards (train.bin, val.bin, "
