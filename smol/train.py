@@ -73,7 +73,9 @@ class Trainer:
         # before any work, not when the first save fails
         prepare = functools.partial(resume.prepare_out_dir, cfg, self.checkpoint_root)
         on_main_rank(prepare, self.rank, self.world_size)
-        self._load_data(train_tokens, val_tokens, own_tokenizer)
+        # the model's own tokenizer (init), and what the data is (smol.shards)
+        self.own_tokenizer, self.data_info = own_tokenizer, None
+        self._load_data(train_tokens, val_tokens)
 
         torch.manual_seed(cfg.seed)  # every rank builds the same initial weights
         self.model = (SmolLM(mc) if model is None else model).to(self.device)
@@ -102,12 +104,12 @@ class Trainer:
         if cfg.resume:
             self.load_checkpoint(None if cfg.resume in (True, "latest") else cfg.resume)
 
-    def _load_data(self, train_tokens, val_tokens, tokenizer=None) -> None:
+    def _load_data(self, train_tokens, val_tokens) -> None:
         """This rank's training batches and the validation windows: the streams given,
-        else cfg.data's token shards (smol.shards), else the plays, tokenized with
-        `tokenizer` (the model's own) or cfg.tokenizer."""
+        else cfg.data's token shards (smol.shards), else the plays, tokenized with the
+        model's own tokenizer (init) or cfg.tokenizer."""
         cfg, vocab_size = self.cfg, self.model_config.vocab_size
-        self.data_info = stream = None
+        tokenizer, stream = self.own_tokenizer, None
         if cfg.data and train_tokens is None and val_tokens is None:
             self.tokenizer, train_tokens, val_tokens, self.data_info = (
                 shards.training_streams(
