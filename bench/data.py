@@ -1,11 +1,12 @@
-"""Training on your own text, measured on a generated corpus (the plays' paragraphs in
-a seeded random order, written as files of 64 MB): tokenization speed in MB/s of smol's
-path (smol.shards: reading, SmolLM2's tokenizer by the batch encoder on every core,
-writing and hashing the shards) beside `tokenizers` alone on the same batches of text,
-then the loader serving training windows from the memory-mapped shard (windows/s and
-tokens/s), and the peak resident memory of each phase, each measured in a process of
-its own (VmHWM of /proc/self/status; RssAnon, the memory that is not file pages, at the
-end). The machine's load average is recorded beside the numbers.
+"""Training on your own text, measured on a generated corpus (files of the plays'
+paragraphs, each file all of them in a fresh seeded order, about 4.8 MB): tokenization
+speed in MB/s of smol's path (smol.shards: reading, SmolLM2's tokenizer by the batch
+encoder on every core, writing and hashing the shards) beside `tokenizers` alone on the
+same batches of text, then the loader serving training windows from the memory-mapped
+shard (windows/s and tokens/s), and the peak resident memory of each phase, each
+measured in a process of its own (VmHWM of /proc/self/status; RssAnon, the memory that
+is not file pages, at the end). The machine's load average is recorded beside the
+numbers.
 
     python bench/data.py [--size-mb 1024] [--work /tmp/smol-data-bench]
         [--csv bench/results/data.csv]
@@ -24,8 +25,6 @@ from pathlib import Path
 
 from common import write_csv
 
-FILE_MB = 64
-
 
 def status_kb(field: str) -> int:
     """A memory figure of this process from /proc/self/status, in kB."""
@@ -36,8 +35,8 @@ def status_kb(field: str) -> int:
 
 
 def make_corpus(folder: Path, size_mb: int) -> int:
-    """Files of FILE_MB of the plays' paragraphs in a seeded random order, up to
-    size_mb in all (kept between runs); returns the corpus's size in bytes."""
+    """Files of the plays' paragraphs, each in a fresh seeded order, up to size_mb in
+    all (kept between runs); returns the corpus's size in bytes."""
     from smol.data import load_plays
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -51,7 +50,7 @@ def make_corpus(folder: Path, size_mb: int) -> int:
     rng, written, n = random.Random(0), 0, 0
     while written < want:
         rng.shuffle(paragraphs)
-        text = "\n\n".join(paragraphs).encode()[: min(FILE_MB << 20, want - written)]
+        text = "\n\n".join(paragraphs).encode()[: want - written]
         text = text.decode("utf-8", errors="ignore").encode()
         (folder / f"part_{n:04d}.txt").write_bytes(text)
         written, n = written + len(text), n + 1
