@@ -161,17 +161,21 @@ def next_token_targets(window: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 def corpus_streams(
-    tokenizer_name: str,
+    tokenizer_name: str | Tokenizer,
     vocab_size: int,
     train_tokens: torch.Tensor | None = None,
     val_tokens: torch.Tensor | None = None,
 ) -> tuple[Tokenizer | None, torch.Tensor, torch.Tensor]:
     """(tokenizer, train_tokens, val_tokens) for a model of vocab_size: the corpus,
     tokenized with the tokenizer named, stands in for a stream not given; the tokenizer
-    is None when both are given."""
+    is None when both are given. A Tokenizer may be given in place of a name."""
     if train_tokens is not None and val_tokens is not None:
         return None, train_tokens, val_tokens
-    tokenizer = load_tokenizer(tokenizer_name)
+    tokenizer = (
+        load_tokenizer(tokenizer_name)
+        if isinstance(tokenizer_name, str)
+        else tokenizer_name
+    )
     if tokenizer.vocab_size > vocab_size:
         raise ValueError(
             f"the {tokenizer_name!r} tokenizer has {tokenizer.vocab_size} tokens; "
@@ -188,12 +192,19 @@ class PackedWindows:
     """Non-overlapping windows of seq_len + 1 tokens cut from one stream of documents
     (consecutive windows share one token: the last target of one is the first input of
     the next), visited in a fresh random order each epoch. Window g of the endless
-    sequence is a pure function of (seed, g), so a data position is one integer."""
+    sequence is a pure function of (seed, g), so a data position is one integer.
+    `tokens`: a tensor, or a NumPy array (a memory-mapped shard, read window by window);
+    `identity` names the stream (a shard's sha256) for a checkpoint to check."""
 
     def __init__(
-        self, tokens: torch.Tensor, seq_len: int, seed: int = 0, shuffle: bool = True
+        self,
+        tokens: torch.Tensor | np.ndarray,
+        seq_len: int,
+        seed: int = 0,
+        shuffle: bool = True,
+        identity: str | None = None,
     ):
-        if tokens.dim() != 1:
+        if tokens.ndim != 1:
             raise ValueError(
                 f"tokens must be one stream (N,), got shape {tuple(tokens.shape)}"
             )
@@ -209,6 +220,7 @@ class PackedWindows:
             shuffle,
         )
         self.n = (len(tokens) - 1) // seq_len  # windows per epoch
+        self.identity = identity
         self._order: tuple[int, torch.Tensor] | None = None
 
     def __len__(self) -> int:
@@ -230,7 +242,10 @@ class PackedWindows:
             for g in range(start, start + count)
         ]
         starts = torch.tensor(idx) * self.seq_len
-        return self.tokens[starts[:, None] + torch.arange(self.seq_len + 1)]
+        at = starts[:, None] + torch.arange(self.seq_len + 1)  # (count, seq_len + 1)
+        if isinstance(self.tokens, np.ndarray):
+            return torch.from_numpy(self.tokens[at.numpy()].astype(np.int64))
+        return self.tokens[at]
 
 
 class Batches:
@@ -271,9 +286,20 @@ class Batches:
         return next_token_targets(self.windows.windows(start, self.batch_size))
 
     def state_dict(self) -> dict:
-        return {"position": self.position}
+        if self.windows.identity is None:
+            return {"position": self.position}
+        return {"position": self.position, "stream": self.windows.identity}
 
     def load_state_dict(self, state: dict) -> None:
+        """Take a saved position; a ValueError where it was saved on another named
+        stream (shards written again since, say)."""
+        saved, now = state.get("stream"), self.windows.identity
+        if saved != now and None not in (saved, now):
+            raise ValueError(
+                f"the checkpoint was trained on the token stream {saved[:16]}..., "
+                f"these shards hold {now[:16]}...: resume on the shards it was "
+                "trained on"
+            )
         self.position = int(state["position"])
 
 

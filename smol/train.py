@@ -23,7 +23,7 @@ import torch.distributed as dist
 # smol/__init__.py has imported it without its IProgress notice
 from tqdm.auto import tqdm
 
-from smol import checkpoint, data, flops, resume, train_report
+from smol import checkpoint, data, flops, resume, shards, train_report
 from smol.distributed import (
     on_main_rank,
     setup_distributed,
@@ -33,6 +33,7 @@ from smol.distributed import (
 from smol.interrupt import TrainingInterrupted, any_rank_caught, stop_on_signals
 from smol.model import SmolLM
 from smol.optim import adamw, amp_dtype, param_groups
+from smol.run_inputs import init_model
 from smol.train_config import TrainConfig
 
 # TrainingDiverged and plot_history are imported from here too
@@ -53,8 +54,11 @@ class Trainer:
     ):
         """`model`: train this model (pretrained, say, or with LoRA adapters) in place
         of a fresh SmolLM of config.preset; its parameters that do not require grad
-        stay frozen."""
+        stay frozen. config.init loads the weights (and tokenizer) named there."""
         config.validate()  # again: fields may have been set after it was made
+        own_tokenizer = None
+        if model is None and config.init:
+            model, own_tokenizer = init_model(config)
         self.model_config = mc = (
             config.model_config() if model is None else model.config
         )
@@ -69,6 +73,8 @@ class Trainer:
         # before any work, not when the first save fails
         prepare = functools.partial(resume.prepare_out_dir, cfg, self.checkpoint_root)
         on_main_rank(prepare, self.rank, self.world_size)
+        # the model's own tokenizer (init), and what the data is (smol.shards)
+        self.own_tokenizer, self.data_info = own_tokenizer, None
         self._load_data(train_tokens, val_tokens)
 
         torch.manual_seed(cfg.seed)  # every rank builds the same initial weights
@@ -99,14 +105,26 @@ class Trainer:
             self.load_checkpoint(None if cfg.resume in (True, "latest") else cfg.resume)
 
     def _load_data(self, train_tokens, val_tokens) -> None:
-        """This rank's training batches and the validation windows; the corpus
-        (tokenized with cfg.tokenizer) stands in for a stream not given."""
+        """This rank's training batches and the validation windows: the streams given,
+        else cfg.data's token shards (smol.shards), else the plays, tokenized with the
+        model's own tokenizer (init) or cfg.tokenizer."""
         cfg, vocab_size = self.cfg, self.model_config.vocab_size
-        self.tokenizer, train_tokens, val_tokens = data.corpus_streams(
-            cfg.tokenizer, vocab_size, train_tokens, val_tokens
-        )
+        tokenizer, stream = self.own_tokenizer, None
+        if cfg.data and train_tokens is None and val_tokens is None:
+            self.tokenizer, train_tokens, val_tokens, self.data_info = (
+                shards.training_streams(
+                    cfg, vocab_size, self.rank, self.world_size, tokenizer
+                )
+            )
+            stream = self.data_info["stream"]
+        else:
+            self.tokenizer, train_tokens, val_tokens = data.corpus_streams(
+                tokenizer or cfg.tokenizer, vocab_size, train_tokens, val_tokens
+            )
         self.train_batches = data.Batches(
-            data.PackedWindows(train_tokens, cfg.seq_len, seed=cfg.seed),
+            data.PackedWindows(
+                train_tokens, cfg.seq_len, seed=cfg.seed, identity=stream
+            ),
             cfg.batch_size,
             self.rank,
             self.world_size,
@@ -361,7 +379,10 @@ class Trainer:
     def summary(self) -> dict:
         """Final numbers; under DDP also every rank's weights digest (all equal when
         replicas agree)."""
-        return train_report.summary(self)
+        summary = train_report.summary(self)
+        if self.data_info is not None:
+            summary["data"] = self.data_info
+        return summary
 
 
 if __name__ == "__main__":  # `python -m smol.train` runs no command

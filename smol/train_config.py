@@ -30,6 +30,7 @@ NON_NEGATIVE_INTS = (
     "sample_tokens",
     "ckpt_every",
     "seed",
+    "max_tokens",
 )
 FLAGS = ("compile", "overwrite", "allow_changed_settings", "progress")
 
@@ -45,8 +46,20 @@ class TrainConfig:
     preset: str | None = "tiny"  # None: the model is given to the Trainer
     # SmolConfig fields, e.g. {"num_hidden_layers": 2}
     model_overrides: dict = field(default_factory=dict)
-    # "shakespeare" (vocab 4096), "smollm2" (49152), or "auto" from the vocab size
+    # "shakespeare" (vocab 4096), "smollm2" (49152), or "auto" from the vocab size;
+    # with data also "bpe:N" (trained on it) or a tokenizer folder or tokenizer.json
     tokenizer: str = "auto"
+    # the training text: "" the bundled plays; a text, JSONL or Parquet file, a folder
+    # of them, or "hf:NAME" a Hugging Face dataset, streamed (smol.sources)
+    data: str = ""
+    data_config: str = ""  # hf:NAME's configuration, e.g. sample-10BT
+    data_files: str = ""  # hf:NAME's data_files, e.g. a Parquet file on disk
+    max_tokens: int = 0  # tokenize at most this many tokens of data (0: all)
+    val_fraction: float = 0.05  # of data's documents, held out for validation
+    shards: str = ""  # the token shards' folder; "": OUT_DIR/data
+    # start from these weights (their config and tokenizer): "smollm2" (the released
+    # model smol finetune starts from), a model folder or a .gguf file
+    init: str = ""
     steps: int = 300
     batch_size: int = 16  # sequences per micro-batch per rank
     seq_len: int = 128
@@ -185,11 +198,7 @@ def _check_optimizer(c: TrainConfig) -> None:
 
 
 def _check_choices(c: TrainConfig) -> None:
-    if c.tokenizer not in ("auto", "shakespeare", "smollm2"):
-        raise ValueError(
-            "tokenizer must be one of 'auto', 'shakespeare', 'smollm2'; "
-            f"got {c.tokenizer!r}"
-        )
+    _check_tokenizer(c)
     if c.dtype not in ("auto", "bf16", "fp16", "fp32"):
         raise ValueError(
             f"dtype must be one of auto, bf16, fp16, fp32; got {c.dtype!r}"
@@ -202,6 +211,70 @@ def _check_choices(c: TrainConfig) -> None:
             "device must be 'auto' or a torch device such as 'cpu' or 'cuda:0', "
             f"got {c.device!r}"
         ) from None
+
+
+def _check_tokenizer(c: TrainConfig) -> None:
+    """auto, shakespeare, smollm2; with data also bpe:N or a tokenizer's path; with init
+    the model's own only."""
+    t = c.tokenizer
+    if not isinstance(t, str) or not t:
+        raise ValueError(f"tokenizer must be a name or a path, got {t!r}")
+    if t in ("auto", "shakespeare", "smollm2"):
+        if c.init and t == "shakespeare":
+            raise ValueError(
+                f"init {c.init} comes with its own tokenizer; leave tokenizer out"
+            )
+        return
+    if t.startswith("bpe:"):
+        size = t[4:]
+        if not (size.isdigit() and 257 <= int(size) <= 1 << 20):
+            raise ValueError(
+                f"tokenizer {t}: expected bpe:N with N a vocabulary size in "
+                "[257, 2**20]"
+            )
+        if c.init:
+            raise ValueError(
+                f"init {c.init} comes with its own tokenizer: a new {t} would not "
+                "match its embeddings; leave tokenizer out"
+            )
+        if c.preset in PRESETS and int(size) > c.model_config().vocab_size:
+            raise ValueError(
+                f"tokenizer {t} has {size} tokens; the {c.preset} model's vocab_size "
+                f"is {c.model_config().vocab_size}: give --set vocab_size={size} or "
+                "a smaller bpe:N"
+            )
+    elif not os.path.exists(t):
+        raise ValueError(
+            "tokenizer must be one of auto, shakespeare, smollm2, bpe:N, or a "
+            f"tokenizer folder or tokenizer.json; got {t!r}, which is no such file or "
+            "folder"
+        )
+    if not c.data:
+        raise ValueError(f"tokenizer {t} is for data of your own: give data too")
+
+
+def _check_data(c: TrainConfig) -> None:
+    from smol import sources
+
+    for name in ("data", "data_config", "data_files", "shards", "init"):
+        if not isinstance(value := getattr(c, name), str):
+            raise ValueError(f"{name} must be a str, got {value!r}")
+    if c.data:
+        sources.check(c.data, c.data_config, c.data_files)
+    elif c.data_config or c.data_files or c.shards:
+        raise ValueError("data_config, data_files and shards need data")
+    if not (_is_number(c.val_fraction) and 0 < c.val_fraction <= 0.5):
+        raise ValueError(f"val_fraction must lie in (0, 0.5], got {c.val_fraction!r}")
+    if c.init and c.model_overrides:
+        raise ValueError(
+            f"init {c.init} gives the model's config: model_overrides (--set) cannot "
+            "change it"
+        )
+    if c.init and c.init != "smollm2" and not os.path.exists(c.init):
+        raise ValueError(
+            f"init must be smollm2, a model folder or a .gguf file; {c.init} is no "
+            "such file or folder"
+        )
 
 
 def _check_run_folder(c: TrainConfig) -> None:
@@ -233,7 +306,7 @@ def _check_model(c: TrainConfig) -> None:
             "sample_prompt is empty: give a text for the samples to continue, or "
             "sample_tokens=0 for none"
         )
-    if c.preset is None:  # the Trainer checks seq_len against the model it is given
+    if c.preset is None or c.init:  # the Trainer checks seq_len against its model
         return
     context = c.model_config().max_position_embeddings
     if c.seq_len > context:
@@ -248,6 +321,7 @@ CHECKS = (
     _check_counts,
     _check_schedule,
     _check_optimizer,
+    _check_data,
     _check_choices,
     _check_run_folder,
     _check_model,

@@ -4,6 +4,12 @@ out-dir.
     smol train --preset tiny --steps 300 --out-dir runs/tiny
     smol train --preset tiny --steps 300 --out-dir runs/tiny --resume
     torchrun --nproc_per_node=2 -m smol train --preset tiny --out-dir runs/ddp
+    smol train --data my_texts/ --tokenizer bpe:4096 --preset tiny --out-dir runs/mine
+    smol train --init smollm2 --data plays.txt --lr 1e-4 --out-dir runs/continued
+
+--data is tokenized once into token shards (OUT_DIR/data unless --shards), which a
+resume, or another run given the same --shards, reuses while their manifest matches;
+1 document in round(1 / --val-fraction) is held out whole for validation.
 
 A usage error (a bad flag or setting) is found before any work. A failure while running
 is an unwritable or occupied out-dir, a damaged checkpoint, divergence. SIGTERM or
@@ -25,6 +31,7 @@ from smol.checkpoint import CheckpointError
 from smol.commands.common import Parser, Terminated, UsageError, parser, run
 from smol.config import SmolConfig
 from smol.interrupt import TrainingInterrupted
+from smol.shards import describe
 from smol.train import TrainConfig, Trainer
 from smol.train_report import TrainingDiverged, plot_history
 
@@ -59,6 +66,32 @@ def _model_override(item: str) -> tuple[str, object]:
         )
 
 
+# the options of training on your own text (smol.sources, smol.shards)
+DATA_HELP = {
+    "tokenizer": "auto (from the model's vocab_size), shakespeare or smollm2; with "
+    "--data also bpe:N (a byte-level BPE of N tokens learnt from its training "
+    "documents, saved with the run) or a tokenizer folder or tokenizer.json",
+    "data": "train on your own text: a text file; a folder of .txt, .md, .text, "
+    ".jsonl and .parquet files, read recursively in sorted order; a .jsonl file (each "
+    "line's text field); a .parquet file (its text column), or hf:NAME, a Hugging "
+    "Face dataset streamed (online). Default: the bundled plays",
+    "data_config": "hf:NAME's configuration, e.g. sample-10BT",
+    "data_files": "hf:NAME's data_files, e.g. --data hf:parquet --data-files x.parquet",
+    "max_tokens": "tokenize at most this many tokens of --data (0: all of it; a "
+    "large hub dataset, e.g. hf:HuggingFaceFW/fineweb-edu --data-config sample-10BT, "
+    "wants one)",
+    "val_fraction": "the fraction of --data's documents (a text file's pieces of "
+    "about 4 KB) held out whole for validation",
+    "shards": "the folder of --data's token shards (train.bin, val.bin, "
+    "manifest.json, the tokenizer): default OUT_DIR/data; name one to share a "
+    "tokenization between runs. Shards of another source or tokenizer are refused, "
+    "never written over",
+    "init": "start from these weights, with their config and their own tokenizer: "
+    "smollm2 (the released model smol finetune starts from), a model folder or a "
+    ".gguf file; --preset is then unused",
+}
+
+
 def build_parser() -> Parser:
     """The parser of `smol train`: a flag for each TrainConfig field, and --set."""
     p = parser("train", __doc__)
@@ -73,7 +106,9 @@ def build_parser() -> Parser:
         if isinstance(value, bool):
             p.add_argument(flag, action=argparse.BooleanOptionalAction, default=value)
         else:
-            p.add_argument(flag, type=type(value), default=value)
+            p.add_argument(
+                flag, type=type(value), default=value, help=DATA_HELP.get(f.name)
+            )
     p.add_argument(
         "--set",
         action="append",
@@ -123,6 +158,8 @@ def _train(cfg: TrainConfig) -> int:
                 f"{trainer.tokens_per_step:,} tokens/step, from step {trainer.step}",
                 flush=True,
             )
+            if trainer.data_info is not None:
+                print(describe(trainer.data_info), flush=True)
         return trainer
 
     def finish(trainer: Trainer, history: dict) -> None:
