@@ -124,30 +124,38 @@ def test_the_printed_clip_is_clip_grad_norm():
 
 DPO = (
     r"\mathcal{L}_\text{DPO} &= -\log \sigma\big(\beta\, m\big),\\ "
-    r"m &= \big(\log \pi(y_w \mid x) - \log \pi_\text{ref}(y_w \mid x)\big)\\ "
-    r"&\quad - \big(\log \pi(y_l \mid x) - \log \pi_\text{ref}(y_l \mid x)\big)."
+    r"m &= h(y_w) - h(y_l),\\ "
+    r"h(y) &= \log \pi(y \mid x) - \log \pi_\text{ref}(y \mid x)."
 )
 DPO_GRADIENT = (
-    r"-\beta\,\sigma(-\beta m)\,\big(\nabla \log \pi(y_w \mid x) - "
-    r"\nabla \log \pi(y_l \mid x)\big)"
+    r"\nabla h(y) = \nabla \log \pi(y \mid x)",  # the reference is frozen
+    r"-\beta\,\sigma(-\beta m)\,\big(\nabla h(y_w) - \nabla h(y_l)\big)",
 )
 IDENTITY = (
     r"\mathbb{E}_{y \sim \pi}\big[r(x, y)\big] - \beta\, \mathrm{KL}\big(\pi\,\|\,"
-    r"\pi_\text{ref}\big) = \beta \log Z(x) - \beta\, \mathrm{KL}\big(\pi\,\|\,"
-    r"\pi^*\big)"
+    r"\pi_\text{ref}\big)\\ &\quad = \beta \log Z(x) - \beta\, "
+    r"\mathrm{KL}\big(\pi\,\|\,\pi^*\big)"
 )
 
 
 def dpo_as_printed(pw, pl, rw, rl, beta, swap=False):
-    m = (pw - rw) - (pl - rl)
+    h_w, h_l = pw - rw, pl - rl  # h(y) = log pi(y | x) - log pi_ref(y | x)
+    m = h_w - h_l
     if swap:
         m = -m
     return (-torch.log(torch.sigmoid(beta * m))).mean()  # the mean over pairs
 
 
+def frozen(loss, tensors) -> bool:
+    """Does no gradient of `loss` reach `tensors`?"""
+    grads = torch.autograd.grad(loss, tensors, retain_graph=True, allow_unused=True)
+    return all(g is None or not g.any() for g in grads)
+
+
 def test_the_printed_dpo_loss_and_its_gradient_are_dpo_loss():
     printed("15_preference_tuning", DPO)
-    printed("15_preference_tuning", DPO_GRADIENT)
+    for latex in DPO_GRADIENT:
+        printed("15_preference_tuning", latex)
     g = torch.Generator().manual_seed(0)
     for beta in (0.01, 0.1, 1.0, 5.0):
         pw, pl, rw, rl = (
@@ -159,6 +167,11 @@ def test_the_printed_dpo_loss_and_its_gradient_are_dpo_loss():
         torch.testing.assert_close(got.loss, want, rtol=1e-12, atol=1e-12)
         wrong = dpo_as_printed(pw, pl, rw, rl, beta, swap=True)
         assert not torch.allclose(got.loss, wrong)
+        # the reference is frozen: no gradient reaches it, so grad h = grad log pi;
+        # the mutant that lets the reference's log-probabilities carry a gradient
+        # (no detach, as dpo_as_printed writes it) is caught
+        assert frozen(got.loss, (rw, rl))
+        assert not frozen(dpo_as_printed(pw, pl, rw, rl, beta), (rw, rl))
         # the printed gradient, per pair, over the mean's B pairs
         (grad_w, grad_l) = torch.autograd.grad(got.loss, (pw, pl))
         m = (pw - rw) - (pl - rl)
