@@ -95,6 +95,9 @@ NOT_SHOWN = {
         "arithmetic questions and their checker: chapter 15's pairs, chapter 16's task"
     ),
     "smol/grpo_rewards.py": "the reward functions that chapter 16 calls and scores",
+    "smol/sources.py": "file, folder, Parquet and hub readers of `smol train --data`",
+    "smol/shards.py": "token shards on disk, memory-mapped, and their manifest",
+    "smol/run_inputs.py": "a run's tokenizer and --init weights, found and checked",
     "smol/grpo_train.py": (
         "GRPO on smol.train's Trainer, sampling and scoring a task's questions; "
         "chapter 16 runs it and shows smol/grpo.py, the loss it trains on"
@@ -390,3 +393,58 @@ def test_chapter_0s_road_ahead_links_every_chapter():
     for path in sorted((nbtools.ROOT / "chapters").glob("[0-9][0-9]_*.ipynb"))[1:]:
         number = int(path.name[:2])
         assert f"[{number}. " in ahead and f"({path.name})" in ahead, path.name
+
+
+# A reference library called in a cell: a proof that smol equals it (imports alone are
+# the chapter's set-up, not a proof).
+REFERENCE_LIBRARY = re.compile(
+    r"\b(?:transformers|peft|trl|lm_eval|llama_cpp)\.\w|\bLlamaForCausalLM\("
+    r"|\bAutoModel\w*\.|\bAutoTokenizer\.|\bPeftModel\.|\bget_peft_model\("
+    r"|\bLoraConfig\(|\btrl_\w+\(|\bDPOConfig\(|\bGRPOConfig\("
+)
+PROOF_LINES = 16  # "about 15": what a reader takes in at a glance
+
+
+def visible_proofs(nb) -> list[str]:
+    """The code cells the book shows unfolded that call a reference library and hold
+    more than PROOF_LINES lines that are not blank or imports."""
+    found = []
+    for cell in nb.cells:
+        if cell.cell_type != "code" or "hide-input" in cell.metadata.get("tags", []):
+            continue
+        lines = [
+            line
+            for line in cell.source.splitlines()
+            if line.strip() and not line.lstrip().startswith(("import ", "from "))
+        ]
+        if len(lines) > PROOF_LINES and REFERENCE_LIBRARY.search("\n".join(lines)):
+            found.append(f"{len(lines)} lines: {cell.source.splitlines()[0][:60]}")
+    return found
+
+
+@pytest.mark.parametrize(
+    "path",
+    sorted((nbtools.ROOT / "chapters").glob("*.ipynb")),
+    ids=lambda p: p.name,
+)
+def test_library_proofs_are_folded(path):
+    """A proof that smol equals transformers, peft, TRL, lm-eval or llama.cpp stays in
+    the chapter, but a long one is folded (hide-input) under its one-line verdict: a
+    learner reads the idea, not the library's internals."""
+    assert visible_proofs(nbtools.read(path)) == [], path.name
+
+
+def test_the_proof_check_catches_a_long_unfolded_proof():
+    cell = nbformat.v4.new_code_cell(
+        "from transformers import LlamaForCausalLM\n"
+        + "ref = LlamaForCausalLM(config)\n"
+        + "x = 1\n" * 16
+    )
+    nb = nbformat.v4.new_notebook(cells=[cell])
+    assert visible_proofs(nb) == ["17 lines: from transformers import LlamaForCausalLM"]
+    cell.metadata["tags"] = ["hide-input"]
+    assert visible_proofs(nb) == []
+    short = nbformat.v4.new_code_cell(
+        "ref = LlamaForCausalLM(config)\n" + "x = 1\n" * 3
+    )
+    assert visible_proofs(nbformat.v4.new_notebook(cells=[short])) == []
