@@ -1248,7 +1248,9 @@ def raster_label_problems(doc: str, figures: list) -> list[str]:
 def _phone_problems(page, doc: str) -> list[str]:
     """The same page at a phone's width: nothing cut off at the right edge, every
     label of a figure (vector or a notebook's raster picture) at least MIN_LABEL_PX px
-    high as shown, and no table printed as text wrapping its rows. The page
+    high as shown, every display equation within the text column (set on several
+    lines where one is too wide, rather than scrolled), and no table printed as text
+    wrapping its rows. The page
     is laid out again at that width (the theme's narrow layout is CSS alone), then
     given back its own."""
     desktop = page.viewport_size
@@ -1259,6 +1261,10 @@ def _phone_problems(page, doc: str) -> list[str]:
             PAGE_WIDER_THAN_SCREEN
         )
         found += small_labels(page.context, page.evaluate(SVG_FIGURES))
+        # a table may scroll in its shadowed box; an equation must fit, or wrap
+        found += [
+            p for p in page.evaluate(WIDER_THAN_COLUMN) if not p.startswith("a table")
+        ]
         found += raster_label_problems(doc, page.evaluate(RASTER_FIGURES))
         found += page.evaluate(WRAPPED_TEXT_TABLES)
     finally:

@@ -209,3 +209,25 @@ def test_dpo_loss_is_logsigmoid_not_a_hinge():
     zero = torch.zeros(1, dtype=torch.float64)
     out = dpo_loss(zero + 5.0, zero, zero, zero, beta=1.0).loss
     assert 0 < out.item() == pytest.approx(-F.logsigmoid(torch.tensor(5.0)).item())
+
+
+# -- chapter 16: GRPO ----------------------------------------------------------------
+
+GRPO_TOKEN_LOSS = (
+    r"w_{i,t} &= \frac{\pi_\theta(o_{i,t} \mid q, o_{i,<t})}"
+    r"{\pi_\text{old}(o_{i,t} \mid q, o_{i,<t})},\\"
+    r"c_{i,t} &= \operatorname{clip}(w_{i,t},\ 1 - \epsilon,\ 1 + \epsilon),\\"
+    r"\ell_{i,t} &= -\min\big(w_{i,t} A_i,\ c_{i,t} A_i\big) \\"
+    r"&\quad + \beta\, w_{i,t}\, \mathrm{KL}_{i,t}."
+)
+
+
+def test_the_printed_grpo_loss_is_the_one_tests_write_out():
+    """Chapter 16 prints the token loss that tests/test_grpo_formula.py's `printed`
+    writes out term by term and compares with grpo_loss for every loss_type: the ratio
+    w, its clip c, and the KL term weighed by w."""
+    printed("16_learning_from_rewards", GRPO_TOKEN_LOSS)
+    from tests.test_grpo_formula import printed as written_out
+
+    # the written-out loss weighs the KL term by w unless told otherwise, as printed
+    assert written_out.__defaults__ == (True,)
