@@ -5,6 +5,7 @@ bug class loses exactly the points of the check written for it, and hostile stud
 from __future__ import annotations
 
 import contextlib
+import csv
 import io
 import json
 import math
@@ -132,6 +133,32 @@ def test_one_exercise_per_chapter_and_the_exercises_page_lists_each():
         want = [t for t in TASKS.values() if t.notebook == topics[stem]]
         assert re.findall(r"`(\w+)`", tasks) == [t.name for t in want], stem
         assert int(points) == sum(t.points for t in want), stem
+
+
+def gradebook_total_problems(rows: dict[str, str], total: int) -> list[str]:
+    """The rows `points of STUDENT` of bench/results/gradebook.csv whose maximum is not
+    `total`: a stored class run graded against other checks than today's."""
+    return [
+        f"{name}: {value}, where the exercises are worth {total}"
+        for name, value in rows.items()
+        if name.startswith("points of ") and int(value.split("/")[1]) != total
+    ]
+
+
+def test_the_stored_class_run_counts_todays_points():
+    """The Exercises page shows bench/results/gradebook.csv (python bench/gradebook.py):
+    its solved student's x/y must be the registry's total, the sum of the page's points
+    column, or the table contradicts the page it sits on. Rerun the benchmark when a
+    check's points change."""
+    with open(ROOT / "bench" / "results" / "gradebook.csv", newline="") as f:
+        rows = {r["quantity"]: r["value"] for r in csv.DictReader(f)}
+    total = sum(t.points for t in TASKS.values() if t.notebook in NOTEBOOKS)
+    assert rows["points of solved"] == f"{total}/{total}"
+    assert not gradebook_total_problems(rows, total)
+    stale = dict(rows, **{"points of mixed": f"124/{total - 9}"})
+    assert gradebook_total_problems(stale, total) == [
+        f"points of mixed: 124/{total - 9}, where the exercises are worth {total}"
+    ]
 
 
 def test_strip_solutions_makes_an_indented_stub():
