@@ -481,18 +481,22 @@ def test_a_folder_out_cannot_be_written_in_is_a_usage_error(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("inherited", ["handled", "ignored"])
 @pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
 def test_an_interrupted_export_leaves_no_file_under_the_final_name(
-    tmp_path, shakespeare, capsys, monkeypatch, stop
+    tmp_path, shakespeare, capsys, monkeypatch, stop, inherited
 ):
     """Ctrl-C or SIGTERM halfway through the tensors: the file being replaced is as it
     was, a new one is not there, no temporary file is left, and the one line says so
-    (status 130 or 143)."""
+    (status 130 or 143). So too where the process found the signal ignored, as one
+    started in the background of a script finds SIGINT (Python then sets no handler
+    of its own; the command sets its own), and the command leaves it as it found it."""
     import os
     import signal
 
     import smol.export
 
+    signum = getattr(signal, stop)
     save_pretrained(peaked(CONFIGS["gqa-tied"]), shakespeare, tmp_path / "model")
     infos = []
     pack = smol.export.pack_tensor_info
@@ -500,22 +504,30 @@ def test_an_interrupted_export_leaves_no_file_under_the_final_name(
     def signalled(*args, **kwargs):  # the header is on disk by now
         infos.append(args[0])
         if len(infos) == 3:
-            os.kill(os.getpid(), getattr(signal, stop))
+            os.kill(os.getpid(), signum)
         return pack(*args, **kwargs)
 
     monkeypatch.setattr(smol.export, "pack_tensor_info", signalled)
     earlier = tmp_path / "earlier.gguf"
     earlier.write_bytes(b"an earlier export")
-    for out, extra, kept in (
-        (earlier, ["--overwrite"], " (the earlier"),
-        ("new", [], ""),
-    ):
-        path = tmp_path / "new.gguf" if out == "new" else out
-        infos.clear()
-        status = main([str(tmp_path / "model"), str(path), *extra])
-        assert status == 128 + getattr(signal, stop)
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and f"{path} was not written{kept}" in err[0], err
+    found = signal.getsignal(signum)
+    if inherited == "ignored":
+        signal.signal(signum, signal.SIG_IGN)
+    try:
+        for out, extra, kept in (
+            (earlier, ["--overwrite"], " (the earlier"),
+            ("new", [], ""),
+        ):
+            path = tmp_path / "new.gguf" if out == "new" else out
+            infos.clear()
+            status = main([str(tmp_path / "model"), str(path), *extra])
+            assert status == 128 + signum
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and f"{path} was not written{kept}" in err[0], err
+            ignored = inherited == "ignored"
+            assert signal.getsignal(signum) == (signal.SIG_IGN if ignored else found)
+    finally:
+        signal.signal(signum, found)
     assert earlier.read_bytes() == b"an earlier export"
     assert not (tmp_path / "new.gguf").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier.gguf", "model"]
