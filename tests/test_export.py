@@ -533,6 +533,41 @@ def test_an_interrupted_export_leaves_no_file_under_the_final_name(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier.gguf", "model"]
 
 
+def test_a_gguf_lacking_a_weight_is_named_as_the_problem(tmp_path, capsys):
+    """A GGUF whose tensor of layer 0 is named as layer 1's (damaged, or written by a
+    broken tool): the one line names the file as not a valid GGUF, not LoRA."""
+    data = bundled_gguf_path().read_bytes()
+    name = b"blk.0.attn_q.weight"
+    at = data.index(name)
+    damaged = tmp_path / "damaged.gguf"
+    damaged.write_bytes(data[:at] + b"blk.1.attn_q.weight" + data[at + len(name) :])
+    assert main([str(damaged), str(tmp_path / "o.gguf")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "LoRA" not in err[0], err
+    assert err[0].startswith(f"smol export: error: {damaged} is not a valid GGUF: ")
+    assert "missing ['model.layers.0.self_attn.q_proj.weight']" in err[0]
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_the_released_name_and_a_folder_of_that_name_are_refused_together(
+    tmp_path, capsys, monkeypatch
+):
+    """`smol export smollm2 OUT` where ./smollm2 exists: which one is meant? A usage
+    error that says how to name the folder; ./smollm2 names it."""
+    (tmp_path / "smollm2").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert main(["smollm2", "o.gguf"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "smol export: error: 'smollm2' names the released model, and a file or "
+        "folder here too: write ./smollm2 for yours, or run elsewhere for the "
+        "released one"
+    ]
+    assert main(["./smollm2", "o.gguf"]) == 1  # the folder, which holds no model
+    assert "smollm2" in capsys.readouterr().err
+    assert not (tmp_path / "o.gguf").exists()
+
+
 def test_refusals(shakespeare):
     cfg = CONFIGS["gqa-tied"]
     model = peaked(cfg)
@@ -541,6 +576,11 @@ def test_refusals(shakespeare):
     )
     with pytest.raises(ValueError, match="merge LoRA adapters first"):
         gguf_tensors(cfg, lora, Q.F16)
+    lacking = dict(model.state_dict())
+    del lacking["model.layers.0.self_attn.q_proj.weight"]
+    with pytest.raises(ValueError, match=r"model: unexpected .*, missing") as e:
+        gguf_tensors(cfg, lacking, Q.F16)  # not blamed on LoRA: none is there
+    assert "LoRA" not in str(e.value)
     big = dict(model.state_dict())
     big["model.norm.weight"] = big["model.norm.weight"].clone()
     big["model.layers.0.mlp.up_proj.weight"] = (
