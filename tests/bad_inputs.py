@@ -53,6 +53,7 @@ class Case:
     about: str = ""  # the input, for the table (default: the arguments)
     setup: Callable[[Path], None] | None = None  # more files, made in the folder
     fault: Callable[[], contextlib.AbstractContextManager] | None = None  # while run
+    here: Callable[[Path], None] | None = None  # files made in the working folder
     gone: str | None = None  # a file under the folder that must not be there after
     check: Callable[[Path], str] | None = None  # accepted: what is wrong after ("")
 
@@ -273,14 +274,14 @@ def tuning_cases(verb: str, data: str) -> list[Case]:
         Case(
             verb,
             lambda r: ["--data", str(r / data), "--out", str(r / "file.txt")],
-            1,
+            2,
             "file.txt",
             keep="file.txt",
         ),
         Case(
             verb,
             lambda r: ["--data", str(r / data), "--out", str(r / "earlier_run")],
-            1,
+            2,
             "earlier_run",
             keep="earlier_run/model.safetensors",
         ),
@@ -540,7 +541,7 @@ def cases() -> list[Case]:
         Case(
             "grpo",
             lambda r: q("--out", str(r / "earlier_run"))(r),
-            1,
+            2,
             "earlier_run",
             keep="earlier_run/model.safetensors",
         ),
@@ -773,6 +774,8 @@ def run_case(case: Case, root: Path) -> Outcome:
     work = Path(tempfile.mkdtemp(dir=root))
     try:
         os.chdir(work)
+        if case.here is not None:
+            case.here(work)
         previous = signal.signal(signal.SIGALRM, _too_long)
         signal.alarm(LIMIT)
         try:
