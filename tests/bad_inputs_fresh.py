@@ -706,13 +706,17 @@ def _post_training_cases() -> list[Case]:
             "dpo",
             lambda r: (
                 ["--data", str(r / "pairs.jsonl"), "--out", str(r / "dpo_run")]
-                + ["--overwrite", "--max-len", "8"]
+                + ["--overwrite"]
             ),
-            1,
-            "--max-len",
+            143,
+            "is as it was",
             keep="dpo_run/model.safetensors",
-            about="--out $TMP/dpo_run --overwrite (a finished run), the new run fails",
+            about="--out $TMP/dpo_run --overwrite (a finished run), SIGTERM as the "
+            "new run starts",
             setup=a_run_of("dpo"),
+            fault=stop_at(
+                "smol.commands.tuning", "trained_parameters", 1, signal.SIGTERM
+            ),
             gone=".dpo_run.overwrite",
         ),
         resumed(
