@@ -9,7 +9,8 @@ A usage error (a bad flag or setting) is found before any work. A failure while 
 is an unwritable or occupied out-dir, a damaged checkpoint, divergence. SIGTERM or
 Ctrl-C stops training after saving a checkpoint, with the status of a process stopped by
 that signal, so that a scheduler knows the run is not finished and can start it again
-with --resume."""
+with --resume. --overwrite replaces the run in out-dir only once the new one is done:
+one that fails or is stopped leaves the earlier run as it was."""
 
 from __future__ import annotations
 

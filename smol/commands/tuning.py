@@ -193,8 +193,8 @@ def tune(
     result: Callable[[dict], str],
 ) -> int:
     """The run of a tuning command (its folder checked by check_run_folder): a
-    resume's settings (run_settings' and `settings`, kept in OUT/training/settings_name; `what` names
-    the run; another command's run is not resumed); the trainer made by `build()`,
+    resume's settings checked (run_settings' and `settings`, kept in
+    OUT/training/settings_name; `what` names the run); the trainer made by `build()`,
     then on the main rank the settings written and `report(trainer)`; at the end the
     model saved and a line `done: step N, {result(history)}; the merged model is in
     OUT`. With --overwrite the run is written beside OUT, and replaces the earlier
