@@ -140,3 +140,22 @@ def test_sigterm_saves_and_the_resume_gives_the_uninterrupted_adapter(model, tmp
     tuning.check_a_stop_resumes_to(
         whole, run, tmp_path / "stopped", signal.SIGTERM, 143
     )
+
+
+def test_replies_whose_kv_cache_exceeds_the_memory_are_refused_before_sampling():
+    """--group-size 1000000000 asked for 736 GB and ended in a traceback: the KV cache
+    of a step's replies is counted against the memory available first, in one line
+    naming both sizes; a step that fits goes on."""
+    from types import SimpleNamespace
+
+    from smol import SmolConfig, SmolLM
+    from smol.commands.grpo import _available_memory, check_memory
+
+    model = SmolLM(SmolConfig.preset("tiny"))
+    c = model.config
+    per_reply = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4 * 64
+    fits = _available_memory() // per_reply // 2  # replies in half the memory
+    check_memory(SimpleNamespace(group_size=fits, batch_size=1, max_len=64), model)
+    args = SimpleNamespace(group_size=fits * 4, batch_size=1, max_len=64)
+    with pytest.raises(ValueError, match=rf"--group-size {fits * 4} x --batch-size 1"):
+        check_memory(args, model)

@@ -146,14 +146,27 @@ def check_memory(args, model) -> None:
     if device.type == "cuda":
         free = torch.cuda.mem_get_info(device)[0]
     else:
-        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        free = _available_memory()
     if need > free:
         raise ValueError(
             f"--group-size {args.group_size} x --batch-size {args.batch_size} = "
             f"{rows:,} replies a step need {need / 2**30:,.1f} GiB for their KV "
-            f"cache alone, more than the {free / 2**30:,.1f} GiB free on "
+            f"cache alone, more than the {free / 2**30:,.1f} GiB available on "
             f"{device.type}: lower them"
         )
+
+
+def _available_memory() -> int:
+    """Bytes of memory a process may take without swapping: Linux's MemAvailable
+    (free pages and the page cache it can drop), else the free pages."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _check_number(flag: str, value, least: float | None) -> None:
