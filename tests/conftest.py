@@ -52,27 +52,37 @@ def pytest_configure(config):
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+# the interval timers: the clock's (signal.alarm's), and two of CPU time
+TIMERS = {
+    signal.ITIMER_REAL: "the alarm",
+    signal.ITIMER_VIRTUAL: "the CPU-time timer (ITIMER_VIRTUAL)",
+    signal.ITIMER_PROF: "the CPU-time timer (ITIMER_PROF)",
+}
+
+
 def _handlers() -> dict:
     return {s: signal.getsignal(s) for s in SIGNALS}
 
 
 @pytest.fixture(autouse=True)
 def signals_left_as_found():
-    """Fail a test that leaves a signal's handler or the alarm (SIGALRM's timer)
-    other than it found them: the next test in its process would inherit them (a
-    SIGINT ignored, and Ctrl-C changes nothing there). What it changed is put back."""
+    """Fail a test that leaves a signal's handler or a timer (the alarm, or one of
+    CPU time) other than it found them: the next test in its process would inherit
+    them (a SIGINT ignored, and Ctrl-C changes nothing there). What it changed is put
+    back."""
     before = _handlers()
-    timer = signal.getitimer(signal.ITIMER_REAL)
+    timers = {t: signal.getitimer(t) for t in TIMERS}
     yield
     after = _handlers()
     changed = [s.name for s in SIGNALS if after[s] != before[s]]
     for s in SIGNALS:
         if after[s] != before[s] and before[s] is not None:
             signal.signal(s, before[s])
-    left = signal.getitimer(signal.ITIMER_REAL)
-    if timer == (0.0, 0.0) and left != (0.0, 0.0):
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        changed.append(f"the alarm ({left[0]:.1f} s left)")
+    for timer, name in TIMERS.items():
+        left = signal.getitimer(timer)
+        if timers[timer] == (0.0, 0.0) and left != (0.0, 0.0):
+            signal.setitimer(timer, 0)
+            changed.append(f"{name} ({left[0]:.1f} s left)")
     if changed:
         pytest.fail(f"the test left changed: {', '.join(changed)}", pytrace=False)
 
