@@ -64,6 +64,8 @@ def check_pair(record) -> dict:
         raise ValueError(
             f"the prompt's last message must be the user's, got {_show(last)}"
         )
+    if isinstance(last.get("content"), str) and not last["content"].strip():
+        raise ValueError("the prompt's user message is empty: no message to reply to")
     replies = {side: _reply(record[side], side) for side in ("chosen", "rejected")}
     # checks the prompt's messages too: roles, contents, a system message only first
     check_messages(prompt + [{"role": "assistant", "content": replies["chosen"]}])

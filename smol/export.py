@@ -240,9 +240,11 @@ def gguf_tensors(
     unknown = sorted(set(state_dict) - set(names))
     missing = sorted(set(names) - set(state_dict))
     if unknown or missing:
+        lora = any("lora" in name for name in unknown)
         raise ValueError(
-            "GGUF export writes a plain Llama model (merge LoRA adapters first): "
-            f"unexpected weights {unknown[:3]}, missing {missing[:3]}"
+            "GGUF export writes a plain Llama model"
+            + (" (merge LoRA adapters first)" if lora else "")
+            + f": unexpected weights {unknown[:3]}, missing {missing[:3]}"
         )
     heads = {"attn_q": config.num_attention_heads, "attn_k": config.num_key_value_heads}
     tensors = {}

@@ -108,9 +108,18 @@ def save_trainer(trainer, root: str | Path) -> Path:
         },
         "history": trainer.history,
         "world_size": trainer.world_size,
+        "trainer": trainer_kind(trainer),
     }
     return checkpoint.save(
         root, trainer.step, trainer.model, state, cfg.keep_checkpoints, trainer.run_id
+    )
+
+
+def trainer_kind(trainer) -> str:
+    """The smol trainer class that `trainer` is or extends (Trainer, SFTTrainer,
+    DPOTrainer, GRPOTrainer): a checkpoint resumes only in the same kind."""
+    return next(
+        c.__name__ for c in type(trainer).__mro__ if c.__module__.startswith("smol.")
     )
 
 
@@ -140,6 +149,12 @@ def restore_trainer(
     continue the same run (changed_settings), unless allow_changed: then it warns (on
     the main rank) and returns them."""
     weights, state = checkpoint.load(path, trainer.device)
+    saved, kind = state.get("trainer"), trainer_kind(trainer)  # None: saved before
+    if saved is not None and saved != kind:
+        raise ValueError(
+            f"checkpoint {path} is a {saved}'s run, not a {kind}'s: continue it with "
+            "what made it (smol train, finetune, dpo and grpo each keep their own)"
+        )
     changed = changed_settings(state, trainer)
     if changed and not allow_changed:
         raise ValueError(

@@ -98,7 +98,7 @@ def fresh_cases() -> list[Case]:
     out = _generate_cases() + _chat_cases() + _train_cases()
     out += _tuning_cases("finetune", "chat.jsonl") + _tuning_cases("dpo", "pairs.jsonl")
     out += _finetune_dpo_cases() + _grpo_cases() + _eval_cases() + _export_cases()
-    return out + _grade_cases() + instructor_cases()
+    return out + _grade_cases() + instructor_cases() + _post_training_cases()
 
 
 def _hi(*more: str) -> list[str]:
@@ -235,11 +235,11 @@ def _train_cases() -> list[Case]:
         Case(
             t,
             lambda r: ["--out-dir", str(r / "file.txt" / "run")],
-            1,
+            2,
             "file.txt",
             keep="file.txt",
         ),
-        Case(t, ["--out-dir", f"{UNWRITABLE}/run"], 1, "run"),
+        Case(t, ["--out-dir", f"{UNWRITABLE}/run"], 2, "run"),
         Case(
             t,
             o("--sample-prompt", NOT_UTF8),
@@ -302,11 +302,16 @@ def _tuning_cases(verb: str, data: str) -> list[Case]:
         Case(
             verb,
             lambda r: ["--data", str(r / data), "--out", str(r / "file.txt" / "o")],
-            1,
+            2,
             "file.txt",
             keep="file.txt",
         ),
-        Case(verb, lambda r: ["--data", str(r / data), "--out", f"{UNWRITABLE}/o"], 1),
+        Case(
+            verb,
+            lambda r: ["--data", str(r / data), "--out", f"{UNWRITABLE}/o"],
+            2,
+            UNWRITABLE,
+        ),
         Case(
             verb,
             lambda r: (
@@ -404,7 +409,7 @@ def _grpo_cases() -> list[Case]:
         Case(
             "grpo",
             lambda r: ["--task", "add", "--out", str(r / "file.txt")],
-            1,
+            2,
             "file.txt",
             keep="file.txt",
         ),
@@ -753,5 +758,140 @@ def instructor_cases() -> list[Case]:
             lambda r: [str(r / "handin"), "--exercise", "01", "--json", "-"],
             1,
             "no notebook of 01_rmsnorm",
+        ),
+    ]
+
+
+# --- post-training commands, a third round: runs replaced and resumed, beta, sizes ----
+
+
+def a_run_of(verb: str) -> Callable[[Path], None]:
+    """A setup: VERB_run/, a finished run of `smol VERB` (its settings file, merged
+    model and a checkpoint folder; a train run's summary and checkpoints)."""
+
+    def setup(root: Path) -> None:
+        run = root / f"{verb}_run"
+        training = run if verb == "train" else run / "training"
+        (training / "checkpoints" / "step_0000003").mkdir(parents=True)
+        if verb == "train":
+            (run / "summary.json").write_text("{}", encoding="utf-8")
+        else:
+            (training / f"{verb}.json").write_text("{}", encoding="utf-8")
+        (run / "model.safetensors").write_text("the earlier model", encoding="utf-8")
+
+    return setup
+
+
+def damaged_gguf(root: Path) -> None:
+    """twice.gguf: the bundled GGUF with its layer-0 query weight named as layer 1's."""
+    from smol.gguf import bundled_gguf_path
+
+    data = bundled_gguf_path().read_bytes()
+    at = data.index(b"blk.0.attn_q.weight")
+    (root / "twice.gguf").write_bytes(data[:at] + b"blk.1" + data[at + 5 :])
+
+
+def _post_training_cases() -> list[Case]:
+    p, g = dpo_argv, "grpo"
+
+    def q(*more: str) -> Argv:
+        return lambda r: ["--task", "add", "--out", str(r / "o"), *more]
+
+    def resumed(made: str, verb: str, argv: Argv) -> Case:
+        return Case(
+            verb,
+            argv,
+            2,
+            f"smol {made}",
+            keep=f"{made}_run/model.safetensors",
+            about=f"--out $TMP/{made}_run --resume (a smol {made} run)",
+            setup=a_run_of(made),
+        )
+
+    return [
+        Case(
+            "dpo",
+            lambda r: (
+                ["--data", str(r / "pairs.jsonl"), "--out", str(r / "dpo_run")]
+                + ["--overwrite"]
+            ),
+            143,
+            "is as it was",
+            keep="dpo_run/model.safetensors",
+            about="--out $TMP/dpo_run --overwrite (a finished run), SIGTERM as the "
+            "new run starts",
+            setup=a_run_of("dpo"),
+            fault=stop_at(
+                "smol.commands.tuning", "trained_parameters", 1, signal.SIGTERM
+            ),
+            gone=".dpo_run.overwrite",
+        ),
+        resumed(
+            "grpo",
+            "dpo",
+            lambda r: p("--resume")(r)[:2] + ["--out", str(r / "grpo_run"), "--resume"],
+        ),
+        resumed(
+            "dpo",
+            g,
+            lambda r: ["--task", "add", "--out", str(r / "dpo_run"), "--resume"],
+        ),
+        resumed(
+            "finetune",
+            "dpo",
+            lambda r: p()(r)[:2] + ["--out", str(r / "finetune_run"), "--resume"],
+        ),
+        resumed(
+            "dpo",
+            "train",
+            lambda r: ["--out-dir", str(r / "dpo_run"), "--resume", "--device", "cpu"],
+        ),
+        resumed(
+            "train",
+            "dpo",
+            lambda r: p()(r)[:2] + ["--out", str(r / "train_run"), "--resume"],
+        ),
+        Case(
+            "dpo",
+            lambda r: ["--data", str(r / "pairs_empty_prompt.jsonl")],
+            1,
+            "pairs_empty_prompt.jsonl",
+            setup=lambda r: (r / "pairs_empty_prompt.jsonl").write_text(
+                json.dumps({**PAIR, "prompt": ""}) + "\n", encoding="utf-8"
+            ),
+        ),
+        *refused(
+            "dpo",
+            p,
+            "--beta 1e-320 -> --beta",
+            "--beta 1e308 -> --beta",
+            "--beta 5e-324 -> --beta",
+        ),
+        *refused(
+            g,
+            q,
+            "--beta 1e-320 -> --beta",
+            "--beta 1e308 -> --beta",
+            "--batch-size 1000000 -> --batch-size",
+        ),
+        Case(g, q("--group-size", "1000000000"), 1, "--group-size"),
+        Case(g, q("--out", f"{UNWRITABLE}/o"), 2, UNWRITABLE),
+        Case("dpo", lambda r: p("--out", f"{UNWRITABLE}/o")(r), 2, UNWRITABLE),
+        Case(
+            "export",
+            ["smollm2", "o.gguf"],
+            2,
+            "./smollm2",
+            about="smollm2 o.gguf, where a folder ./smollm2 exists",
+            here=lambda w: (w / "smollm2").mkdir(),
+        ),
+        Case(
+            "export",
+            lambda r: [str(r / "twice.gguf"), str(r / "o.gguf")],
+            1,
+            "twice.gguf is not a valid gguf",
+            about="$TMP/twice.gguf (a tensor named twice) $TMP/o.gguf",
+            setup=damaged_gguf,
+            gone="o.gguf",
         ),
     ]

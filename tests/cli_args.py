@@ -39,9 +39,13 @@ def run_smol(argv: list[str], mark=None, sig=signal.SIGTERM) -> tuple[int, str, 
         env=env,
     )
     if mark is not None:
-        deadline = time.monotonic() + 240
-        while not mark.exists() and proc.poll() is None and time.monotonic() < deadline:
+        deadline = time.monotonic() + 240  # a busy machine: minutes, not seconds
+        while not mark.exists() and proc.poll() is None:
+            if time.monotonic() > deadline:  # never signalled before its handler
+                proc.kill()
+                out, err = proc.communicate()
+                raise AssertionError(f"no {mark} after 240 s: {err[-2000:]}")
             time.sleep(0.01)
-        proc.send_signal(sig)
+        proc.send_signal(sig)  # nothing, where the run ended already
     out, err = proc.communicate(timeout=300)
     return proc.returncode, out, err

@@ -289,9 +289,15 @@ def test_interactive_chat_with_stdin_piped_in_a_subprocess():
 # --- the interactive chat survives its user ------------------------------------------
 
 
-def test_ctrl_c_stops_the_reply_not_the_chat(fake_load, capsys, monkeypatch):
-    """Ctrl-C during the first reply (here: in its third token) stops that reply; the
-    chat reads the next line and answers it."""
+class Terminal(io.StringIO):
+    """Lines typed at a terminal."""
+
+    def isatty(self):
+        return True
+
+
+def interrupted_stream(reply: int):
+    """A TextStream whose `reply`-th reply is stopped by Ctrl-C in its third token."""
     import smol.commands.chat
 
     class Interrupted(smol.commands.chat.TextStream):
@@ -300,19 +306,50 @@ def test_ctrl_c_stops_the_reply_not_the_chat(fake_load, capsys, monkeypatch):
         def __call__(self, tokens):
             if len(self.ids) == 0:
                 Interrupted.replies += 1
-            if Interrupted.replies == 1 and len(self.ids) == 2:
+            if Interrupted.replies == reply and len(self.ids) == 2:
                 raise KeyboardInterrupt
             super().__call__(tokens)
 
-    monkeypatch.setattr(smol.commands.chat, "TextStream", Interrupted)
+    return Interrupted
+
+
+def test_ctrl_c_stops_the_reply_not_the_chat(fake_load, capsys, monkeypatch):
+    """At a terminal, Ctrl-C during the first reply stops that reply; the chat reads
+    the next line and answers it."""
+    import smol.commands.chat
+
+    monkeypatch.setattr(smol.commands.chat, "TextStream", interrupted_stream(1))
     monkeypatch.setattr(
-        sys, "stdin", io.StringIO("What is the capital of France?\nAnd of Germany?\n")
+        sys, "stdin", Terminal("What is the capital of France?\nAnd of Germany?\n")
     )
     code, out, err = run(["chat", "--max-new-tokens", "16"], capsys)
     assert code == 0, err
-    assert "[stopped; /exit or Ctrl-D leaves the chat]" in err
-    first, second = out.strip().split("\n")
-    assert len(first) < 20 and "Berlin" in second, out
+    assert "[stopped; Ctrl-C at the prompt, /exit or Ctrl-D leaves the chat]" in err
+    first, second, end = out.split("\n")
+    assert first.startswith("> ") and len(first) < 22, out
+    assert second.startswith("> ") and "Berlin" in second and end == "> ", out
+
+
+def test_ctrl_c_at_the_prompt_or_without_a_terminal_leaves_the_chat(
+    fake_load, capsys, monkeypatch
+):
+    """Ctrl-C while the chat waits for a line ends it, 130; so does Ctrl-C during a
+    reply where stdin is not a terminal (no one waits at a prompt): the lines after
+    are not answered."""
+    import smol.commands.chat
+
+    class Waiting(Terminal):
+        def readline(self, *args):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(sys, "stdin", Waiting())
+    code, out, err = run(["chat"], capsys)
+    assert (code, out) == (130, "> ") and err.endswith("smol chat: interrupted\n")
+    monkeypatch.setattr(smol.commands.chat, "TextStream", interrupted_stream(1))
+    monkeypatch.setattr(sys, "stdin", io.StringIO("Hi?\nWhat is the capital?\n"))
+    code, out, err = run(["chat", "--max-new-tokens", "16"], capsys)
+    assert code == 130 and out.count("\n") == 1 and "Paris" not in out, out
+    assert err.endswith("smol chat: interrupted\n") and "[stopped" not in err
 
 
 def test_a_line_that_is_not_text_is_refused_and_the_chat_goes_on(

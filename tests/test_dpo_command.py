@@ -78,9 +78,13 @@ def test_another_reference_is_used_and_one_of_another_config_refused(
 @pytest.mark.parametrize(
     "options, says",
     [
-        (["--beta", "0"], "--beta must be a positive number, got 0.0"),
-        (["--beta", "-0.5"], "--beta must be a positive number"),
-        (["--beta", "nan"], "--beta must be a positive number"),
+        (["--beta", "0"], "--beta must be between 0.0001 and 1000, got 0.0"),
+        (["--beta", "-0.5"], "--beta must be between 0.0001 and 1000, got -0.5"),
+        (["--beta", "nan"], "--beta must be between 0.0001 and 1000, got nan"),
+        # a beta that underflows to 0 (trained nothing), one that overflows
+        (["--beta", "1e-320"], "--beta must be between 0.0001 and 1000, got 1e-320"),
+        (["--beta", "1e308"], "--beta must be between 0.0001 and 1000, got 1e"),
+        (["--beta", "1000.5"], "--beta must be between"),
         (["--out", "{model}"], "is the model being tuned"),
         (["--reference", "{out}"], "is the reference model"),
         (["--reference", ""], "--reference is empty: name a .gguf file"),

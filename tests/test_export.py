@@ -481,18 +481,22 @@ def test_a_folder_out_cannot_be_written_in_is_a_usage_error(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("inherited", ["handled", "ignored"])
 @pytest.mark.parametrize("stop", ["SIGINT", "SIGTERM"])
 def test_an_interrupted_export_leaves_no_file_under_the_final_name(
-    tmp_path, shakespeare, capsys, monkeypatch, stop
+    tmp_path, shakespeare, capsys, monkeypatch, stop, inherited
 ):
     """Ctrl-C or SIGTERM halfway through the tensors: the file being replaced is as it
     was, a new one is not there, no temporary file is left, and the one line says so
-    (status 130 or 143)."""
+    (status 130 or 143). So too where the process found the signal ignored, as one
+    started in the background of a script finds SIGINT (Python then sets no handler
+    of its own; the command sets its own), and the command leaves it as it found it."""
     import os
     import signal
 
     import smol.export
 
+    signum = getattr(signal, stop)
     save_pretrained(peaked(CONFIGS["gqa-tied"]), shakespeare, tmp_path / "model")
     infos = []
     pack = smol.export.pack_tensor_info
@@ -500,25 +504,68 @@ def test_an_interrupted_export_leaves_no_file_under_the_final_name(
     def signalled(*args, **kwargs):  # the header is on disk by now
         infos.append(args[0])
         if len(infos) == 3:
-            os.kill(os.getpid(), getattr(signal, stop))
+            os.kill(os.getpid(), signum)
         return pack(*args, **kwargs)
 
     monkeypatch.setattr(smol.export, "pack_tensor_info", signalled)
     earlier = tmp_path / "earlier.gguf"
     earlier.write_bytes(b"an earlier export")
-    for out, extra, kept in (
-        (earlier, ["--overwrite"], " (the earlier"),
-        ("new", [], ""),
-    ):
-        path = tmp_path / "new.gguf" if out == "new" else out
-        infos.clear()
-        status = main([str(tmp_path / "model"), str(path), *extra])
-        assert status == 128 + getattr(signal, stop)
-        err = capsys.readouterr().err.strip().splitlines()
-        assert len(err) == 1 and f"{path} was not written{kept}" in err[0], err
+    found = signal.getsignal(signum)
+    if inherited == "ignored":
+        signal.signal(signum, signal.SIG_IGN)
+    try:
+        for out, extra, kept in (
+            (earlier, ["--overwrite"], " (the earlier"),
+            ("new", [], ""),
+        ):
+            path = tmp_path / "new.gguf" if out == "new" else out
+            infos.clear()
+            status = main([str(tmp_path / "model"), str(path), *extra])
+            assert status == 128 + signum
+            err = capsys.readouterr().err.strip().splitlines()
+            assert len(err) == 1 and f"{path} was not written{kept}" in err[0], err
+            ignored = inherited == "ignored"
+            assert signal.getsignal(signum) == (signal.SIG_IGN if ignored else found)
+    finally:
+        signal.signal(signum, found)
     assert earlier.read_bytes() == b"an earlier export"
     assert not (tmp_path / "new.gguf").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["earlier.gguf", "model"]
+
+
+def test_a_gguf_lacking_a_weight_is_named_as_the_problem(tmp_path, capsys):
+    """A GGUF whose tensor of layer 0 is named as layer 1's (damaged, or written by a
+    broken tool): the one line names the file as not a valid GGUF, not LoRA."""
+    data = bundled_gguf_path().read_bytes()
+    name = b"blk.0.attn_q.weight"
+    at = data.index(name)
+    damaged = tmp_path / "damaged.gguf"
+    damaged.write_bytes(data[:at] + b"blk.1.attn_q.weight" + data[at + len(name) :])
+    assert main([str(damaged), str(tmp_path / "o.gguf")]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "LoRA" not in err[0], err
+    assert err[0].startswith(f"smol export: error: {damaged} is not a valid GGUF: ")
+    assert "missing ['model.layers.0.self_attn.q_proj.weight']" in err[0]
+    assert not (tmp_path / "o.gguf").exists()
+
+
+def test_the_released_name_and_a_folder_of_that_name_are_refused_together(
+    tmp_path, capsys, monkeypatch
+):
+    """`smol export smollm2 OUT` where ./smollm2 exists: which one is meant? A usage
+    error that says how to name the folder; ./smollm2 names it."""
+    (tmp_path / "smollm2").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert main(["smollm2", "o.gguf"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [
+        "smol export: error: 'smollm2' names the released model, and a file or "
+        "folder here too: write ./smollm2 for yours, or run elsewhere for the "
+        "released one"
+    ]
+    assert main(["./smollm2", "o.gguf"]) == 1  # the folder, which holds no model
+    assert "smollm2" in capsys.readouterr().err
+    assert not (tmp_path / "o.gguf").exists()
 
 
 def test_refusals(shakespeare):
@@ -529,6 +576,11 @@ def test_refusals(shakespeare):
     )
     with pytest.raises(ValueError, match="merge LoRA adapters first"):
         gguf_tensors(cfg, lora, Q.F16)
+    lacking = dict(model.state_dict())
+    del lacking["model.layers.0.self_attn.q_proj.weight"]
+    with pytest.raises(ValueError, match=r"model: unexpected .*, missing") as e:
+        gguf_tensors(cfg, lacking, Q.F16)  # not blamed on LoRA: none is there
+    assert "LoRA" not in str(e.value)
     big = dict(model.state_dict())
     big["model.norm.weight"] = big["model.norm.weight"].clone()
     big["model.layers.0.mlp.up_proj.weight"] = (

@@ -427,7 +427,7 @@ def test_an_earlier_fine_tune_is_not_written_over_unasked(base, tmp_path, capsys
     other = save_pretrained(SmolLM(TINY), None, tmp_path / "other")
     before_other = {p: p.read_bytes() for p in other.iterdir()}
     code, _, err = run(other)
-    assert code == 1 and "already holds a fine-tune (config.json" in err
+    assert code == 2 and "already holds a fine-tune (config.json" in err
     assert {p: p.read_bytes() for p in other.iterdir()} == before_other
     tuning.check_overwrite_starts_over(run, out)
 

@@ -71,7 +71,10 @@ def test_the_command_writes_a_merged_model_that_loads(
     [
         (["--task", "divide"], "--task: unknown task 'divide', expected one of add"),
         (["--group-size", "1"], "--group-size must be at least 2, got 1"),
-        (["--beta", "-0.1"], "--beta must be >= 0, got -0.1"),
+        (["--beta", "-0.1"], r"--beta must be 0 \(no KL term\) or between 0.0001 and"),
+        (["--beta", "1e-320"], r"--beta must be 0 \(no KL.* and 1000, got 1e-320"),
+        (["--beta", "1e308"], r"--beta must be 0 \(no KL.* and 1000, got 1e\+308"),
+        (["--batch-size", "1000000"], "--batch-size 1000000 is more than the"),
         (["--beta", "nan"], "--beta must be a finite number, got nan"),
         (["--epsilon", "0"], "--epsilon must be a finite number > 0, got 0.0"),
         (["--epsilon-high", "inf"], "--epsilon-high must be a finite number > 0"),
@@ -114,7 +117,8 @@ def test_an_earlier_run_is_not_written_over_unasked(model, tmp_path, capsys):
     tuning.check_an_earlier_run_is_kept(run, out)
     code, _, err = run(out, "--resume", "--group-size", "3")
     assert code == 1 and "group_size: the run's 4, now 3" in err
-    tuning.check_overwrite_starts_over(run, out)
+    failing = ("--max-len", "20")  # found as the task's questions are read
+    tuning.check_overwrite_starts_over(run, out, failing, "do not fit in --max-len")
 
 
 SIGNAL_OPTIONS = [*OPTIONS, "--steps", "30", "--log-every", "5"]
@@ -138,3 +142,22 @@ def test_sigterm_saves_and_the_resume_gives_the_uninterrupted_adapter(model, tmp
     tuning.check_a_stop_resumes_to(
         whole, run, tmp_path / "stopped", signal.SIGTERM, 143
     )
+
+
+def test_replies_whose_kv_cache_exceeds_the_memory_are_refused_before_sampling():
+    """--group-size 1000000000 asked for 736 GB and ended in a traceback: the KV cache
+    of a step's replies is counted against the memory available first, in one line
+    naming both sizes; a step that fits goes on."""
+    from types import SimpleNamespace
+
+    from smol import SmolConfig, SmolLM
+    from smol.commands.grpo import _available_memory, check_memory
+
+    model = SmolLM(SmolConfig.preset("tiny"))
+    c = model.config
+    per_reply = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * 4 * 64
+    fits = _available_memory() // per_reply // 2  # replies in half the memory
+    check_memory(SimpleNamespace(group_size=fits, batch_size=1, max_len=64), model)
+    args = SimpleNamespace(group_size=fits * 4, batch_size=1, max_len=64)
+    with pytest.raises(ValueError, match=rf"--group-size {fits * 4} x --batch-size 1"):
+        check_memory(args, model)

@@ -678,7 +678,7 @@ def test_cli_keeps_an_earlier_run_s_results_without_a_flag(tmp_path, capsys):
     out.mkdir()
     (out / "summary.json").write_text('{"step": 300}')
     argv = ["--out-dir", str(out), "--no-progress", "--device", "cpu"]
-    assert main(argv) == 1
+    assert main(argv) == 2  # a usage error, found before any work
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"out_dir {out} holds an earlier run's" in err
     assert (out / "summary.json").read_text() == '{"step": 300}'

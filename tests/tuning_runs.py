@@ -92,22 +92,32 @@ def files(folder) -> dict:
 
 def check_an_earlier_run_is_kept(run, out):
     """After a run into `out` (`run(out, *options)`), another one there is refused in
-    one line that names --overwrite, and writes nothing."""
+    one line that names --overwrite (a usage error, 2), and writes nothing."""
     assert run(out)[0] == 0
     before = files(out)
     code, _, err = run(out, "--seed", "5")
-    assert code == 1 and err.count("\n") == 1
+    assert code == 2 and err.count("\n") == 1
     assert f"--out {out} already holds a fine-tune" in err and "--overwrite" in err
     assert files(out) == before
 
 
-def check_overwrite_starts_over(run, out):
-    """--overwrite replaces the LoRA run in `out`: a full fine-tune leaves no adapter
-    of it."""
+def check_overwrite_starts_over(run, out, failing=("--lr", "1e30"), says="diverged"):
+    """--overwrite replaces the LoRA run in `out` once the new run is done: a full
+    fine-tune leaves no adapter of it. Until then the earlier run stays: a
+    replacement that fails once its trainer is made (with the options `failing`,
+    saying `says`) leaves it as it was, and nothing beside it."""
+    from smol.commands.runs import staging
+
+    before, beside = files(out), sorted(out.parent.iterdir())
+    code, _, err = run(out, "--overwrite", "--lora-r", "0", *failing)
+    assert code == 1 and says in err, err
+    assert f"the earlier run in {out} is as it was" in err
+    assert files(out) == before and sorted(out.parent.iterdir()) == beside
     code, _, err = run(out, "--overwrite", "--lora-r", "0")
     assert code == 0, err
-    assert "overwrite: deleted the previous fine-tune's" in err
+    assert f"overwrite: replaced the earlier run's config.json" in err
     assert not (out / "adapter").exists() and (out / "model.safetensors").exists()
+    assert not staging(out).exists() and sorted(out.parent.iterdir()) == beside
 
 
 def check_a_stop_resumes_to(whole, run, out, sig, status):

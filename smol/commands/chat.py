@@ -78,7 +78,9 @@ def _chat(args) -> None:
 
 def interactive(args, model, tokenizer, decoding, stdin=None, out=None) -> None:
     """A chat on stdin/stdout: a line is a message; /reset forgets, /exit leaves.
-    Ctrl-C stops the reply under way (or the line being typed), not the chat."""
+    At a terminal Ctrl-C stops the reply under way and the chat goes on, and Ctrl-C
+    at the prompt leaves it (exit status 130, as where stdin is not a terminal: no
+    one waits at a prompt there)."""
     from smol.chat import ChatSession
 
     stdin, out = stdin or sys.stdin, out or sys.stdout
@@ -89,16 +91,8 @@ def interactive(args, model, tokenizer, decoding, stdin=None, out=None) -> None:
 
     session = ChatSession(model, tokenizer, system=args.system, notice=notice)
     notice("a conversation: type a message; /reset starts over, /exit or Ctrl-D leaves")
-    while True:
-        try:
-            if not _chat_turn(args, session, tokenizer, decoding, stdin, out, tty):
-                break
-        except Terminated:
-            raise
-        except KeyboardInterrupt:  # the reply (or line) so far ends its line
-            out.write("\n")
-            out.flush()
-            print("[stopped; /exit or Ctrl-D leaves the chat]", file=sys.stderr)
+    while _chat_turn(args, session, tokenizer, decoding, stdin, out, tty):
+        pass
 
 
 def _chat_turn(args, session, tokenizer, decoding, stdin, out, tty) -> bool:
@@ -132,6 +126,16 @@ def _chat_turn(args, session, tokenizer, decoding, stdin, out, tty) -> bool:
         )
     except ValueError as e:  # a message longer than the context, say
         print(f"\n[{e}]", file=sys.stderr)
+        return True
+    except KeyboardInterrupt as e:  # the reply so far ends its line
+        out.write("\n")
+        out.flush()
+        if isinstance(e, Terminated) or not tty:
+            raise
+        print(
+            "[stopped; Ctrl-C at the prompt, /exit or Ctrl-D leaves the chat]",
+            file=sys.stderr,
+        )
         return True
     out.write("\n")
     out.flush()

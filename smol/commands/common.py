@@ -64,7 +64,7 @@ def run(
             settings = parse()
         except SystemExit as e:  # --help
             return e.code if isinstance(e.code, int) else 0
-        with _sigterm_raises():
+        with _signals_raise():
             status = work(settings)
         return 0 if status is None else status
     except UsageError as e:
@@ -98,8 +98,11 @@ def _error(prog: str, e: BaseException, status: int) -> int:
 
 
 @contextlib.contextmanager
-def _sigterm_raises():
-    """While the block runs, SIGTERM raises Terminated (on the main thread only)."""
+def _signals_raise():
+    """While the block runs, Ctrl-C raises KeyboardInterrupt and SIGTERM Terminated
+    (on the main thread only), whatever the process inherited: a command started in
+    the background of a script inherits SIGINT ignored, and Python then sets no
+    handler of its own, so that Ctrl-C would change nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -107,8 +110,12 @@ def _sigterm_raises():
     def terminated(signum, frame):
         raise Terminated("SIGTERM")
 
-    previous = signal.signal(signal.SIGTERM, terminated)
+    previous = {
+        signal.SIGINT: signal.signal(signal.SIGINT, signal.default_int_handler),
+        signal.SIGTERM: signal.signal(signal.SIGTERM, terminated),
+    }
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():  # None: set outside Python
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)

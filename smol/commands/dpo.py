@@ -19,12 +19,16 @@ without --resume or --overwrite, nor is the model being tuned."""
 from __future__ import annotations
 
 import copy
-import math
 from pathlib import Path
 
 from smol.commands import tuning
 from smol.commands.common import Parser, UsageError
-from smol.commands.tuning_options import check_model_args, command_parser, tuning_main
+from smol.commands.tuning_options import (
+    check_beta,
+    check_model_args,
+    command_parser,
+    tuning_main,
+)
 from smol.dpo import DPOTrainer, numbered_pairs
 
 # the settings a resume must keep besides TrainConfig's (which smol.resume checks)
@@ -59,8 +63,7 @@ def _dpo_options(p: Parser) -> None:
 
 
 def _check_args(args) -> None:
-    if not (math.isfinite(args.beta) and args.beta > 0):
-        raise UsageError(f"--beta must be a positive number, got {args.beta}")
+    check_beta(args.beta)
     check_model_args(args, "the model being tuned")
     if args.reference and Path(args.reference).resolve() == Path(args.out).resolve():
         raise UsageError(f"--out {args.out} is the reference model: write elsewhere")

@@ -17,6 +17,7 @@ from smol.commands.common import Parser, UsageError, check_text, parser, run
 from smol.export import TYPES, export_gguf
 
 RELEASED = "smollm2"  # the name of the bundled released weights
+NOT_LLAMA = "GGUF export writes a plain Llama model"  # smol.export's error's start
 
 
 def build_parser() -> Parser:
@@ -42,6 +43,11 @@ def _parse(argv) -> argparse.Namespace:
             f"the model is empty: name a model folder, a .gguf file or {RELEASED!r}"
         )
     args.source = None if args.model == RELEASED else args.model
+    if args.source is None and Path(RELEASED).exists():
+        raise UsageError(
+            f"{RELEASED!r} names the released model, and a file or folder here too: "
+            f"write ./{RELEASED} for yours, or run elsewhere for the released one"
+        )
     if args.source is not None:
         source = Path(args.source)
         hub_id = re.fullmatch(r"[\w.-]+/[\w.-]+", args.source)
@@ -78,6 +84,11 @@ def _export(args) -> None:
     earlier = args.out.exists()
     try:  # written to a temporary file in the same folder, then renamed
         export_gguf(config, state_dict, tokenizer, args.out, args.type, name)
+    except ValueError as e:  # weights that are not a Llama model's: the file's fault
+        if args.source is None or not str(e).startswith(NOT_LLAMA):
+            raise
+        what = "a valid GGUF" if args.source.endswith(".gguf") else "a model"
+        raise ValueError(f"{args.source} is not {what}: {e}") from None
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (common.Terminated)
         e.add_note(
             f"{args.out} was not written"

@@ -21,10 +21,14 @@ from __future__ import annotations
 import argparse
 import copy
 import math
+import os
+
+import torch
 
 from smol.commands.common import Parser, UsageError, parser, run
 from smol.commands.train import FAILURES
 from smol.commands.tuning import (
+    check_run_folder,
     load_tuned,
     prepare,
     trained_parameters,
@@ -33,13 +37,14 @@ from smol.commands.tuning import (
 from smol.commands.tuning_options import (
     add_model_options,
     add_run_options,
+    check_beta,
     check_model_args,
     train_config,
 )
 from smol.config import MIN_TEMPERATURE
 from smol.grpo import LOSS_TYPES
 from smol.grpo_train import OPTIONS, GRPOTrainer, from_options
-from smol.tasks import TASKS
+from smol.tasks import TASKS, pool
 from smol.train import TrainConfig
 
 # the settings a resume must keep besides TrainConfig's (which smol.resume checks)
@@ -113,8 +118,7 @@ def _parse_args(argv) -> tuple[argparse.Namespace, TrainConfig]:
             f"--temperature must be at least {MIN_TEMPERATURE:g}, got "
             f"{args.temperature}"
         )
-    if args.beta < 0:
-        raise UsageError(f"--beta must be >= 0, got {args.beta}")
+    check_beta(args.beta, zero="no KL term")
     if args.loss_type not in LOSS_TYPES:
         raise UsageError(
             f"--loss-type: unknown {args.loss_type!r}, expected one of "
@@ -125,7 +129,47 @@ def _parse_args(argv) -> tuple[argparse.Namespace, TrainConfig]:
     if args.num_iterations < 1:
         raise UsageError(f"--num-iterations must be >= 1, got {args.num_iterations}")
     check_model_args(args, "the model being tuned")
+    questions = len(pool(args.task, "train"))
+    if args.batch_size > questions:
+        raise UsageError(
+            f"--batch-size {args.batch_size} is more than the {questions} training "
+            f"questions of {args.task}: give at most {questions}"
+        )
     return args, train_config(args, LRS)
+
+
+def check_memory(args, model) -> None:
+    """A ValueError naming --group-size and --batch-size where the KV cache of a
+    step's replies (each up to --max-len tokens) would not fit in the memory free
+    on the model's device: found before sampling, not by the allocation."""
+    c, device = model.config, next(model.parameters()).device
+    per_token = 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim
+    rows = args.group_size * args.batch_size
+    need = rows * args.max_len * per_token * next(model.parameters()).element_size()
+    if device.type == "cuda":
+        free = torch.cuda.mem_get_info(device)[0]
+    else:
+        free = _available_memory()
+    if need > free:
+        raise ValueError(
+            f"--group-size {args.group_size} x --batch-size {args.batch_size} = "
+            f"{rows:,} replies a step need {need / 2**30:,.1f} GiB for their KV "
+            f"cache alone, more than the {free / 2**30:,.1f} GiB available on "
+            f"{device.type}: lower them"
+        )
+
+
+def _available_memory() -> int:
+    """Bytes of memory a process may take without swapping: Linux's MemAvailable
+    (free pages and the page cache it can drop), else the free pages."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def _check_number(flag: str, value, least: float | None) -> None:
@@ -143,9 +187,11 @@ def main(argv: list[str] | None = None) -> int:
 
 def _grpo(settings: tuple[argparse.Namespace, TrainConfig]) -> int:
     args, cfg = settings
+    check_run_folder(args, "grpo")
 
     def build() -> GRPOTrainer:
         model, tokenizer = load_tuned(args)
+        check_memory(args, model)
         reference = None
         if not args.lora_r and args.beta:
             reference = copy.deepcopy(model)  # frozen: the starting model

@@ -15,7 +15,8 @@ A usage error (a bad flag or setting) is found before any work. A failure while 
 is an unwritable or occupied out-dir, a damaged checkpoint, divergence. SIGTERM or
 Ctrl-C stops training after saving a checkpoint, with the status of a process stopped by
 that signal, so that a scheduler knows the run is not finished and can start it again
-with --resume."""
+with --resume. --overwrite replaces the run in out-dir only once the new one is done:
+one that fails or is stopped leaves the earlier run as it was."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from smol.checkpoint import CheckpointError
+from smol.commands import runs
 from smol.commands.common import Parser, Terminated, UsageError, parser, run
 from smol.config import SmolConfig
 from smol.interrupt import TrainingInterrupted
@@ -37,6 +39,8 @@ from smol.train_report import TrainingDiverged, plot_history
 
 # Failures while running: one line on stderr, exit status 1.
 FAILURES = (ValueError, OSError, CheckpointError, TrainingDiverged)
+# what a run writes into its out-dir: --overwrite replaces them once the new run is done
+OUTPUTS = ("checkpoints", "summary.json", "loss.png")
 
 
 def _parse_bool(text: str) -> bool:
@@ -146,10 +150,18 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _train(cfg: TrainConfig) -> int:
-    """Train, then write summary.json and loss.png into out_dir."""
+    """Train, then write summary.json and loss.png into out_dir (with --overwrite:
+    beside it, then in place of the earlier run's, smol/commands/runs.py)."""
+    out = Path(cfg.out_dir)
+    check_earlier_results(cfg)
+    runs.check_out(out, "out_dir")
+    if cfg.resume:
+        runs.check_resumed_kind(out, "train", "out_dir")
+    stage = runs.staging(out) if cfg.overwrite else None
+    if stage is not None:
+        cfg = dataclasses.replace(cfg, out_dir=str(stage))
 
     def start() -> Trainer:
-        check_earlier_results(cfg)
         trainer = Trainer(cfg)
         if trainer.is_main:
             print(
@@ -165,17 +177,18 @@ def _train(cfg: TrainConfig) -> int:
     def finish(trainer: Trainer, history: dict) -> None:
         summary = trainer.summary()  # every rank: it gathers their weights' digests
         if trainer.is_main:
-            _write_results(trainer, history, summary)
+            _write_results(trainer, history, summary, out)
 
-    return fit_until_stopped(start, finish)
+    with runs.replacing(stage, out):
+        return fit_until_stopped(start, finish, discard=stage is not None)
 
 
 def check_earlier_results(cfg: TrainConfig) -> None:
-    """FileExistsError where out_dir holds an earlier run's summary.json (which this
+    """A usage error where out_dir holds an earlier run's summary.json (which this
     run would replace) and neither --resume nor --overwrite says to go on."""
     summary = Path(cfg.out_dir) / "summary.json"
     if summary.exists() and not (cfg.resume or cfg.overwrite):
-        raise FileExistsError(
+        raise UsageError(
             f"out_dir {cfg.out_dir} holds an earlier run's results ({summary.name}): "
             "continue that run with --resume, replace it with --overwrite, or give "
             "another --out-dir"
@@ -183,11 +196,14 @@ def check_earlier_results(cfg: TrainConfig) -> None:
 
 
 def fit_until_stopped(
-    start: Callable[[], Trainer], finish: Callable[[Trainer, dict], None]
+    start: Callable[[], Trainer],
+    finish: Callable[[Trainer, dict], None],
+    discard: bool = False,
 ) -> int:
     """Make a trainer (`start`), fit it, then `finish(trainer, history)` on every rank;
     0 when done. A signal that stopped training gives the status of a process stopped
-    by it (128 + its number), after one line saying where the checkpoint is."""
+    by it (128 + its number), after one line saying where the checkpoint is (with
+    `discard`, a run that replaces another: none is kept)."""
     trainer = None
     try:
         trainer = start()
@@ -195,20 +211,22 @@ def fit_until_stopped(
         return 0
     except TrainingInterrupted as e:
         if trainer.is_main:
-            print(e, file=sys.stderr, flush=True)
+            text = f"stopped by {e.signal_name} after step {e.step}"
+            print(text if discard else e, file=sys.stderr, flush=True)
         if e.signal_name not in signal.Signals.__members__:
             return 1
         return 128 + signal.Signals[e.signal_name].value
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated) outside a step
-        saved = trainer.last_checkpoint if trainer is not None else None
+        saved = trainer.last_checkpoint if trainer is not None and not discard else None
         where = f"the last checkpoint is {saved}" if saved else "nothing was saved"
         stopped = "stopped by SIGTERM" if isinstance(e, Terminated) else "interrupted"
         print(f"{stopped}; {where}", file=sys.stderr, flush=True)
         return 128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)
 
 
-def _write_results(trainer: Trainer, history: dict, summary: dict) -> None:
-    """summary.json and loss.png in out_dir, the final numbers and a sample printed."""
+def _write_results(trainer: Trainer, history: dict, summary: dict, final: Path):
+    """summary.json and loss.png in out_dir, the final numbers and a sample printed;
+    a run written beside `final` (--overwrite) then takes the earlier run's place."""
     cfg, out = trainer.cfg, Path(trainer.cfg.out_dir)
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
     import matplotlib
@@ -222,9 +240,11 @@ def _write_results(trainer: Trainer, history: dict, summary: dict) -> None:
     mfu = f", MFU {summary['mfu']:.1%}" if summary["mfu"] else ""
     val_loss = summary["val_loss"]
     val = f", val loss {val_loss:.4f}" if val_loss is not None else ""
+    if out != final:
+        runs.replace_run(out, final, OUTPUTS)
     print(
         f"done: step {summary['step']}, loss {summary['loss']:.4f}{val}, "
-        f"{summary['tokens_per_s']:,.0f} tokens/s{mfu}; {out / 'summary.json'}",
+        f"{summary['tokens_per_s']:,.0f} tokens/s{mfu}; {final / 'summary.json'}",
         flush=True,
     )
     if cfg.sample_tokens:

@@ -7,13 +7,14 @@ written."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from smol.checkpoint import check_writable, file_sha256, read_json
+from smol.checkpoint import file_sha256, read_json
+from smol.commands import runs
+from smol.commands.common import UsageError
 from smol.commands.train import fit_until_stopped
 from smol.lora import apply_lora, count_trainable, merge_lora, save_peft_adapter
 from smol.train_report import log
@@ -72,29 +73,25 @@ def check_context(model, max_len: int) -> None:
 
 def check_out(args, out: Path) -> None:
     """--out must be writable and hold no fine-tune, unless one is resumed or
-    overwritten."""
+    overwritten: else a usage error, found before any work."""
     found = [name for name in OUTPUTS if (out / name).exists()]
     if found and not (args.resume or args.overwrite):
         shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
-        raise FileExistsError(
+        raise UsageError(
             f"--out {out} already holds a fine-tune ({shown}): choose "
             "another folder, continue its run with --resume, or replace it with "
             "--overwrite"
         )
-    check_writable(out, "--out")
+    runs.check_out(out, "--out")
 
 
-def clear_outputs(out: Path) -> None:
-    """Delete the merged model and adapter of the fine-tune that --overwrite replaces
-    (its checkpoints are gone already: smol.resume.prepare_out_dir)."""
-    gone = [n for n in OUTPUTS if n != "training" and (out / n).exists()]
-    for name in gone:
-        if (out / name).is_dir():
-            shutil.rmtree(out / name)
-        else:
-            (out / name).unlink()
-    if gone:
-        log(f"overwrite: deleted the previous fine-tune's {', '.join(gone)} in {out}")
+def check_run_folder(args, verb: str) -> None:
+    """Before any work: --out writable, holding no run unless it is resumed (then
+    one of `smol VERB`'s) or overwritten; else a usage error."""
+    out = Path(args.out)
+    check_out(args, out)
+    if args.resume:
+        runs.check_resumed_kind(out, verb, "--out")
 
 
 def resolved(model: str | None) -> str | None:
@@ -195,24 +192,24 @@ def tune(
     report: Callable,
     result: Callable[[dict], str],
 ) -> int:
-    """The run of a tuning command: --out checked, and a resume's settings
-    (run_settings' and `settings`, kept in OUT/training/settings_name; `what` names
-    the run); the trainer made by `build()`, then on the main rank what --overwrite
-    replaces deleted, the settings written and `report(trainer)`; at the end the
+    """The run of a tuning command (its folder checked by check_run_folder): a
+    resume's settings checked (run_settings' and `settings`, kept in
+    OUT/training/settings_name; `what` names the run); the trainer made by `build()`,
+    then on the main rank the settings written and `report(trainer)`; at the end the
     model saved and a line `done: step N, {result(history)}; the merged model is in
-    OUT`. The exit status of fit_until_stopped."""
+    OUT`. With --overwrite the run is written beside OUT, and replaces the earlier
+    one only once it is done (smol/commands/runs.py). The exit status of
+    fit_until_stopped."""
     out = Path(args.out)
-    check_out(args, out)
+    stage = runs.staging(out) if args.overwrite else None
     run = {**run_settings(args), **settings}
-    settings_file = out / "training" / settings_name
+    settings_file = (stage or out) / "training" / settings_name
     if args.resume:
         check_resumed_settings(args, run, settings_file, what)
 
     def start():
         trainer = build()
         if trainer.is_main:
-            if args.overwrite:
-                clear_outputs(out)
             if not args.resume:
                 write_settings(settings_file, run)
             report(trainer)
@@ -220,14 +217,17 @@ def tune(
 
     def finish(trainer, history: dict) -> None:
         if trainer.is_main:
-            save_model(trainer, args, out)
+            save_model(trainer, args, stage or out)
+            if stage is not None:
+                runs.replace_run(stage, out, OUTPUTS)
             print(
                 f"done: step {trainer.step}, {result(history)}; the merged model is "
                 f"in {out}",
                 flush=True,
             )
 
-    return fit_until_stopped(start, finish)
+    with runs.replacing(stage, out):
+        return fit_until_stopped(start, finish, discard=stage is not None)
 
 
 def save_model(trainer, args, out: Path) -> None:

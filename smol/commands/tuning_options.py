@@ -8,6 +8,8 @@ import argparse
 from pathlib import Path
 
 from smol.commands.common import Parser, UsageError, parser, run
+from smol.commands.runs import staging
+from smol.commands.tuning import check_run_folder
 from smol.commands.train import FAILURES, add_resume_option
 from smol.lora import TARGETS, check_settings
 from smol.train import TrainConfig
@@ -98,7 +100,9 @@ def add_run_options(
     p.add_argument(
         "--overwrite",
         action="store_true",
-        help="start over in an OUT that holds a fine-tune, replacing it",
+        help="start over in an OUT that holds a fine-tune, replacing it once the "
+        "new run is done (until then, and if it fails or is stopped, the earlier "
+        "run stays as it was)",
     )
     p.add_argument(
         "--allow-changed-settings",
@@ -114,6 +118,25 @@ EMPTY = (
     ("model", "name a .gguf file, a folder or a hub id, or leave it out"),
     ("reference", "name a .gguf file, a folder or a hub id, or leave it out"),
 )
+
+
+# --beta's range (DPO's, and GRPO's beside 0): below it the product with a margin or
+# a KL term of float32 is lost (1e-320 underflows to 0, and DPO then trains nothing);
+# above it the loss and its gradient overflow (1e308) or only the reference counts
+BETA_RANGE = (1e-4, 1e3)
+
+
+def check_beta(beta: float, zero: str | None = None) -> None:
+    """A UsageError naming --beta outside BETA_RANGE; `zero` says what 0 means
+    where it is allowed (None: it is not)."""
+    low, high = BETA_RANGE
+    if zero is not None and beta == 0:
+        return
+    if not low <= beta <= high:  # nan too
+        also = f"0 ({zero}) or " if zero is not None else ""
+        raise UsageError(
+            f"--beta must be {also}between {low:g} and {high:g}, got {beta!r}"
+        )
 
 
 def check_model_args(args, tuned: str = "the model being fine-tuned") -> None:
@@ -171,6 +194,8 @@ def train_config(args, lrs: tuple[float, float]) -> TrainConfig:
     is a UsageError. No preset: the Trainer checks --max-len against the loaded
     model's context."""
     lr = args.lr if args.lr is not None else lrs[0 if args.lora_r else 1]
+    # --overwrite: the new run is written beside OUT until it is done
+    run_folder = staging(Path(args.out)) if args.overwrite else Path(args.out)
     try:
         return TrainConfig(
             preset=None,
@@ -178,7 +203,7 @@ def train_config(args, lrs: tuple[float, float]) -> TrainConfig:
             lr=lr,
             min_lr=lr / 10,
             warmup_steps=min(args.warmup_steps, args.steps),
-            out_dir=str(Path(args.out) / "training"),
+            out_dir=str(run_folder / "training"),
             **{name: getattr(args, name) for name in AS_GIVEN},
         )
     except ValueError as e:
@@ -221,4 +246,8 @@ def tuning_main(verb: str, argv, build_parser, check, work) -> int:
         check(args)
         return args, train_config(args, DEFAULTS[verb][3])
 
-    return run(f"smol {verb}", parse, lambda settings: work(*settings), FAILURES)
+    def checked_work(settings):
+        check_run_folder(settings[0], verb)
+        return work(*settings)
+
+    return run(f"smol {verb}", parse, checked_work, FAILURES)
