@@ -152,3 +152,21 @@ def test_train_overwrite_keeps_the_earlier_run_until_the_new_one_is_done(
     after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after.keys() == before.keys() and after != before
     assert not staging(out).exists() and sorted(tmp_path.iterdir()) == [out]
+
+
+def test_a_run_saved_before_a_setting_existed_resumes_with_its_old_value(tmp_path):
+    """A GRPO run saved before --num-iterations existed trained one step a batch: its
+    settings file lacks the key, and a resume with the default is the same run, where
+    a resume with another value is refused (the mutant that reads the missing key as
+    None refuses both)."""
+    from argparse import Namespace
+
+    from smol.commands.tuning import check_resumed_settings
+
+    path = tmp_path / "grpo.json"
+    path.write_text(json.dumps({"group_size": 8, "beta": 0.04}))
+    args = Namespace(allow_changed_settings=False)
+    same = {"group_size": 8, "beta": 0.04, "num_iterations": 1}
+    check_resumed_settings(args, same, path, "GRPO run")
+    with pytest.raises(ValueError, match="num_iterations: the run's 1, now 2"):
+        check_resumed_settings(args, {**same, "num_iterations": 2}, path, "GRPO run")

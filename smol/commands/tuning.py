@@ -122,14 +122,20 @@ def write_settings(path: Path, run: dict) -> None:
     path.write_text(json.dumps(run, indent=1), encoding="utf-8")
 
 
+# Settings added after runs were saved without them, and the value those runs used.
+ADDED_LATER = {"num_iterations": 1}
+
+
 def check_resumed_settings(args, run: dict, path: Path, what: str) -> None:
-    """A resume keeps the run's settings (those in the JSON file `path`), unless
+    """A resume keeps the run's settings (those in the JSON file `path`; a setting
+    added later counts as its ADDED_LATER value in an older run's file), unless
     --allow-changed-settings, which warns."""
     if not path.is_file():
         return  # no run to compare with: Trainer says there is nothing to resume
     saved = read_json(path)
     if not isinstance(saved, dict):
         raise ValueError(f"{path}: expected a JSON object of settings")
+    saved = {**{k: v for k, v in ADDED_LATER.items() if k not in saved}, **saved}
     changed = [
         f"{k}: the run's {saved.get(k)!r}, now {v!r}"
         for k, v in run.items()
