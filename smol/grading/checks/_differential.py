@@ -30,7 +30,31 @@ from typing import Callable
 
 import torch
 
+from smol.grading.registry import probe_check
+
 Table = list[Callable[[torch.Generator], dict]]
+
+
+def register(
+    task: str,
+    name: str,
+    points: int,
+    hint: str,
+    make: Callable,
+    call: Callable,
+    reference: Callable,
+    n: int,
+) -> None:
+    """TASK's differential check: n cases of `make`, the student's function run by
+    `call` in its own process, judged against smol's (`reference()` gives it)."""
+    probe_check(
+        task,
+        name,
+        points,
+        hint,
+        inputs=lambda: cases([make], n, task),
+        judge=judge(call, reference),
+    )(probe(call))
 
 
 def cases(table: Table, n: int, name: str) -> list[dict]:

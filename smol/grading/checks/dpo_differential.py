@@ -9,7 +9,6 @@ import torch
 from smol.grading.checks import _differential as diff
 from smol.grading.checks.dpo import IGNORE
 from smol.grading.checks.dpo_loss import SIDES, _three
-from smol.grading.registry import probe_check
 
 NAME = "generated inputs: values and gradients equal smol's"
 CASES = 48
@@ -176,11 +175,4 @@ for task, make, call, reference, hint in (
         "scored inside the graph; only the reference's are constants",
     ),
 ):
-    probe_check(
-        task,
-        NAME,
-        2,
-        hint,
-        inputs=lambda make=make, task=task: diff.cases([make], CASES, task),
-        judge=diff.judge(call, reference),
-    )(diff.probe(call))
+    diff.register(task, NAME, 2, hint, make, call, reference, CASES)

@@ -7,7 +7,6 @@ what smol's exporter hands it.)"""
 import torch
 
 from smol.grading.checks import _differential as diff
-from smol.grading.registry import probe_check
 
 NAME = "generated inputs: values and dtypes equal smol's"
 CASES = 40
@@ -44,13 +43,15 @@ def _call(fn, args):
     return [fn(args["w"], args["n_heads"])]
 
 
-probe_check(
+diff.register(
     "permute_qk",
     NAME,
     1,
     "the case named below differs from smol.gguf.permute_qk: a permutation moves "
     "rows and keeps the weight's dtype (no .float(): smol's exporter hands it a "
     "model's own bfloat16 weights, and smol.int4 its inverse uint8 codes)",
-    inputs=lambda: diff.cases([_perm_case], CASES, "permute_qk"),
-    judge=diff.judge(_call, _smol_perm),
-)(diff.probe(_call))
+    _perm_case,
+    _call,
+    _smol_perm,
+    CASES,
+)
