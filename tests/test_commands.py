@@ -31,7 +31,7 @@ USAGE_ERRORS = {
     "chat": (["chat", "Hi", "--top-p", "2"], "--top-p must lie in (0, 1], got 2.0"),
     "train": (["train", "--set", "layers=2"], "unknown model setting 'layers'"),
     "finetune": (["finetune"], "the following arguments are required: --data"),
-    "dpo": (["dpo", "--data", "p.jsonl", "--beta", "0"], "--beta must be a positive"),
+    "dpo": (["dpo", "--data", "p.jsonl", "--beta", "0"], "--beta must be between"),
     "grpo": (["grpo", "--task", "divide"], "--task: unknown task 'divide'"),
     "eval": (["eval", "mmlu", "--limit", "0"], "--limit must be >= 1, got 0"),
     "export": (["export", "smollm2", "model.bin"], "OUT must end in .gguf"),

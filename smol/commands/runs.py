@@ -22,11 +22,21 @@ SETTINGS = {"finetune": "finetune.json", "dpo": "dpo.json", "grpo": "grpo.json"}
 
 def check_out(folder: Path, what: str) -> None:
     """A folder a command would write that it cannot (unwritable, under a file) is
-    a usage error, found before any work."""
+    a usage error, found before any work. The folders the check makes are removed
+    again: a command refused later (a bad data line) leaves nothing behind."""
+    folder = Path(folder)
+    made = []  # the folders check_writable creates, innermost first
+    while not folder.exists() and not folder.is_symlink() and folder != folder.parent:
+        made.append(folder)
+        folder = folder.parent
     try:
-        check_writable(folder, what)
+        check_writable(made[0] if made else folder, what)
     except OSError as e:
         raise UsageError(str(e)) from None
+    finally:
+        for path in made:
+            with contextlib.suppress(OSError):
+                path.rmdir()
 
 
 def made_by(folder: Path) -> str | None:
