@@ -92,7 +92,7 @@ def read_model(
             )
         return read_gguf(path, dtype=dtype)
     if path.is_dir():
-        return read_hf_folder(path)
+        return read_hf_folder(run_model_folder(path))
     if (
         isinstance(source, str)
         and re.fullmatch(r"[\w.-]+/[\w.-]+", source)
@@ -102,6 +102,29 @@ def read_model(
     raise FileNotFoundError(
         f"no such file or folder: {source} (expected a .gguf file, a Hugging Face "
         f"model folder, or a hub id such as {HUB_ID})"
+    )
+
+
+def run_model_folder(folder: Path) -> Path:
+    """The model folder of `folder`: itself, or where it is a run of `smol train`,
+    the model it saved when it finished (folder/model). A run that has not finished
+    (checkpoints only) is an error saying how to finish it."""
+    if (folder / "config.json").is_file() or not (
+        (folder / "model").is_dir()
+        or (folder / "checkpoints").is_dir()
+        or (folder / "state.pt").is_file()
+    ):
+        return folder
+    if (folder / "model").is_dir():
+        return folder / "model"
+    run = folder.parent.parent if (folder / "state.pt").is_file() else folder
+    raise FileNotFoundError(
+        f"{folder} is a training run's checkpoint, not a model folder: smol train "
+        f"saves the model ({run / 'model'}) when the run finishes; finish it with "
+        f"smol train --resume --out-dir {run}"
+        if (folder / "state.pt").is_file()
+        else f"{folder} is a training run that has not finished (no {folder / 'model'}"
+        f"): finish it with smol train --resume --out-dir {folder}"
     )
 
 

@@ -663,6 +663,56 @@ def test_cli_trains_the_tiny_preset(tmp_path, capsys):
     assert json.loads((out / "summary.json").read_text())["step"] == 6
 
 
+def test_a_finished_run_saves_its_model_which_generate_and_load_pretrained_read(
+    tmp_path, capsys
+):
+    """A finished run's out-dir holds model/ (the last step's weights, the run's
+    tokenizer); `smol generate --source OUT_DIR` and load_pretrained read it. A run
+    without it (stopped: checkpoints only) is refused in one line that says how to
+    finish it. The mutant this rejects: no model saved, or the first checkpoint's."""
+    from smol.checkpoint import load
+    from smol.commands import main as smol
+    from smol.pretrained import load_pretrained
+
+    out = tmp_path / "run"
+    args = cli_args(ONE_LAYER, "--steps 3 --warmup-steps 1 --batch-size 2 --seq-len 16")
+    assert main(args + ["--out-dir", str(out), "--ckpt-every", "1"]) == 0
+    assert f"model: {out / 'model'}" in capsys.readouterr().out
+    weights, state = load(out / "checkpoints" / "step_0000003")
+    model, tokenizer = load_pretrained(out, device="cpu")
+    saved = model.state_dict()
+    assert state["step"] == 3 and weights.keys() <= saved.keys()
+    assert all(torch.equal(saved[k], v) for k, v in weights.items())
+    assert tokenizer.encode("Romeo.") == load_pretrained(out / "model")[1].encode(
+        "Romeo."
+    )
+    assert (
+        smol(
+            [
+                "generate",
+                "Romeo.",
+                "--source",
+                str(out),
+                "--device",
+                "cpu",
+                "--max-new-tokens",
+                "4",
+            ]
+        )
+        == 0
+    )
+    assert capsys.readouterr().out.startswith("Romeo.")
+    shutil.rmtree(out / "model")  # as a run stopped before its end leaves it
+    for source, says in [
+        (out, f"{out} is a training run that has not finished"),
+        (out / "checkpoints" / "step_0000002", "is a training run's checkpoint"),
+    ]:
+        assert smol(["generate", "Hi", "--source", str(source), "--device", "cpu"]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and says in err
+        assert f"smol train --resume --out-dir {out}" in err
+
+
 def test_cli_reports_bad_input_without_a_traceback(tmp_path, capsys):
     on_cpu = ["--no-progress", "--device", "cpu"]
     assert main(["--out-dir", str(tmp_path / "none"), "--resume", *on_cpu]) == 1

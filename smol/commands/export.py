@@ -26,7 +26,8 @@ def build_parser() -> Parser:
     p.add_argument(
         "model",
         help="a model folder (config.json, model.safetensors, tokenizer.json), a "
-        f".gguf file, or {RELEASED!r} for the released SmolLM2-135M-Instruct",
+        f"smol train run's out-dir, a .gguf file, or {RELEASED!r} for the released "
+        "SmolLM2-135M-Instruct",
     )
     p.add_argument("out", type=Path, help="the GGUF file to write")
     p.add_argument("--type", choices=sorted(TYPES), default="f16")

@@ -68,8 +68,8 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--source",
         default=None,
-        help="a .gguf file, a Hugging Face folder or hub id (default: the "
-        "bundled GGUF)",
+        help="a .gguf file, a Hugging Face folder or hub id, or a smol train "
+        "run's out-dir (default: the bundled GGUF)",
     )
     p.add_argument(
         "--device", default=None, help="default: cuda when available, else cpu"

@@ -1,5 +1,6 @@
-"""Train a SmolLM (torchrun for DDP); the run's summary.json and loss.png go into its
-out-dir.
+"""Train a SmolLM (torchrun for DDP); the run's summary.json, loss.png and model (a
+model folder that `smol generate --source OUT_DIR`, `smol chat`, `smol export` and
+transformers load) go into its out-dir.
 
     smol train --preset tiny --steps 300 --out-dir runs/tiny
     smol train --preset tiny --steps 300 --out-dir runs/tiny --resume
@@ -40,7 +41,7 @@ from smol.train_report import TrainingDiverged, plot_history
 # Failures while running: one line on stderr, exit status 1.
 FAILURES = (ValueError, OSError, CheckpointError, TrainingDiverged)
 # what a run writes into its out-dir: --overwrite replaces them once the new run is done
-OUTPUTS = ("checkpoints", "summary.json", "loss.png")
+OUTPUTS = ("checkpoints", "summary.json", "loss.png", "model")
 
 
 def _parse_bool(text: str) -> bool:
@@ -225,10 +226,14 @@ def fit_until_stopped(
 
 
 def _write_results(trainer: Trainer, history: dict, summary: dict, final: Path):
-    """summary.json and loss.png in out_dir, the final numbers and a sample printed;
-    a run written beside `final` (--overwrite) then takes the earlier run's place."""
+    """summary.json, loss.png and the trained model's folder in out_dir, the final
+    numbers and a sample printed; a run written beside `final` (--overwrite) then
+    takes the earlier run's place."""
+    from smol.pretrained import save_pretrained
+
     cfg, out = trainer.cfg, Path(trainer.cfg.out_dir)
     (out / "summary.json").write_text(json.dumps(summary, indent=1), encoding="utf-8")
+    save_pretrained(trainer.model, trainer.tokenizer, out / "model")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -247,5 +252,6 @@ def _write_results(trainer: Trainer, history: dict, summary: dict, final: Path):
         f"{summary['tokens_per_s']:,.0f} tokens/s{mfu}; {final / 'summary.json'}",
         flush=True,
     )
+    print(f"model: {final / 'model'} (smol generate --source {final})", flush=True)
     if cfg.sample_tokens:
         print("sample:", repr(trainer.sample()), flush=True)

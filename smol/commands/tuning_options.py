@@ -47,8 +47,8 @@ def add_model_options(p: argparse.ArgumentParser, out: str) -> None:
     """--model, --out and LoRA's options."""
     p.add_argument(
         "--model",
-        help="a .gguf file, a Hugging Face folder or hub id "
-        "(default: the bundled SmolLM2-135M-Instruct)",
+        help="a .gguf file, a Hugging Face folder or hub id, or a smol train run's "
+        "out-dir (default: the bundled SmolLM2-135M-Instruct)",
     )
     p.add_argument("--out", default=out, help="the merged model folder to write")
     p.add_argument(
