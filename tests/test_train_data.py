@@ -292,3 +292,33 @@ def test_bad_shards_and_tokenizers_fail_in_one_line(folder, tmp_path, capsys):
     err = one_error_line(capsys, main([*argv, "--out-dir", str(tmp_path / "d")]), 1)
     assert "has 70000 tokens; the model's vocab_size is 4096" in err
     assert not (tmp_path / "d" / "data").exists()
+
+
+def test_the_shard_benchmark_reads_a_memory_map_and_counts_what_it_read(tmp_path):
+    """bench/data_shard.py on a 200 MB shard for a second: its rows agree with each
+    other (data read = windows x 1,025 tokens x 2 bytes), and the memory the process
+    owns grows by far less than the shard (a loader that read the file into memory,
+    np.fromfile in place of np.memmap, would add its 200 MB)."""
+    import csv
+    import subprocess
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    out = tmp_path / "shard.csv"
+    subprocess.run(
+        [sys.executable, "data_shard.py", "--size-gb", "0.2", "--seconds", "1"]
+        + ["--work", str(tmp_path), "--csv", str(out)],
+        cwd=bench,
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    with open(out, newline="") as f:
+        rows = {r["measure"]: float(r["value"]) for r in csv.DictReader(f)}
+    assert rows["shard"] == 0.2 and rows["windows served"] > 0
+    assert rows["data read"] == round(rows["windows served"] * 1025 * 2 / 1e9, 2)
+    grown = (
+        rows["RssAnon, largest while reading"]
+        - rows["RssAnon before opening the shard"]
+    )
+    assert grown < 100, grown
