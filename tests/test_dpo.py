@@ -125,6 +125,7 @@ PLAIN = [
     [
         "sigmoid-reference",
         "sigmoid-lora",
+        "sigmoid-saved",
         "sigmoid_norm-reference",
         "sigmoid-reference-multi_turn",
         "sigmoid_norm-reference-multi_turn",
@@ -133,19 +134,26 @@ PLAIN = [
 )
 def test_loss_rewards_and_gradients_equal_trl(tokenizer, hf_tokenizer, tmp_path, case):
     """smol's DPO and TRL's on the same pairs: the same tokens trained, loss, rewards
-    and gradient of every trained weight. "plain": smol trains plain-string pairs as TRL trains the
+    and gradient of every trained weight. "reference": full fine-tuning against a
+    separate reference, TRL's models of a config without pad_token_id; "saved": the
+    same, TRL's models loaded from the folders smol writes, whose pad_token_id 2 (the
+    tokenizer's, <|im_end|>) makes transformers' embedding one with padding_idx 2,
+    which takes no gradient from the look-ups of that row: its gradient is the one
+    that differs. "plain": smol trains plain-string pairs as TRL trains the
     conversational pairs of the same strings (TRL's own plain format would train the
     strings without the chat template)."""
     pytest.importorskip("trl")
     from datasets import Dataset
     from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
     from trl import DPOConfig
     from trl import DPOTrainer as TRLDPOTrainer
 
+    from smol.pretrained import save_pretrained
     from smol.reference import llama_twin
 
     loss_type, how, *extra = case.split("-")
-    lora = how == "lora"
+    lora, saved = how == "lora", how == "saved"
     pairs = MULTI_TURN if "multi_turn" in extra else PAIRS
     their_pairs = pairs
     if "plain" in extra:
@@ -192,6 +200,16 @@ def test_loss_rewards_and_gradients_equal_trl(tokenizer, hf_tokenizer, tmp_path,
         theirs.load_state_dict(policy.state_dict(), strict=True)
         their_reference = llama_twin(TINY, "sdpa")
         their_reference.load_state_dict(reference.state_dict(), strict=True)
+        if saved:
+            for name, model in (("policy", policy), ("reference", reference)):
+                save_pretrained(model, tokenizer, tmp_path / name)
+            theirs, their_reference = (
+                AutoModelForCausalLM.from_pretrained(tmp_path / n, dtype=torch.float32)
+                for n in ("policy", "reference")
+            )
+            assert theirs.model.embed_tokens.padding_idx == tokenizer.pad_token_id == 2
+        else:
+            assert theirs.model.embed_tokens.padding_idx is None
         trl = TRLDPOTrainer(
             model=theirs,
             ref_model=their_reference,
@@ -262,7 +280,14 @@ def test_loss_rewards_and_gradients_equal_trl(tokenizer, hf_tokenizer, tmp_path,
             layer, part = name.rsplit(".", 1)
             name = f"base_model.model.{layer}.{part}.default.weight"
         assert p.grad is not None and p.grad.abs().sum() > 0, name
-        torch.testing.assert_close(p.grad, named[name].grad, msg=name)
+        grad, their_grad = p.grad, named[name].grad
+        if saved and name == "model.embed_tokens.weight":
+            pad = tokenizer.pad_token_id  # every sequence looks its row up
+            assert not torch.allclose(grad[pad], their_grad[pad])
+            grad, their_grad = (
+                torch.cat([g[:pad], g[pad + 1 :]]) for g in (grad, their_grad)
+            )
+        torch.testing.assert_close(grad, their_grad, msg=name)
 
 
 # --- the pieces, each against the wrong version it is named for ---------------------
