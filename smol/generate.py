@@ -66,10 +66,11 @@ def sample_next_token(
 
 
 class FiniteLogits(torch.nn.Module):
-    """`model` for generate, its NaN and inf logits made zeros and counted in the 0-d
-    `nonfinite` flag, which the caller reads once after: a diverged model is then
-    found and named where torch.multinomial would stop with a RuntimeError of its
-    own. Its rows of zeros sample uniformly."""
+    """`model` for generate's sampling, the NaN and inf logits of its last position
+    (those sampled from) made zeros and counted in the 0-d `nonfinite` flag, which
+    the caller reads once after: a diverged model is then found and named where
+    torch.multinomial would stop with a RuntimeError of its own. Its rows of zeros
+    sample uniformly."""
 
     def __init__(self, model):
         super().__init__()
@@ -83,9 +84,11 @@ class FiniteLogits(torch.nn.Module):
 
     def forward(self, *args, **kwargs):
         logits, loss = self.inner(*args, **kwargs)  # (B, T, V)
-        finite = torch.isfinite(logits)
+        last = logits[:, -1]  # (B, V): no copy of a prefill's (B, T, V)
+        finite = torch.isfinite(last)
         self.nonfinite |= ~finite.all()  # no sync
-        return logits.where(finite, 0.0), loss
+        logits[:, -1] = last.where(finite, 0.0)
+        return logits, loss
 
 
 def left_pad(seqs, pad_id: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
