@@ -65,6 +65,32 @@ def sample_next_token(
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)
 
 
+class FiniteLogits(torch.nn.Module):
+    """`model` for generate's sampling, the NaN and inf logits of its last position
+    (those sampled from) made zeros and counted in the 0-d `nonfinite` flag, which
+    the caller reads once after: a diverged model is then found and named where
+    torch.multinomial would stop with a RuntimeError of its own. Its rows of zeros
+    sample uniformly."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.inner = model
+        device = next(model.parameters()).device
+        self.nonfinite = torch.zeros((), dtype=torch.bool, device=device)
+        self.train(model.training)  # generate's _eval restores this mode
+
+    config = property(lambda self: self.inner.config)
+    model = property(lambda self: self.inner.model)  # KVCache.for_model's
+
+    def forward(self, *args, **kwargs):
+        logits, loss = self.inner(*args, **kwargs)  # (B, T, V)
+        last = logits[:, -1]  # (B, V): no copy of a prefill's (B, T, V)
+        finite = torch.isfinite(last)
+        self.nonfinite |= ~finite.all()  # no sync
+        logits[:, -1] = last.where(finite, 0.0)
+        return logits, loss
+
+
 def left_pad(seqs, pad_id: int = 0, device=None) -> tuple[torch.Tensor, torch.Tensor]:
     """Prompts of different lengths (lists of ids or 1-d tensors) -> (ids (B, T), mask
     (B, T)), each row right-aligned after pad_id padding, the mask 0 on the padding:

@@ -24,9 +24,9 @@ import torch.distributed as dist
 from torch import nn
 from tqdm.auto import tqdm
 
-from smol import tasks
+from smol import tasks, train_report
 from smol.dpo import adapters_off
-from smol.generate import generate
+from smol.generate import FiniteLogits, generate
 from smol.grpo import (
     LOSS_TYPES,
     GRPOLoss,
@@ -242,9 +242,10 @@ class GRPOTrainer(Trainer):
         prompts = [self.tokenizer.apply_chat_template(p.messages()) for p in problems]
         ids, mask = self.tokenizer.batch_encode(prompts, device=self.device)  # (P, L)
         ids, mask = ids.repeat_interleave(G, 0), mask.repeat_interleave(G, 0)  # (N, L)
+        policy = FiniteLogits(self.model)  # the last step's weights, unchecked
         with self.autocast():
             out = generate(
-                self.model,
+                policy,
                 ids,
                 self.max_new_tokens,
                 temperature=self.temperature,
@@ -252,6 +253,9 @@ class GRPOTrainer(Trainer):
                 eos_token_id=eos,
                 generator=self.train_batches.generator,
             )  # (N, L + T)
+        if policy.nonfinite:
+            what = "a next-token logit of the policy"
+            raise train_report.diverged(self, what, "NaN or inf", sampled=True)
         completion = out[:, ids.shape[1] :]  # (N, T)
         replies = self.tokenizer.batch_decode(completion.tolist(), True)
         self._sample_s += time.perf_counter() - start
@@ -328,9 +332,15 @@ class GRPOTrainer(Trainer):
         return loss
 
     def _read_back(self, pending, due, caught) -> bool:
+        logged = [logs.tolist() for logs, _, _ in self._pending_logs]
+        for (step, _, _), values in zip(pending, logged):
+            kl, what = values[LOGGED.index("kl")], "the KL term to the reference"
+            if self.beta and not math.isfinite(kl):  # exp overflows far from it
+                causes = {"lr": self.cfg.lr, "beta": self.beta}
+                raise train_report.diverged(self, what, kl, step, **causes)
         stop = super()._read_back(pending, due, caught)
-        for logs, sample_s, update_s in self._pending_logs:
-            for name, value in zip(LOGGED, logs.tolist()):
+        for (_, sample_s, update_s), values in zip(self._pending_logs, logged):
+            for name, value in zip(LOGGED, values):
                 self.history[name].append(value)
             self.history["sample_s"].append(sample_s)
             self.history["update_s"].append(update_s)

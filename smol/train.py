@@ -239,6 +239,7 @@ class Trainer:
         if due["sample"]:
             bar.write(f"step {self.step} sample: {self.sample()!r}")
         if due["save"] or due["stop"]:
+            train_report.check_weights(self)  # no checkpoint of diverged weights
             self.save_checkpoint()
         if due["stop"] and self.step < end:
             bar.close()

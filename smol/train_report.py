@@ -15,22 +15,63 @@ from smol import checkpoint
 
 
 class TrainingDiverged(FloatingPointError):
-    """The loss became NaN or infinite."""
+    """The loss, or a trained weight, became NaN or infinite. `where`: what did, at
+    which step; `kept`: what is kept of the run; `causes`: the settings to change
+    ({name: value}), the likeliest first; `advice`: what to try, in a command's
+    words (None: said from `causes`)."""
+
+    def __init__(self, where: str, kept: str, causes: dict, advice: str | None = None):
+        self.where, self.kept, self.causes, self.advice = where, kept, causes, advice
+        if advice is None:
+            advice = "Try " + " or ".join(
+                CAUSES[name].format(value) for name, value in causes.items()
+            )
+        super().__init__(f"training diverged: {where}; stopping ({kept}). {advice}.")
+
+    def but(self, **changed) -> TrainingDiverged:
+        """The same divergence with `changed` fields (kept, advice)."""
+        fields = dict(where=self.where, kept=self.kept, causes=self.causes)
+        return TrainingDiverged(**(fields | {"advice": self.advice} | changed))
 
 
-def diverged(trainer, what: str, value: float, step: int | None = None):
-    """The TrainingDiverged to raise: where, and what to try instead."""
-    kept = (
-        f"the last good checkpoint is kept: {trainer.last_checkpoint}"
-        if trainer.last_checkpoint
-        else "no checkpoint was saved before it"
-    )
-    return TrainingDiverged(
-        f"training diverged: {what} is {value} at step {step or trainer.step}; "
-        f"stopping ({kept}). "
-        f"Try a lower learning rate (lr={trainer.cfg.lr}) or gradient clipping "
-        f"(grad_clip={trainer.cfg.grad_clip})."
-    )
+# what to do about each setting that may make a run diverge, given its value
+CAUSES = {
+    "lr": "a lower learning rate (lr={})",
+    "grad_clip": "gradient clipping (grad_clip={})",
+    "beta": "no KL term (beta=0, now {})",
+}
+
+
+def diverged(
+    trainer, what: str, value: float, step=None, sampled: bool = False, **causes
+):
+    """The TrainingDiverged to raise: where, and what to try instead (the learning
+    rate and gradient clipping, unless `causes` names other settings). `sampled`:
+    `what` came of the weights of trainer.step, not of a step being taken, and a
+    checkpoint of that step holds them."""
+    last = trainer.last_checkpoint
+    kept = f"the last good checkpoint is kept: {last}"
+    if last is None:
+        kept = "no checkpoint was saved before it"
+    elif sampled and last == checkpoint.step_dir(trainer.checkpoint_root, trainer.step):
+        kept = f"the last checkpoint, {last}, holds the weights that diverged"
+    cfg = trainer.cfg
+    causes = causes or {"lr": cfg.lr, "grad_clip": cfg.grad_clip}
+    when = "after" if sampled else "at"
+    where = f"{what} is {value} {when} step {step or trainer.step}"
+    return TrainingDiverged(where, kept, causes)
+
+
+def check_weights(trainer) -> None:
+    """TrainingDiverged where a trained weight is NaN or infinite: the step just
+    taken made it so (its loss, of the weights before it, was finite), and a
+    checkpoint of them would be named the last good one."""
+    trained = [p.detach() for p in trainer.model.parameters() if p.requires_grad]
+    # NaN and inf reach the smallest or largest value: no mask of a weight's size
+    ends = torch.stack([torch.stack(torch.aminmax(p)).float() for p in trained])
+    bad = ends[~torch.isfinite(ends)]  # one sync
+    if bad.numel():
+        raise diverged(trainer, "a trained weight", bad[0].item())
 
 
 def record_losses(trainer, pending: list[tuple[int, float, torch.Tensor]]) -> None:

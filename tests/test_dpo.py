@@ -110,28 +110,54 @@ def _perturbed(model, seed):
     return model
 
 
+# PAIRS as plain strings (PAIRS[1] without its system message): smol puts them in the
+# chat template, with its default system prompt, as the conversational pairs of the
+# same strings
+PLAIN = [
+    {"prompt": p["prompt"][-1]["content"]}
+    | {side: p[side][0]["content"] for side in ("chosen", "rejected")}
+    for p in PAIRS
+]
+
+
 @pytest.mark.parametrize(
     "case",
     [
         "sigmoid-reference",
         "sigmoid-lora",
+        "sigmoid-saved",
         "sigmoid_norm-reference",
         "sigmoid-reference-multi_turn",
         "sigmoid_norm-reference-multi_turn",
+        "sigmoid-reference-plain",
     ],
 )
 def test_loss_rewards_and_gradients_equal_trl(tokenizer, hf_tokenizer, tmp_path, case):
+    """smol's DPO and TRL's on the same pairs: the same tokens trained, loss, rewards
+    and gradient of every trained weight. "reference": full fine-tuning against a
+    separate reference, TRL's models of a config without pad_token_id; "saved": the
+    same, TRL's models loaded from the folders smol writes, whose pad_token_id 2 (the
+    tokenizer's, <|im_end|>) makes transformers' embedding one with padding_idx 2,
+    which takes no gradient from the look-ups of that row: its gradient is the one
+    that differs. "plain": smol trains plain-string pairs as TRL trains the
+    conversational pairs of the same strings (TRL's own plain format would train the
+    strings without the chat template)."""
     pytest.importorskip("trl")
     from datasets import Dataset
     from peft import LoraConfig
+    from transformers import AutoModelForCausalLM
     from trl import DPOConfig
     from trl import DPOTrainer as TRLDPOTrainer
 
+    from smol.pretrained import save_pretrained
     from smol.reference import llama_twin
 
-    loss_type, how, *turns = case.split("-")
-    lora = how == "lora"
-    pairs = MULTI_TURN if turns else PAIRS
+    loss_type, how, *extra = case.split("-")
+    lora, saved = how == "lora", how == "saved"
+    pairs = MULTI_TURN if "multi_turn" in extra else PAIRS
+    their_pairs = pairs
+    if "plain" in extra:
+        pairs, their_pairs = PLAIN, [pair(*p.values()) for p in PLAIN]
     beta = 0.2
     torch.manual_seed(0)
     reference = SmolLM(TINY)
@@ -154,7 +180,7 @@ def test_loss_rewards_and_gradients_equal_trl(tokenizer, hf_tokenizer, tmp_path,
         per_device_train_batch_size=len(pairs),
         dataset_num_proc=None,
     )
-    data = Dataset.from_list(pairs)
+    data = Dataset.from_list(their_pairs)
     if lora:
         apply_lora(policy, 4, 8.0, TARGETS)
         trl = TRLDPOTrainer(
@@ -174,6 +200,16 @@ def test_loss_rewards_and_gradients_equal_trl(tokenizer, hf_tokenizer, tmp_path,
         theirs.load_state_dict(policy.state_dict(), strict=True)
         their_reference = llama_twin(TINY, "sdpa")
         their_reference.load_state_dict(reference.state_dict(), strict=True)
+        if saved:
+            for name, model in (("policy", policy), ("reference", reference)):
+                save_pretrained(model, tokenizer, tmp_path / name)
+            theirs, their_reference = (
+                AutoModelForCausalLM.from_pretrained(tmp_path / n, dtype=torch.float32)
+                for n in ("policy", "reference")
+            )
+            assert theirs.model.embed_tokens.padding_idx == tokenizer.pad_token_id == 2
+        else:
+            assert theirs.model.embed_tokens.padding_idx is None
         trl = TRLDPOTrainer(
             model=theirs,
             ref_model=their_reference,
@@ -244,7 +280,14 @@ def test_loss_rewards_and_gradients_equal_trl(tokenizer, hf_tokenizer, tmp_path,
             layer, part = name.rsplit(".", 1)
             name = f"base_model.model.{layer}.{part}.default.weight"
         assert p.grad is not None and p.grad.abs().sum() > 0, name
-        torch.testing.assert_close(p.grad, named[name].grad, msg=name)
+        grad, their_grad = p.grad, named[name].grad
+        if saved and name == "model.embed_tokens.weight":
+            pad = tokenizer.pad_token_id  # every sequence looks its row up
+            assert not torch.allclose(grad[pad], their_grad[pad])
+            grad, their_grad = (
+                torch.cat([g[:pad], g[pad + 1 :]]) for g in (grad, their_grad)
+            )
+        torch.testing.assert_close(grad, their_grad, msg=name)
 
 
 # --- the pieces, each against the wrong version it is named for ---------------------
@@ -366,6 +409,24 @@ def test_plain_pairs_are_taken_and_empty_files_refused(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n\n")
     with pytest.raises(ValueError, match="holds no pairs"):
         numbered_pairs(tmp_path / "empty.jsonl")
+
+
+def test_a_plain_string_pair_trains_the_chat_templates_tokens(tokenizer):
+    """A pair of plain strings is encoded as the conversational pair of the same
+    strings: the chat template's tokens, its default system prompt included, the
+    reply's scored. A version that encodes the raw strings, as TRL's plain format
+    trains them, gives other tokens and fails."""
+    plain = {"prompt": "What is 2 + 3?", "chosen": "5", "rejected": "It is 6."}
+    (ids, labels), rejected = encode_pair(tokenizer, plain)
+    assert ((ids, labels), rejected) == encode_pair(tokenizer, PAIRS[0])
+    assert tokenizer.decode(ids) == (
+        "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+        "Hugging Face<|im_end|>\n<|im_start|>user\nWhat is 2 + 3?<|im_end|>\n"
+        "<|im_start|>assistant\n5<|im_end|>\n"
+    )
+    scored = [t for t in labels if t != IGNORE_INDEX]
+    assert tokenizer.decode(scored) == "5<|im_end|>\n"
+    assert tokenizer.decode(rejected[0]).endswith("assistant\nIt is 6.<|im_end|>\n")
 
 
 def test_a_reference_of_another_config_and_no_reference_without_lora_are_refused(

@@ -141,6 +141,32 @@ def test_an_earlier_run_is_not_written_over_unasked(base, tmp_path, capsys):
     tuning.check_overwrite_starts_over(run, out)
 
 
+def test_a_diverged_run_is_one_line_and_keeps_only_finite_checkpoints(
+    base, tmp_path, capsys
+):
+    """A learning rate of 1e30 makes the weights NaN at step 2 (its checkpoint was
+    saved, all NaN, and named the last good one): the run stops there in one line
+    naming --lr and the checkpoint of step 1, the last whose weights are finite, and
+    writes no merged model."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "out"
+    options = ["--lr", "1e30", "--lora-r", "0", "--ckpt-every", "1"]
+    code, _, err = dpo(base, out, *options, capsys=capsys)
+    kept = out / "training" / "checkpoints" / "step_0000001"
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert (
+        "smol dpo: error: training diverged: a trained weight is nan at step 2" in err
+    )
+    assert err.rstrip().endswith(
+        f"the last good checkpoint is kept: {kept}). Try a lower --lr (now 1e+30)."
+    )
+    saved = sorted((out / "training" / "checkpoints").glob("step_*"))
+    assert saved == [kept] and not (out / "model.safetensors").exists()
+    weights = load_file(kept / "model.safetensors").values()
+    assert all(torch.isfinite(w).all() for w in weights)
+
+
 SIGNAL_OPTIONS = (
     "--lora-r 2 --steps 30 --batch-size 2 --max-len 64 --eval-every 0 --device cpu "
     "--no-progress --log-every 5 --lr 1e-2"

@@ -1,11 +1,14 @@
 """Generation: the KV cache changes nothing but speed, padding changes nothing,
 sampling obeys its knobs."""
 
+import copy
+
 import pytest
 import torch
 
 from smol import SmolLM
 from smol.generate import (
+    FiniteLogits,
     GenerationConfig,
     decoding_path,
     filter_top_k,
@@ -140,6 +143,27 @@ def test_stream_and_training_mode(model):
         model.eval()
     assert torch.equal(torch.stack(seen, dim=1), out[:, 4:])
     assert generate(model, out, 0).shape == out.shape
+
+
+def test_finite_logits_flags_a_diverged_model_instead_of_failing_in_sampling(model):
+    """FiniteLogits leaves a sound model's sampling as it is (the same tokens, the
+    flag down, the mode kept) and turns a diverged one's (a NaN in the last norm's
+    weight) from torch.multinomial's RuntimeError into the flag; a wrapper that
+    changed finite logits, or forgot a NaN, fails here."""
+    ids = torch.cat(prompts([4, 4]))
+    g = torch.Generator().manual_seed(0)
+    plain = generate(model, ids, 5, generator=g)
+    watched = FiniteLogits(model)
+    g = torch.Generator().manual_seed(0)
+    assert torch.equal(generate(watched, ids, 5, generator=g), plain)
+    assert not watched.nonfinite and not model.training
+    broken = copy.deepcopy(model)
+    with torch.no_grad():
+        broken.model.norm.weight[0] = float("nan")
+    with pytest.raises(RuntimeError, match="probability tensor contains"):
+        generate(broken, ids, 5)
+    watched = FiniteLogits(broken)
+    assert generate(watched, ids, 5).shape == (2, 9) and watched.nonfinite
 
 
 def test_filter_top_k():

@@ -5,6 +5,7 @@ written over, each bad input is one named line with its exit status, and a run
 stopped by SIGTERM resumes to the uninterrupted run's adapter."""
 
 import json
+import re
 import signal
 from functools import partial
 
@@ -119,6 +120,45 @@ def test_an_earlier_run_is_not_written_over_unasked(model, tmp_path, capsys):
     assert code == 1 and "group_size: the run's 4, now 3" in err
     failing = ("--max-len", "20")  # found as the task's questions are read
     tuning.check_overwrite_starts_over(run, out, failing, "do not fit in --max-len")
+    # one that diverges after its first checkpoint: that checkpoint is discarded too
+    failing = ("--lr", "1e30", "--ckpt-every", "1")
+    tuning.check_overwrite_starts_over(run, out, failing)
+
+
+def test_weights_that_overflow_stop_the_run_in_one_line_naming_the_lr(
+    model, tmp_path, capsys
+):
+    """--lr 1e30: the first step's weights are finite, but the logits they give are
+    not, which the next step's sampling met with a traceback (torch.multinomial's
+    RuntimeError). Now one line says so, names --lr and the checkpoint that holds
+    those weights, and exits 1."""
+    out = tmp_path / "out"
+    options = ("--lr", "1e30", "--ckpt-every", "1")
+    code, _, err = grpo(model, out, *options, capsys=capsys)
+    step_1 = out / "training" / "checkpoints" / "step_0000001"
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert err == (
+        "smol grpo: error: training diverged: a next-token logit of the policy is "
+        f"NaN or inf after step 1; stopping (the last checkpoint, {step_1}, holds "
+        "the weights that diverged). Try a lower --lr (now 1e+30).\n"
+    )
+    assert not (out / "model.safetensors").exists()
+
+
+def test_a_kl_term_that_overflows_names_beta(model, tmp_path, capsys):
+    """Three updates a batch at --lr 10 take the policy so far from the reference
+    that exp in the KL term overflows at step 2 (inf, or nan as inf - inf; so it does
+    at --beta 0.04, and --beta 0 runs): the line names the KL term, --lr and --beta
+    0, where the loss alone would have named only --lr."""
+    options = ["--lr", "10", "--num-iterations", "3", "--beta", "1", "--lora-r", "0"]
+    code, _, err = grpo(model, tmp_path / "out", *options, capsys=capsys)
+    assert code == 1 and err.count("\n") == 1 and "Traceback" not in err
+    assert re.search(
+        "diverged: the KL term to the reference is (inf|nan) at step 2;", err
+    )
+    assert err.rstrip().endswith(
+        "Try a lower --lr (now 10) or --beta 0 (now 1): no KL term."
+    )
 
 
 SIGNAL_OPTIONS = [*OPTIONS, "--steps", "30", "--log-every", "5"]

@@ -112,6 +112,7 @@ def check_overwrite_starts_over(run, out, failing=("--lr", "1e30"), says="diverg
     code, _, err = run(out, "--overwrite", "--lora-r", "0", *failing)
     assert code == 1 and says in err, err
     assert f"the earlier run in {out} is as it was" in err
+    assert str(staging(out)) not in err  # no word of a checkpoint there: it is gone
     assert files(out) == before and sorted(out.parent.iterdir()) == beside
     code, _, err = run(out, "--overwrite", "--lora-r", "0")
     assert code == 0, err

@@ -10,11 +10,15 @@ bit for bit, as a run that was never stopped.
 
 Each line of the JSONL file is one pair in TRL's conversational format, `{"prompt":
 [{"role": "user", "content": "..."}], "chosen": [{"role": "assistant", "content":
-"..."}], "rejected": [{"role": "assistant", "content": "..."}]}` (plain strings are
-taken too). The result is a merged model folder as `smol finetune` writes it (and with
-LoRA the adapter as peft saves it), each with a manifest.json of sha256 sums; the run's
-checkpoints are in OUT/training. A folder holding a model or a run is not written over
-without --resume or --overwrite, nor is the model being tuned."""
+"..."}], "rejected": [{"role": "assistant", "content": "..."}]}`. Plain strings are
+taken too, `{"prompt": "...", "chosen": "...", "rejected": "..."}`, as that pair's
+messages: in the chat template, with its default system prompt, as SmolLM2 is asked
+and answers. (TRL's DPOTrainer trains plain strings as they are, without the
+template: the same file trains other tokens there.) The result is a merged model
+folder as `smol finetune` writes it (and with LoRA the adapter as peft saves it), each
+with a manifest.json of sha256 sums; the run's checkpoints are in OUT/training. A
+folder holding a model or a run is not written over without --resume or --overwrite,
+nor is the model being tuned."""
 
 from __future__ import annotations
 

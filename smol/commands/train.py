@@ -217,6 +217,10 @@ def fit_until_stopped(
         if e.signal_name not in signal.Signals.__members__:
             return 1
         return 128 + signal.Signals[e.signal_name].value
+    except TrainingDiverged as e:
+        if not discard:
+            raise
+        raise e.but(kept="the new run is discarded") from None
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (Terminated) outside a step
         saved = trainer.last_checkpoint if trainer is not None and not discard else None
         where = f"the last checkpoint is {saved}" if saved else "nothing was saved"

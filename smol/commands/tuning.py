@@ -17,7 +17,7 @@ from smol.commands import runs
 from smol.commands.common import UsageError
 from smol.commands.train import fit_until_stopped
 from smol.lora import apply_lora, count_trainable, merge_lora, save_peft_adapter
-from smol.train_report import log
+from smol.train_report import TrainingDiverged, log
 
 # what a tuning run writes into --out: it is not written over unasked
 OUTPUTS = (
@@ -233,7 +233,21 @@ def tune(
             )
 
     with runs.replacing(stage, out):
-        return fit_until_stopped(start, finish, discard=stage is not None)
+        try:
+            return fit_until_stopped(start, finish, discard=stage is not None)
+        except TrainingDiverged as e:
+            raise e.but(advice=advice(e)) from None
+
+
+# the settings a diverged run may name that these commands take, as they say them
+FLAGS = {"lr": "a lower --lr (now {:g})", "beta": "--beta 0 (now {:g}): no KL term"}
+
+
+def advice(e: TrainingDiverged) -> str:
+    """What to try after a divergence, in the command's flags (gradient clipping,
+    at TrainConfig's default, has none)."""
+    names = [name for name in e.causes if name in FLAGS]
+    return "Try " + " or ".join(FLAGS[n].format(e.causes[n]) for n in names)
 
 
 def save_model(trainer, args, out: Path) -> None:
