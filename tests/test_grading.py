@@ -39,6 +39,7 @@ from smol.mlp import MLP
 from smol.norm import RMSNorm
 from tests import (
     grading_mutants_generation,
+    grading_mutants_later,
     grading_mutants_precision,
     grading_mutants_rl,
 )
@@ -1234,6 +1235,7 @@ for _more in (
     grading_mutants_precision,
     grading_mutants_generation,
     grading_mutants_rl,
+    grading_mutants_later,
 ):
     MUTANTS |= _more.MUTANTS
     WIDE_MUTANTS |= _more.WIDE_MUTANTS

@@ -83,6 +83,26 @@ def _call_filter(fn, args):
     return [fn(logits.clone(), args["arg"]), logits]  # the caller's, after the call
 
 
+def padding_row(g, n: int) -> torch.Tensor:
+    """(n,) long 0/1: padding on the left, the right, between tokens (a 0 between
+    two 1s where n >= 3), none, or only padding."""
+    kind = diff.pick(g, ("left", "right", "gaps", "none", "all"))
+    k = int(torch.randint(0, n + 1, (), generator=g))
+    row = torch.ones(n, dtype=torch.long)
+    if kind == "left":
+        row[:k] = 0
+    elif kind == "right":
+        row[n - k :] = 0
+    elif kind == "gaps":  # packed or masked data
+        row = (torch.rand(n, generator=g) < 0.6).long()
+        if n >= 3:
+            j = int(torch.randint(1, n - 1, (), generator=g))
+            row[j - 1 : j + 2] = torch.tensor([1, 0, 1])
+    elif kind == "all":
+        row[:] = 0
+    return row
+
+
 def _mask_case(g) -> dict:
     T, offset = diff.pick(g, (1, 2, 5)), diff.pick(g, (0, 0, 1, 4))
     Tk = offset + T
@@ -92,24 +112,14 @@ def _mask_case(g) -> dict:
             {"mask": None, "T": T, "offset": offset},
         )
     B = diff.pick(g, (1, 2, 4))
-    rows = []
-    for _ in range(B):
-        kind = diff.pick(g, ("left", "right", "gaps", "none", "all"))
-        n = int(torch.randint(0, Tk + 1, (), generator=g))
-        row = torch.ones(Tk, dtype=torch.long)
-        if kind == "left":
-            row[:n] = 0
-        elif kind == "right":
-            row[Tk - n :] = 0
-        elif kind == "gaps":  # padding between tokens (packed or masked data)
-            row = (torch.rand(Tk, generator=g) < 0.6).long()
-        elif kind == "all":
-            row[:] = 0
-        rows.append(row)
+    rows = [padding_row(g, Tk) for _ in range(B)]
     mask = torch.stack(rows).to(
         diff.pick(g, (torch.long, torch.bool, torch.int32, torch.float32))
     )
-    what = f"attention_mask {mask.int().tolist()} ({diff.dtype_name(mask)}), T={T}, offset={offset}"
+    what = (
+        f"attention_mask {mask.int().tolist()} ({diff.dtype_name(mask)}), T={T}, "
+        f"offset={offset}"
+    )
     return _case(what, {"mask": mask, "T": T, "offset": offset})
 
 

@@ -35,11 +35,12 @@ def _stats_case(g) -> dict:
         args[f"l_{side}"] = l.masked_fill(hidden, 0.0)
     tie = torch.rand(shape, generator=g) < 0.2  # the same maximum in both blocks
     args["m_b"] = torch.where(tie, args["m_a"], args["m_b"])
-    both = torch.isinf(args["m_a"]) & torch.isinf(args["m_b"])
+    hidden_a, hidden_b = torch.isinf(args["m_a"]), torch.isinf(args["m_b"])
+    both = hidden_a & hidden_b
     return {
         "what": f"statistics {shape}, maxima near {centre:g} (spread {spread:g}), "
-        f"{int(torch.isinf(args['m_a']).sum())} and {int(torch.isinf(args['m_b']).sum())}"
-        f" hidden (both: {int(both.sum())}), {int(tie.sum())} equal maxima",
+        f"{int(hidden_a.sum())} and {int(hidden_b.sum())} hidden (both: "
+        f"{int(both.sum())}), {int(tie.sum())} equal maxima",
         "args": args,
         "grad": ["l_a", "l_b"],
         "up": [None, torch.randn(shape, generator=g)],

@@ -14,6 +14,7 @@ import torch
 
 from smol.data import next_token_targets
 from smol.grading.checks import _differential as diff
+from smol.grading.checks.generation_differential import padding_row
 from smol.model import IGNORE_INDEX
 from smol.optim import lr_schedule
 
@@ -32,27 +33,12 @@ def _case(what: str, args: dict, tol=(0.0, 0.0)) -> dict:
     }
 
 
-def _row_mask(g, T: int) -> torch.Tensor:
-    kind = diff.pick(g, ("left", "right", "gaps", "none", "all"))
-    n = int(torch.randint(0, T + 1, (), generator=g))
-    row = torch.ones(T, dtype=torch.long)
-    if kind == "left":
-        row[:n] = 0
-    elif kind == "right":
-        row[T - n :] = 0
-    elif kind == "gaps":
-        row = (torch.rand(T, generator=g) < 0.6).long()
-    elif kind == "all":  # a row of padding only: every target -100
-        row[:] = 0
-    return row
-
-
 def _batch_case(g) -> dict:
     B, T = diff.pick(g, (1, 2, 4)), diff.pick(g, (2, 3, 6, 10))
     tokens = torch.randint(0, 100, (B, T), generator=g)
     mask = None
     if torch.rand((), generator=g) < 0.8:
-        mask = torch.stack([_row_mask(g, T) for _ in range(B)])
+        mask = torch.stack([padding_row(g, T) for _ in range(B)])
         mask = mask.to(diff.pick(g, (torch.long, torch.bool, torch.int32, torch.float)))
     shown = (
         "no mask"
