@@ -2,10 +2,12 @@
 inputs are reproducible and reach the combinations the targeted checks try one at a
 time, correct rewrites keep full marks, and a mismatch names its case."""
 
+import re
+
 import pytest
 import torch
 
-from smol.grading import TASKS, run_checks
+from smol.grading import NOTEBOOKS, TASKS, run_checks
 from smol.grading.checks import _differential as diff
 from smol.grading.checks import dpo_differential, gguf_differential, grpo_differential
 from smol.grading.checks.dpo import IGNORE
@@ -164,9 +166,26 @@ def test_the_exercises_page_gives_the_number_of_generated_inputs():
     from tests.nbtools import ROOT
 
     text = " ".join((ROOT / "book" / "exercises.md").read_text().split())
-    assert f"smol's own on {dpo_differential.CASES} generated inputs" in text
-    assert f"on {gguf_differential.CASES} weights in four dtypes" in text
+    assert f"Exercises 15 and 16 have {dpo_differential.CASES} generated inputs" in text
+    assert (
+        f"the others 40 (`permute_qk` {gguf_differential.CASES} weights in four" in text
+    )
     assert len(gguf_differential.DTYPES) == 4
+    later = {TASKS[t].notebook for t in LATER}
+    without = [
+        t.name for t in TASKS.values() if t.notebook in later and t.name not in LATER
+    ]
+    named = re.search(r"7, 8, 10, 11, 12 and 14 but (.+?) \(a constant", text)[1]
+    assert re.findall(r"`(\w+)`", named) == without
+    numbers = sorted(int(NOTEBOOKS[n][:2]) for n in later)
+    assert "exercises 7, 8, 10, 11, 12 and 14" in text and numbers == [
+        7,
+        8,
+        10,
+        11,
+        12,
+        14,
+    ]
 
 
 def test_a_stub_is_not_written_yet_there_too():
