@@ -1,4 +1,4 @@
-"""Mutants of the differential checks of exercises 07, 08, 10, 11, 12 and 14 (smol's
+"""Mutants of the differential checks of exercises 07 to 12 and 14 (smol's
 function on generated inputs), kept with tests/test_grading.py's: MUTANTS (bug:
 (task, mutant, the one check it loses): bugs that every targeted check misses) and
 CAUGHT (bug: (task, mutant): bugs the differential check catches as well as a
@@ -45,13 +45,12 @@ def encode_leftmost_pair_first(ids, ranks):
 
 
 # --- 08 KV-cache generation
-def top_k_by_indices(logits, k):
-    """Exactly k logits kept, by torch.topk's indices: of logits tied with the k-th
-    largest, only those topk happened to return."""
-    if k >= logits.shape[-1]:
-        return logits
-    values, indices = torch.topk(logits, k, dim=-1)
-    return torch.full_like(logits, NEG).scatter(-1, indices, values)
+def top_k_in_float32(logits, k):
+    """Upcast first, as log-probabilities are: bfloat16 logits come back float32."""
+    x = logits.float()
+    if k >= x.shape[-1]:
+        return x
+    return x.masked_fill(x < torch.topk(x, k, dim=-1).values[..., -1:], NEG)
 
 
 def top_p_softmax_by_hand(logits, p):
@@ -73,6 +72,30 @@ def mask_padding_replaces_causal(attention_mask, T, offset=0):  # exercise 8's b
     if attention_mask is None:
         return (k <= q)[None, None]
     return attention_mask.bool()[:, None, None, :] | (k == q)
+
+
+# --- 09 fast generation
+def quantize_upcasting_bfloat16_only(weight):
+    """weight.float() for bfloat16 only: a float16 weight's scales in float16."""
+    w = weight.float() if weight.dtype == torch.bfloat16 else weight
+    scale = w.abs().amax(dim=1).clamp(min=1e-12) / 127
+    return torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8), scale
+
+
+def draft_without_overlaps(tokens, max_ngram=3, num_draft=8):
+    """Only earlier n-grams that end before the last one starts: in 1 1 1 1 the
+    last two tokens' latest earlier place (starting at 1) is missed."""
+    N = len(tokens)
+    for n in range(min(max_ngram, N - 1), 0, -1):
+        for start in range(N - 2 * n, -1, -1):
+            if torch.equal(tokens[start : start + n], tokens[N - n :]):
+                return tokens[start + n : start + n + num_draft]
+    return tokens[:0]
+
+
+def int8_linear_scaling_the_inputs(x, q, scale):
+    """scale on the input axis: right only where out == in."""
+    return (x * scale[: x.shape[-1]].to(x.dtype)) @ q.to(x.dtype).T
 
 
 # --- 10 training loop
@@ -192,14 +215,29 @@ def choice_score_upcasting_bfloat16_only(logits, ids, n_context, normalise):
 
 
 MUTANTS: dict = {
-    "top-k keeping exactly k of the tied logits": (
+    "top-k returning float32 for bfloat16 logits": (
         "filter_top_k",
-        top_k_by_indices,
+        top_k_in_float32,
         GENERATED,
     ),
     "top-p's softmax as exp / sum, without the maximum": (
         "filter_top_p",
         top_p_softmax_by_hand,
+        GENERATED,
+    ),
+    "int8 scales in float16 for a float16 weight": (
+        "quantize_int8",
+        quantize_upcasting_bfloat16_only,
+        GENERATED,
+    ),
+    "int8 scales in float16 for a float16 weight (bug hunt)": (
+        "quantize_bug",
+        quantize_upcasting_bfloat16_only,
+        GENERATED,
+    ),
+    "a prompt-lookup draft that skips overlapping n-grams": (
+        "lookup_draft",
+        draft_without_overlaps,
         GENERATED,
     ),
     "next-token targets masked by arithmetic": (
@@ -256,6 +294,7 @@ CAUGHT: dict = {
         "attention_mask_bug",
         mask_padding_replaces_causal,
     ),
+    "int8_linear scaling the inputs": ("int8_linear", int8_linear_scaling_the_inputs),
     "lr decayed over one step more": ("lr_schedule", lr_decay_one_step_longer),
     "tiled attention without the rescale": (
         "tiled_attention_bug",

@@ -14,6 +14,7 @@ from smol.grading.checks import dpo_differential, grpo_differential  # noqa: F40
 from smol.grading.checks import (  # noqa: F401
     bpe_differential,
     generation_differential,
+    fast_differential,
     training_differential,
     tiled_differential,
     lora_differential,

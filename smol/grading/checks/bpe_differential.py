@@ -5,7 +5,7 @@ pair and every word's count after the merge compared. encode_ids: merge tables
 whose ranks are not in the order of the ids they make, tokens made by one merge
 taking part in the next, repeated symbols, symbols in no merge, no symbol or one;
 and words of text (accents, CJK, emoji, spaces) as bytes through a BPE trained on
-a play; the ids and the caller's list after the call compared. bytes_to_unicode
+a play; the ids compared. bytes_to_unicode
 takes no input: its check compares all 256 characters with smol's."""
 
 from types import SimpleNamespace
@@ -92,12 +92,8 @@ def _encode_case(g) -> dict:
 
 
 def _call_encode(fn, args):
-    ids = list(args["ids"])
-    out = fn(ids, args["ranks"])
-    return [
-        torch.tensor(list(out), dtype=torch.long),
-        torch.tensor(ids, dtype=torch.long),
-    ]
+    out = fn(list(args["ids"]), args["ranks"])
+    return [torch.tensor(list(out), dtype=torch.long)]
 
 
 def _smol_step():
@@ -128,7 +124,7 @@ for task in BOTH:
         1,
         "the case named below differs from smol.bpe.BPE.apply_merges: merge the "
         "adjacent pair of the lowest rank, everywhere it stands, then look again, "
-        "until no pair has a merge; the caller's list unchanged",
+        "until no pair has a merge",
         _encode_case,
         _call_encode,
         _smol_encode,

@@ -1,11 +1,11 @@
 """08 KV-cache generation, the filters and the attention mask against smol's on
-generated inputs (`_differential`). filter_top_k: ties at the k-th value (logits
-on a grid of integers), -inf already in a row, k from 1 to beyond V, float32,
-bfloat16 and float16. filter_top_p: p from 0 to 1, logits up to 250 (exp
-overflows in float32), -inf in a row, float32, bfloat16 and float16, every value
-distinct (ties make the kept set a matter of the sort's order). The mask: padding
-on the left, the right, between tokens and whole rows of it, masks of bool, int
-and float, cached tokens before the queries; what real queries see, and that
+generated inputs (`_differential`). filter_top_k: -inf already in a row, k from 1 to
+beyond V, logits from -190 to 200, float32, bfloat16 and float16. filter_top_p: p
+from 0 to 1, logits up to 250 (exp overflows in float32), -inf in a row, float32,
+bfloat16 and float16. Every value of a row distinct, p well away from a boundary:
+ties and float sums leave what is kept to the sort and the sum's order. The mask:
+padding on the left, the right, between tokens and whole rows of it, masks of
+bool, int and float, cached tokens before the queries; what real queries see, and that
 every query sees something, compared. greedy_generate runs a model: its targeted
 checks compare its tokens with smol's decoding."""
 
@@ -26,7 +26,7 @@ def _case(what: str, args: dict) -> dict:
         "what": what,
         "args": args,
         "grad": [],
-        "up": [None, None],
+        "up": [None],
         "tol": (0.0, 0.0),
         "dtype": True,
     }
@@ -45,42 +45,47 @@ def _shown(x: torch.Tensor) -> str:
     return f"logits {held} ({diff.dtype_name(x)})"
 
 
+def _distinct(g, B: int, V: int, step: float, top: float) -> torch.Tensor:
+    """(B, V) logits: each row a permutation of top, top - step, ..., so that no two
+    tie (ties make the kept set a matter of the sort's order), in every dtype."""
+    ranks = torch.stack([torch.randperm(V, generator=g) for _ in range(B)])
+    return top - step * ranks.float()
+
+
 def _top_k_case(g) -> dict:
     B, V = diff.pick(g, (1, 2, 4)), diff.pick(g, (1, 2, 5, 13, 40))
     k = int(torch.randint(1, V + 3, (), generator=g))
-    span, dtype = (
-        diff.pick(g, ("ties", "ties", "distinct", "large")),
-        diff.pick(g, DTYPES),
-    )
-    if span == "ties":  # a handful of values: the k-th largest is often shared
-        x = torch.randint(-3, 4, (B, V), generator=g).float()
-    else:
-        x = torch.randn(B, V, generator=g) * (3 if span == "distinct" else 300)
+    step, top = diff.pick(g, ((0.25, 0.0), (3.0, 200.0), (1.0, -150.0)))
+    x = _distinct(g, B, V, step, top)
     if torch.rand((), generator=g) < 0.4:
         x = _hide(g, x)
-    x = x.to(dtype)
-    what = f"{_shown(x)}, k={k}"
-    return _case(what, {"logits": x, "arg": k})
+    x = x.to(diff.pick(g, DTYPES))
+    return _case(f"{_shown(x)}, k={k}", {"logits": x, "arg": k})
 
 
 def _top_p_case(g) -> dict:
+    """Rows that are permutations of the same values (the same -inf among them): one
+    sorted distribution, and p halfway between two of its cumulative masses, at
+    least 0.02 from each, or 0 or 1: a float32 or bfloat16 sum keeps the same
+    tokens."""
     B, V = diff.pick(g, (1, 2, 4)), diff.pick(g, (1, 2, 5, 13, 40))
-    p = diff.pick(g, (0.0, 1e-3, 0.3, 0.5, 0.9, 0.99, 1.0))
-    step, top = diff.pick(g, ((0.1, 0.0), (0.5, 2.0), (3.0, 250.0)))
-    dtype = diff.pick(g, DTYPES)
-    # V distinct values, step apart, top the largest: distinct in every dtype
-    ranks = torch.stack([torch.randperm(V, generator=g) for _ in range(B)])
-    x = top - step * ranks.float()
-    if torch.rand((), generator=g) < 0.4:
-        x = _hide(g, x)
-    x = x.to(dtype)
-    what = f"{_shown(x)}, p={p}"
-    return _case(what, {"logits": x, "arg": p})
+    step, top = diff.pick(g, ((0.1, 0.0), (0.5, 2.0), (2.0, 250.0)))
+    x = _distinct(g, B, V, step, top)
+    hidden = int(torch.randint(0, V, (), generator=g)) // 2  # the smallest few
+    x = x.masked_fill(x < top - step * (V - 1 - hidden) - step / 2, NEG)
+    x = x.to(diff.pick(g, DTYPES))
+    probs = x[0].double().sort(descending=True).values.softmax(-1)
+    mass = probs.cumsum(-1)
+    between = [
+        float(mass[i] + probs[i + 1] / 2) for i in range(V - 1) if probs[i + 1] >= 0.04
+    ]
+    ends = [0.0, 1.0] if step < 0.5 else [0.0]  # p = 1: no probability underflows
+    p = round(diff.pick(g, ends + between * 2), 6) if between else diff.pick(g, ends)
+    return _case(f"{_shown(x)}, p={p}", {"logits": x, "arg": p})
 
 
 def _call_filter(fn, args):
-    logits = args["logits"]
-    return [fn(logits.clone(), args["arg"]), logits]  # the caller's, after the call
+    return [fn(args["logits"].clone(), args["arg"])]
 
 
 def padding_row(g, n: int) -> torch.Tensor:
@@ -148,8 +153,8 @@ for task, make, call, reference, hint in (
         _call_filter,
         lambda: filter_top_k,
         "the case named below differs from smol.generate.filter_top_k: keep every "
-        "logit >= the k-th largest (ties with it included), in the logits' dtype, "
-        "the caller's logits unchanged",
+        "logit >= the k-th largest, the rest -inf, in the logits' dtype, whatever "
+        "their range and -inf already among them",
     ),
     (
         "filter_top_p",

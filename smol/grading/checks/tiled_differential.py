@@ -1,7 +1,8 @@
 """11 Attention by tiles, every task against smol's reference on generated inputs
 (`_differential`). merge_stats: statistics of one to three axes, blocks hidden
 (m = -inf, l = 0) now and then, on one side, the other or both, row by row, equal
-maxima, scores near +-1000. tiled_attention: one query to twenty, keys not a
+maxima, scores near +-1000; m and l compared (no gradient is asked of it).
+tiled_attention: one query to twenty, keys not a
 multiple of the block (blocks of one, of more than Tk), Tq != Tk, causal or not,
 float32, bfloat16 and float16, scores up to about 1000; the output, its dtype and
 the gradients of q, k and v compared with F.scaled_dot_product_attention's on the
@@ -16,6 +17,7 @@ from smol.grading.checks import _differential as diff
 from smol.grading.checks.tiled import BOTH, STATS
 
 NAME = "generated inputs: values, dtypes and gradients equal smol's"
+VALUES = "generated inputs: values equal smol's"
 CASES = 40
 DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -42,10 +44,11 @@ def _stats_case(g) -> dict:
         f"{int(hidden_a.sum())} and {int(hidden_b.sum())} hidden (both: "
         f"{int(both.sum())}), {int(tie.sum())} equal maxima",
         "args": args,
-        "grad": ["l_a", "l_b"],
-        "up": [None, torch.randn(shape, generator=g)],
-        "tol": (1e-5, 1e-5),
-        "gtol": (1e-5, 1e-5),
+        "grad": [],  # no gradient is asked of merge_stats
+        "up": [None, None],
+        # near +-1000 float32 holds m to 6e-5: a sum kept as a log beside it is
+        # that close (the targeted check's tolerance)
+        "tol": (1e-5, 5e-4 if centre else 1e-5),
         "regions": {"hidden in both blocks": both},
     }
 
@@ -101,7 +104,7 @@ def _smol_attention():
 
 diff.register(
     "merge_stats",
-    NAME,
+    VALUES,
     1,
     "the case named below differs from smol's merge: row by row, a block with "
     "nothing visible (m = -inf, l = 0) changes nothing and two give (-inf, 0): "
