@@ -39,6 +39,7 @@ from smol.mlp import MLP
 from smol.norm import RMSNorm
 from tests import (
     grading_mutants_generation,
+    grading_mutants_later,
     grading_mutants_precision,
     grading_mutants_rl,
 )
@@ -110,7 +111,7 @@ def test_seven_notebooks_each_with_tasks_and_one_bug_hunt():
 def test_one_exercise_per_chapter_and_the_exercises_page_lists_each():
     """Exercise NN follows chapter NN, for every chapter that has one (1 to 16);
     book/exercises.md has a row per exercise, with its chapter, the names of its tasks
-    and its points."""
+    and its points, made when the book is built (book/_ext/generated.py)."""
     from tests.nbtools import CHAPTER_EXERCISES
 
     stems = list(NOTEBOOKS.values())
@@ -118,7 +119,14 @@ def test_one_exercise_per_chapter_and_the_exercises_page_lists_each():
     chapters = {e: c for c, e in CHAPTER_EXERCISES.items() if e}
     assert [int(s[:2]) for s in stems] == sorted(int(c[:2]) for c in chapters.values())
     assert sorted(chapters) == sorted(stems)
-    text = (ROOT / "book" / "exercises.md").read_text()
+    page = (ROOT / "book" / "exercises.md").read_text()
+    assert "```{include} generated/exercises.md\n```" in page
+    sys.path.insert(0, str(ROOT / "book" / "_ext"))
+    try:
+        from generated import exercises_md
+    finally:
+        sys.path.remove(str(ROOT / "book" / "_ext"))
+    text = exercises_md()
     rows = re.findall(
         r"^\| \{doc\}`(\d+): [^<]+<\.\./exercises/(\w+)>` "
         r"\| \{doc\}`(\d+)\. [^<]+<\.\./chapters/(\w+)>` \| (.+) \| (\d+) \|$",
@@ -1234,6 +1242,7 @@ for _more in (
     grading_mutants_precision,
     grading_mutants_generation,
     grading_mutants_rl,
+    grading_mutants_later,
 ):
     MUTANTS |= _more.MUTANTS
     WIDE_MUTANTS |= _more.WIDE_MUTANTS

@@ -2,13 +2,16 @@
 inputs are reproducible and reach the combinations the targeted checks try one at a
 time, correct rewrites keep full marks, and a mismatch names its case."""
 
+import re
+
 import pytest
 import torch
 
-from smol.grading import TASKS, run_checks
+from smol.grading import NOTEBOOKS, TASKS, run_checks
 from smol.grading.checks import _differential as diff
 from smol.grading.checks import dpo_differential, gguf_differential, grpo_differential
 from smol.grading.checks.dpo import IGNORE
+from tests.test_grading_differential_later import LATER
 
 GENERATED = {  # task name: its differential check
     t.name: c
@@ -21,6 +24,7 @@ GENERATED = {  # task name: its differential check
 def test_every_task_of_exercises_15_and_16_has_one_and_it_is_reproducible():
     wanted = {t.name for t in TASKS.values() if t.notebook in ("dpo", "grpo")}
     wanted.add("permute_qk")
+    wanted |= LATER  # exercises 07 to 12 and 14
     assert set(GENERATED) == wanted
     for c in GENERATED.values():
         first, again = c.inputs(), c.inputs()
@@ -162,9 +166,17 @@ def test_the_exercises_page_gives_the_number_of_generated_inputs():
     from tests.nbtools import ROOT
 
     text = " ".join((ROOT / "book" / "exercises.md").read_text().split())
-    assert f"smol's own on {dpo_differential.CASES} generated inputs" in text
-    assert f"on {gguf_differential.CASES} weights in four dtypes" in text
+    assert f"Exercises 15 and 16 have {dpo_differential.CASES} generated inputs" in text
+    others = f"the others 40 (`permute_qk` {gguf_differential.CASES} weights in four"
+    assert others in text
     assert len(gguf_differential.DTYPES) == 4
+    later = {TASKS[t].notebook for t in LATER}
+    without = [
+        t.name for t in TASKS.values() if t.notebook in later and t.name not in LATER
+    ]
+    named = re.search(r"exercises 7 to 12 and 14 but (.+?) \(a constant", text)[1]
+    assert re.findall(r"`(\w+)`", named) == without
+    assert sorted(int(NOTEBOOKS[n][:2]) for n in later) == [7, 8, 9, 10, 11, 12, 14]
 
 
 def test_a_stub_is_not_written_yet_there_too():

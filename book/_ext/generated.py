@@ -8,6 +8,9 @@ book/generated/ (git ignores it) and pulled into pages with MyST's `{include}`:
 - installs.md, what the notebooks' setup cell installs in Colab (book/setup.md): the
   same functions of tests/nbtools.py that write the cell.
 - verbs.md, the commands (book/intro.md): smol.commands.VERBS.
+- exercises.md, the exercises (book/exercises.md): each one's title and chapter (the
+  first headings of its notebooks), its tasks and their points (smol.grading's
+  registry).
 
 And under each chapter's title, its reading time: the words of its text at
 WORDS_A_MINUTE and the lines of the code it shows (cells not folded) at
@@ -115,6 +118,42 @@ def verbs_md() -> str:
     return "\n".join(lines) + "\n"
 
 
+def heading(notebook: Path) -> str:
+    """A notebook's first heading, without its "#"."""
+    cells = json.loads(notebook.read_text(encoding="utf-8"))["cells"]
+    text = next("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return text.splitlines()[0].removeprefix("# ")
+
+
+def exercises_md() -> str:
+    """The exercises' table: its title, its chapter, its tasks (the last finds the
+    bug) and the points they are worth, as the grader counts them."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        grading = importlib.import_module("smol.grading")
+        chapters = importlib.import_module("tests.nbtools").CHAPTER_EXERCISES
+    finally:
+        sys.path.remove(str(ROOT))
+    chapter_of = {stem: chapter for chapter, stem in chapters.items() if stem}
+    lines = [
+        "| Exercise | Chapter | Tasks (the names `grade` takes; the last finds the bug)"
+        " | Points |",
+        "|---|---|---|---|",
+    ]
+    for topic, stem in grading.NOTEBOOKS.items():
+        title = heading(ROOT / "solutions" / f"{stem}.ipynb").removeprefix("Exercises ")
+        chapter = chapter_of[stem]
+        tasks = [t for t in grading.TASKS.values() if t.notebook == topic]
+        lines.append(
+            f"| {{doc}}`{title} <../exercises/{stem}>` "
+            f"| {{doc}}`{heading(ROOT / 'chapters' / f'{chapter}.ipynb')} "
+            f"<../chapters/{chapter}>` "
+            f"| {', '.join(f'`{t.name}`' for t in tasks)} "
+            f"| {sum(t.points for t in tasks)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def installs_md() -> str:
     sys.path.insert(0, str(ROOT))
     try:
@@ -190,6 +229,7 @@ def write(app=None) -> None:
         ("modules.md", modules_md()),
         ("verbs.md", verbs_md()),
         ("installs.md", installs_md()),
+        ("exercises.md", exercises_md()),
     ]:
         path = OUT / name
         if not path.exists() or path.read_text() != text:  # keep Sphinx's cache

@@ -11,3 +11,12 @@ from smol.grading.checks import evaluation  # noqa: F401
 from smol.grading.checks import dpo, dpo_loss, dpo_batch  # noqa: F401
 from smol.grading.checks import grpo, grpo_loss, grpo_batch  # noqa: F401
 from smol.grading.checks import dpo_differential, grpo_differential  # noqa: F401
+from smol.grading.checks import (  # noqa: F401
+    bpe_differential,
+    generation_differential,
+    fast_differential,
+    training_differential,
+    tiled_differential,
+    lora_differential,
+    evaluation_differential,
+)
