@@ -8,6 +8,8 @@ book/generated/ (git ignores it) and pulled into pages with MyST's `{include}`:
 - installs.md, what the notebooks' setup cell installs in Colab (book/setup.md): the
   same functions of tests/nbtools.py that write the cell.
 - verbs.md, the commands (book/intro.md): smol.commands.VERBS.
+- exercises.md, the exercises (book/exercises.md): each with its chapter, its tasks
+  and their points, from smol.grading's registry.
 
 And under each chapter's title, its reading time: the words of its text at
 WORDS_A_MINUTE and the lines of the code it shows (cells not folded) at
@@ -115,6 +117,31 @@ def verbs_md() -> str:
     return "\n".join(lines) + "\n"
 
 
+def exercises_md() -> str:
+    """A row per exercise: its page, its chapter's (tests/nbtools.py's
+    CHAPTER_EXERCISES), the names of its tasks and their points, as registered."""
+    sys.path.insert(0, str(ROOT))
+    try:
+        grading = importlib.import_module("smol.grading")
+        nbtools = importlib.import_module("tests.nbtools")
+    finally:
+        sys.path.remove(str(ROOT))
+    chapters = {e: c for c, e in nbtools.CHAPTER_EXERCISES.items() if e}
+    lines = [
+        "| Exercise | Chapter | Tasks (the names `grade` takes; the last finds the "
+        "bug) | Points |",
+        "|---|---|---|---|",
+    ]
+    for topic, stem in grading.NOTEBOOKS.items():
+        tasks = [t for t in grading.TASKS.values() if t.notebook == topic]
+        names = ", ".join(f"`{t.name}`" for t in tasks)
+        lines.append(
+            f"| {{doc}}`/exercises/{stem}` | {{doc}}`/chapters/{chapters[stem]}` "
+            f"| {names} | {sum(t.points for t in tasks)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def installs_md() -> str:
     sys.path.insert(0, str(ROOT))
     try:
@@ -190,6 +217,7 @@ def write(app=None) -> None:
         ("modules.md", modules_md()),
         ("verbs.md", verbs_md()),
         ("installs.md", installs_md()),
+        ("exercises.md", exercises_md()),
     ]:
         path = OUT / name
         if not path.exists() or path.read_text() != text:  # keep Sphinx's cache
