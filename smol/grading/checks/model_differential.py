@@ -191,8 +191,7 @@ def _call_layer(cls, args):
     rope = RotaryEmbedding(config.head_dim, config.rope_theta, 32)
     cos, sin = rope(x.shape[1], torch.device("cpu"))
     mask = args["mask"] if args["masked"] else None
-    names = [n for n, _ in layer.named_parameters()]
-    weights = {n: args[n] for n in names if n in args}
+    weights = {k: v for k, v in args.items() if "." in k}  # smol's layer's names
     return [with_weights(layer, weights, x, cos, sin, mask, mask is None)]
 
 
