@@ -4,8 +4,6 @@ docstrings name, correct rewrites keep full marks, and each bug of
 tests/grading_mutants_core.py loses exactly the differential check's point, the
 MUTANTS there passing every targeted check."""
 
-import math
-
 import pytest
 import torch
 
