@@ -459,12 +459,16 @@ def _broken() -> nbformat.NotebookNode:
     return nb
 
 
-FLOAT16 = next(
-    c for c in TASKS["rmsnorm"].checks if c.name.startswith("float16 activations")
+FLOAT16, GENERATED = (
+    next(c for c in TASKS["rmsnorm"].checks if c.name.startswith(start))
+    for start in ("float16 activations", "generated inputs")
 )
+# the mutant fails both: the targeted float16 check and the differential one
+MUTANT_FAILS = [f"rmsnorm: {c.name}" for c in (FLOAT16, GENERATED)]
+TOTAL = sum(TASKS[t].points for t in ("rms", "rmsnorm", "rmsnorm_bug"))
 EXPECTED = {  # student -> the points each path must give exercise 1
-    "solved": 18,
-    "mutant": 18 - FLOAT16.points,
+    "solved": TOTAL,
+    "mutant": TOTAL - FLOAT16.points - GENERATED.points,
     "broken": TASKS["rmsnorm"].points,
     "absent": 0,
 }
@@ -555,9 +559,9 @@ def test_every_path_gives_a_class_the_same_points(one_class):
     assert {s: by_gradescope[s] for s in EXPECTED} == EXPECTED
     assert by_gradescope["junk"] == 0
     # the exports say the gradebook's maximum too
-    assert canvas[1][5] == "18"
+    assert canvas[1][5] == str(TOTAL)
     assert {r["max_score"] for r in _table((tmp / "nbgrader.csv").read_text())} == {
-        "18.0"
+        f"{TOTAL}.0"
     }
 
 
@@ -566,9 +570,9 @@ def test_the_autograder_writes_results_for_any_hand_in(one_class):
     names = {c.name for t in ("rms", "rmsnorm", "rmsnorm_bug") for c in TASKS[t].checks}
     for student, data in gradescope.items():
         assert {t["name"].split(": ", 1)[1] for t in data["tests"]} == names, student
-        assert sum(t["max_score"] for t in data["tests"]) == 18, student
+        assert sum(t["max_score"] for t in data["tests"]) == TOTAL, student
     mutant = [t for t in gradescope["mutant"]["tests"] if t["status"] == "failed"]
-    assert [t["name"] for t in mutant] == [f"rmsnorm: {FLOAT16.name}"]
+    assert [t["name"] for t in mutant] == MUTANT_FAILS
     assert mutant[0]["output"].startswith(f"hint: {FLOAT16.hint}")
     assert "holds no notebook of 01_rmsnorm" in gradescope["absent"]["output"]
     assert "is not a notebook (invalid JSON" in gradescope["junk"]["output"]

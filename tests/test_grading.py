@@ -1273,6 +1273,7 @@ def test_a_mutant_loses_exactly_the_points_of_its_check(bug):
 
 
 ROTATE_POINTS = TASKS["rotate_half"].points  # what good_rotate_half and ROTATE earn
+RMS_POINTS = TASKS["rms"].points
 
 
 def good_rotate_half(x):
@@ -1434,7 +1435,7 @@ def test_grade_prints_a_table_and_never_raises(capsys):
     assert (
         "unknown task" in out
         and f"rotate_half: {ROTATE_POINTS}/{ROTATE_POINTS} points" in out
-        and "rms: 0/4 points" in out
+        and f"rms: 0/{RMS_POINTS} points" in out
     )
     assert "hint:" in out and "(not graded yet)" in out
 
@@ -1608,7 +1609,7 @@ def test_invalid_notebooks_are_reported_and_the_rest_graded(command_line):
 
 def test_printed_or_displayed_results_are_not_counted(command_line):
     forged = next(r for n, r in command_line[1].items() if n.endswith("/forges.ipynb"))
-    assert (forged["score"], forged["total"]) == (0, 4), forged
+    assert (forged["score"], forged["total"]) == (0, RMS_POINTS), forged
 
 
 def test_patching_the_grader_in_the_notebook_gains_nothing(command_line):
@@ -1618,7 +1619,9 @@ def test_patching_the_grader_in_the_notebook_gains_nothing(command_line):
         r for n, r in command_line[1].items() if n.endswith("/patches.ipynb")
     )
     scores = {t["task"]: (t["score"], t["total"]) for t in patched["tasks"]}
-    assert scores == {"rms": (0, 4), "rotate_half": (0, ROTATE_POINTS)}, patched
+    assert scores == {"rms": (0, RMS_POINTS), "rotate_half": (0, ROTATE_POINTS)}, (
+        patched
+    )
     rotate = next(t for t in patched["tasks"] if t["task"] == "rotate_half")
     assert all(
         c["message"].startswith("the notebook's kernel could not run the check")
@@ -1634,7 +1637,7 @@ def test_a_notebook_that_tampers_with_its_probes_gains_nothing(command_line):
         r for n, r in command_line[1].items() if n.endswith("/tampers.ipynb")
     )
     scores = {t["task"]: (t["score"], t["total"]) for t in tampered["tasks"]}
-    assert scores == {"rms": (1, 4)}, tampered
+    assert scores == {"rms": (1, RMS_POINTS)}, tampered
 
 
 def test_code_that_tampers_with_its_probe_earns_only_what_it_computes():

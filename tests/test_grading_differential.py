@@ -11,6 +11,7 @@ from smol.grading import NOTEBOOKS, TASKS, run_checks
 from smol.grading.checks import _differential as diff
 from smol.grading.checks import dpo_differential, gguf_differential, grpo_differential
 from smol.grading.checks.dpo import IGNORE
+from tests.grading_mutants_core import CAUGHT
 from tests.test_grading_differential_later import LATER
 
 GENERATED = {  # task name: its differential check
@@ -24,6 +25,7 @@ GENERATED = {  # task name: its differential check
 def test_every_task_of_exercises_15_and_16_has_one_and_it_is_reproducible():
     wanted = {t.name for t in TASKS.values() if t.notebook in ("dpo", "grpo")}
     wanted.add("permute_qk")
+    wanted |= set(CAUGHT)  # exercises 1 to 6 (tests/test_grading_core_differential.py)
     wanted |= LATER  # exercises 07 to 12 and 14
     assert set(GENERATED) == wanted
     for c in GENERATED.values():

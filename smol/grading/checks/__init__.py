@@ -4,6 +4,11 @@ course order (the order of `TASKS`)."""
 
 from smol.grading.checks import norm, rope, gqa, swiglu, init  # noqa: F401
 from smol.grading.checks import assembled, decoder_layer, bpe, generation  # noqa: F401
+from smol.grading.checks import (  # noqa: F401
+    norm_rope_differential,
+    gqa_swiglu_differential,
+    model_differential,
+)
 from smol.grading.checks import attention_mask, fast, speculative  # noqa: F401
 from smol.grading.checks import training, train_step, tiled  # noqa: F401
 from smol.grading.checks import lora, finetune, gguf, gguf_differential  # noqa: F401
