@@ -164,21 +164,47 @@ def test_the_comparison_requires_zero_gradients_where_smols_are_zero():
     assert dpo_differential.CASES == grpo_differential.CASES == 48
 
 
-def test_the_exercises_page_gives_the_number_of_generated_inputs():
+def test_the_exercises_page_gives_the_number_of_generated_inputs_and_each_task_without():
+    """The Exercises page says how many generated inputs each differential check tries
+    (the modules' CASES: 48 for exercises 15 and 16, 40 elsewhere) and names every task
+    without one, exercise 5's and exercise 13's but permute_qk, as the registry has
+    them: a check added or removed without the page changes fails here."""
+    import importlib
+    import pkgutil
+
+    from smol.grading import checks
     from tests.nbtools import ROOT
 
     text = " ".join((ROOT / "book" / "exercises.md").read_text().split())
     assert f"Exercises 15 and 16 have {dpo_differential.CASES} generated inputs" in text
-    others = f"the others 40 (`permute_qk` {gguf_differential.CASES} weights in four"
-    assert others in text
+    assert (
+        f"the others 40 (`permute_qk` {gguf_differential.CASES} weights in four" in text
+    )
     assert len(gguf_differential.DTYPES) == 4
-    later = {TASKS[t].notebook for t in LATER}
-    without = [
-        t.name for t in TASKS.values() if t.notebook in later and t.name not in LATER
-    ]
-    named = re.search(r"exercises 7 to 12 and 14 but (.+?) \(a constant", text)[1]
-    assert re.findall(r"`(\w+)`", named) == without
-    assert sorted(int(NOTEBOOKS[n][:2]) for n in later) == [7, 8, 9, 10, 11, 12, 14]
+    cases = {
+        m.name: importlib.import_module(f"{checks.__name__}.{m.name}").CASES
+        for m in pkgutil.iter_modules(checks.__path__)
+        if m.name.endswith("_differential") and not m.name.startswith("_")
+    }
+    assert cases.pop("dpo_differential") == cases.pop("grpo_differential") == 48
+    assert set(cases.values()) == {40}, cases
+    without = re.search(r"The tasks without one: (.+?)\.(?: |$)", text)[1]
+    named = set(re.findall(r"`(\w+)`", without)) - {"Parameter", "permute_qk"}
+    by_notebook = {
+        n: [t.name for t in TASKS.values() if t.notebook == n] for n in NOTEBOOKS
+    }
+    assert (
+        "those of exercise 5" in without
+        and "of exercise 13 all but `permute_qk`" in without
+    )
+    named |= set(by_notebook["tying_and_init"]) | set(by_notebook["gguf"]) - {
+        "permute_qk"
+    }
+    course = {t.name for t in TASKS.values() if t.notebook in NOTEBOOKS}
+    assert named == course - set(GENERATED)
+    assert NOTEBOOKS["tying_and_init"].startswith("05") and NOTEBOOKS[
+        "gguf"
+    ].startswith("13")
 
 
 def test_a_stub_is_not_written_yet_there_too():
@@ -187,8 +213,6 @@ def test_a_stub_is_not_written_yet_there_too():
     def stub(*args, **kwargs):
         raise NotImplementedError
 
-    for task in GENERATED:
-        row = next(
-            r for r in run_checks(task, stub).rows if r.check == GENERATED[task].name
-        )
+    for task, check in GENERATED.items():
+        row = next(r for r in run_checks(task, stub).rows if r.check == check.name)
         assert row.message == NOT_WRITTEN, (task, row.message)
