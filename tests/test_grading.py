@@ -128,8 +128,8 @@ def test_one_exercise_per_chapter_and_the_exercises_page_lists_each():
         sys.path.remove(str(ROOT / "book" / "_ext"))
     text = exercises_md()
     rows = re.findall(
-        r"^\| \{doc\}`(\d+): [^<]+<\.\./exercises/(\w+)>` "
-        r"\| \{doc\}`(\d+)\. [^<]+<\.\./chapters/(\w+)>` \| (.+) \| (\d+) \|$",
+        r"^\| \{doc\}`(\d+): [^<]+</exercises/(\w+)>` "
+        r"\| \{doc\}`(\d+)\. [^<]+</chapters/(\w+)>` \| (.+) \| (\d+) \|$",
         text,
         re.MULTILINE,
     )

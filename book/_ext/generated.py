@@ -145,9 +145,9 @@ def exercises_md() -> str:
         chapter = chapter_of[stem]
         tasks = [t for t in grading.TASKS.values() if t.notebook == topic]
         lines.append(
-            f"| {{doc}}`{title} <../exercises/{stem}>` "
+            f"| {{doc}}`{title} </exercises/{stem}>` "
             f"| {{doc}}`{heading(ROOT / 'chapters' / f'{chapter}.ipynb')} "
-            f"<../chapters/{chapter}>` "
+            f"</chapters/{chapter}>` "
             f"| {', '.join(f'`{t.name}`' for t in tasks)} "
             f"| {sum(t.points for t in tasks)} |"
         )
