@@ -164,7 +164,7 @@ def test_the_comparison_requires_zero_gradients_where_smols_are_zero():
     assert dpo_differential.CASES == grpo_differential.CASES == 48
 
 
-def test_the_exercises_page_gives_the_number_of_generated_inputs_and_each_task_without():
+def test_the_exercises_page_gives_the_generated_inputs_and_each_task_without():
     """The Exercises page says how many generated inputs each differential check tries
     (the modules' CASES: 48 for exercises 15 and 16, 40 elsewhere) and names every task
     without one, exercise 5's and exercise 13's but permute_qk, as the registry has
