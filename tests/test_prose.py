@@ -223,7 +223,7 @@ def test_one_quantity_has_one_value():
         ("7 stored mantissa bits", "8 stored mantissa bits", "mantissa"),
         ("(215 kB", "(about 210 kB", "held-out plays"),
         ("134,515,008 parameters", "134,515,080 parameters", "parameters"),
-        # README and the set-up page once asked for 3.10, which the pins do not install on
+        # README and the set-up page once asked for 3.10, which the pins cannot use
         ("Python 3.11 or newer", "Python 3.10 or newer", "Python"),
     ],
 )
