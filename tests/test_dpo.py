@@ -22,6 +22,7 @@ from smol.dpo import (
 )
 from smol.lora import apply_lora, lora_layers
 from smol.model import IGNORE_INDEX
+from smol.sft import encode_conversation
 from smol.train import TrainConfig
 from tests.tiny_models import same_random_lora, with_real_vocab
 
@@ -315,6 +316,23 @@ def test_the_loss_sums_the_replys_tokens_only(tokenizer):
     every = torch.where(mask.bool(), torch.roll(x, -1, 1), IGNORE_INDEX)
     every[:, -1] = torch.where(y[:, -1] != -100, y[:, -1], IGNORE_INDEX)
     assert (sequence_logprobs(logits, every) < got - 1).all()
+
+
+def test_a_reply_scores_sfts_labels_and_the_newline_after_them(tokenizer):
+    """With a prompt of one question, a reply's scored tokens are those chapter 12's
+    encode_conversation labels, then the template's newline after <|im_end|>, as TRL
+    scores them (chapter 15 says so): a pair labelled as SFT labels, without the
+    newline, scores one token fewer."""
+    question = {"role": "user", "content": "What is 17 + 25?"}
+    reply = {"role": "assistant", "content": "17 + 25 = 42."}
+    (_, labels), _ = encode_pair(
+        tokenizer, {"prompt": [question], "chosen": "17 + 25 = 42.", "rejected": "1"}
+    )
+    _, sft = encode_conversation(tokenizer, [question, reply])
+    scored = [t for t in labels if t != IGNORE_INDEX]
+    labelled = [t for t in sft if t != IGNORE_INDEX]
+    assert scored == [*labelled, *tokenizer.encode("\n")]
+    assert labelled[-1] == tokenizer.eos_token_id  # <|im_end|>, SFT's last target
 
 
 def test_the_reference_gets_no_gradient_and_the_margins_sign_and_beta():

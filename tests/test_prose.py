@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import importlib
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -148,6 +149,10 @@ QUANTITIES = [
         rf"(?:whole corpus|published them \() ?(?P<value>{NUMBER}) million",
     ),
     Quantity(
+        "the Python the set-up needs",
+        r"Python (?:is )?(?P<value>3\.\d+)(?:\+| or (?:newer|later))",
+    ),
+    Quantity(
         "MMLU's test questions",
         rf"(?:MMLU's|all of MMLU's)\s+(?P<value>{NUMBER})\s+test questions",
     ),
@@ -218,6 +223,8 @@ def test_one_quantity_has_one_value():
         ("7 stored mantissa bits", "8 stored mantissa bits", "mantissa"),
         ("(215 kB", "(about 210 kB", "held-out plays"),
         ("134,515,008 parameters", "134,515,080 parameters", "parameters"),
+        # README and the set-up page once asked for 3.10, which the pins cannot use
+        ("Python 3.11 or newer", "Python 3.10 or newer", "Python"),
     ],
 )
 def test_a_second_value_is_caught(old, new, name):
@@ -252,3 +259,68 @@ def test_a_page_that_says_otherwise_is_caught(said, name):
     once did, fails the check, which names the quantity."""
     problems = disagreements([*SOURCES, ("extra.md", said)])
     assert len(problems) == 1 and name in problems[0], problems
+
+
+# --- names the prose gives of smol's code exist ------------------------------------
+
+# `smol.module.name`, or `module.name` for a module a chapter imports from smol
+DOTTED = re.compile(
+    r"`(?:(?P<smol>smol)\.)?(?P<module>[a-z_]+)\.(?P<name>[A-Za-z_]\w*)"
+)
+
+
+def smol_imports(nb) -> set[str]:
+    """The names a notebook imports with `from smol import a, b`."""
+    found = set()
+    for cell in nb.cells:
+        if cell.cell_type == "code":
+            for m in re.finditer(
+                r"^from smol import \(?([\w, \n]+)\)?", cell.source, re.MULTILINE
+            ):
+                found |= {n.strip() for n in m[1].split(",") if n.strip()}
+    return found
+
+
+def missing_names(where: str, text: str, imported: set[str]) -> list[str]:
+    """Each `smol.module.name`, and `module.name` of a module in `imported`, that the
+    text names and smol does not hold (a function moved or renamed since)."""
+    missing = []
+    for m in DOTTED.finditer(text):
+        if not m["smol"] and m["module"] not in imported:
+            continue
+        try:
+            module = importlib.import_module(f"smol.{m['module']}")
+        except ImportError:
+            if m["smol"]:
+                missing.append(f"{where}: {m[0]}` names no module of smol")
+            continue
+        if not hasattr(module, m["name"]):
+            missing.append(f"{where}: {m[0]}` is not in smol.{m['module']}")
+    return missing
+
+
+def test_the_prose_names_code_that_exists():
+    """A function the prose names by its module is there: chapter 14 once sent the
+    reader to `evaluate.wilson_interval` after the interval had moved to smol.stats."""
+    missing = []
+    for path in chapters():
+        nb = nbformat.read(path, as_version=4)
+        imported = smol_imports(nb)
+        for i, cell in enumerate(nb.cells):
+            if cell.cell_type == "markdown":
+                name = f"{path.name} cell {i}"
+                missing += missing_names(name, cell.source, imported)
+    for where, text in prose_sources():
+        if not where.startswith("chapters/"):
+            missing += missing_names(where, text, set())
+    assert not missing, "\n".join(missing)
+
+
+def test_a_moved_function_is_caught():
+    """The stale name fails the check; the same name in its module's place passes."""
+    old = "The interval (`evaluate.wilson_interval`) turns a count into a range."
+    assert missing_names("page", old, {"evaluate", "stats"}) == [
+        "page: `evaluate.wilson_interval` is not in smol.evaluate"
+    ]
+    assert not missing_names("page", old.replace("evaluate.", "stats."), {"stats"})
+    assert missing_names("page", "`smol.evaluation.score`", set())

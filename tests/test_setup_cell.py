@@ -181,6 +181,28 @@ def test_notebooks_extra_admits_the_pins_and_never_names_torch():
     assert all(s.operator == ">=" for s in torch.specifier), torch
 
 
+def readme_colab_misses(readme: str) -> list[str]:
+    """The distributions of the notebooks extra that README.md's Colab section does not
+    name among what the setup cell installs."""
+    section = readme.partition("## In Colab")[2].partition("\n## ")[0]
+    extra = nbtools.pyproject_list(nbtools.NOTEBOOKS_EXTRA)
+    names = [nbtools.requirement_name(r) for r in extra]
+    return [name for name in names if f"`{name}`" not in section]
+
+
+def test_readme_names_what_the_setup_cell_installs():
+    """README.md's Colab section names every package of the notebooks extra; it once
+    named transformers and peft alone, after trl, datasets and pyarrow had joined."""
+    readme = (nbtools.ROOT / "README.md").read_text(encoding="utf-8")
+    assert not readme_colab_misses(readme)
+    stale = (
+        "## In Colab, with a GPU\n\nRun the first cell: it installs `smol` from this "
+        "repository, with `transformers` and `peft`, which the chapters compare it "
+        "with.\n\n## The package\n\n`trl`, `datasets`, `pyarrow`\n"
+    )
+    assert readme_colab_misses(stale) == ["trl", "datasets", "pyarrow"]
+
+
 class Runtime:
     """The setup cell run here as in a Colab runtime (or not), with these packages
     installed: what it printed and the pip commands it ran."""
