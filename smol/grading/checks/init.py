@@ -359,6 +359,11 @@ def _(fn, _):
 
 
 def _judge_learns(ids, out):
+    replaced = out["replaced"]
+    assert not replaced, (
+        f"{replaced[0]} is a new Parameter: an optimizer made before init would "
+        "train the old one"
+    )
     frozen = out["frozen"]
     assert not frozen, (
         f"{frozen[0]} no longer requires a gradient: training could not change it"
@@ -379,17 +384,20 @@ def _judge_learns(ids, out):
     "the model still runs and learns after init: a loss near log(vocab), "
     "every gradient",
     1,
-    "initialise values in place and leave the rest alone (requires_grad, dtypes, "
-    "modules): a fresh model predicts about uniformly, so its loss is close to "
-    "log(vocab_size)",
+    "initialise values in place and leave the rest alone (the Parameters themselves, "
+    "requires_grad, dtypes, modules): a fresh model predicts about uniformly, so its "
+    "loss is close to log(vocab_size)",
     inputs=_ids,
     judge=_judge_learns,
 )
 def _(fn, ids):
-    model = _initialised_by(fn)
+    model = _scrambled()
+    before = dict(model.named_parameters())
+    fn(model)
+    replaced = [n for n, p in model.named_parameters() if p is not before.get(n)]
     frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
-    if frozen:  # the judge stops there
-        return {"frozen": frozen}
+    if replaced or frozen:  # the judge stops there
+        return {"replaced": replaced, "frozen": frozen}
     out = _learned(model, ids)
     grads = {name: p.grad for name, p in model.named_parameters()}
-    return {"frozen": frozen, "state": out["state"], "grads": grads}
+    return {"replaced": [], "frozen": [], "state": out["state"], "grads": grads}
