@@ -359,15 +359,11 @@ def _(fn, _):
 
 
 def _judge_learns(ids, out):
-    replaced = out["replaced"]
-    assert not replaced, (
-        f"{replaced[0]} is a new Parameter: an optimizer made before init would "
-        "train the old one"
-    )
-    frozen = out["frozen"]
-    assert not frozen, (
-        f"{frozen[0]} no longer requires a gradient: training could not change it"
-    )
+    for names, why in (
+        (out["replaced"], "is a new Parameter: an optimizer trains the old one"),
+        (out["frozen"], "no longer requires a gradient: training could not change it"),
+    ):
+        assert not names, f"{names[0]} {why}"
     model = _smol(out["state"])
     _, loss = model(ids[:, :-1], targets=ids[:, 1:])
     want = math.log(CONFIG.vocab_size)
@@ -394,10 +390,10 @@ def _(fn, ids):
     model = _scrambled()
     before = dict(model.named_parameters())
     fn(model)
-    replaced = [n for n, p in model.named_parameters() if p is not before.get(n)]
-    frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
-    if replaced or frozen:  # the judge stops there
-        return {"replaced": replaced, "frozen": frozen}
-    out = _learned(model, ids)
-    grads = {name: p.grad for name, p in model.named_parameters()}
-    return {"replaced": [], "frozen": [], "state": out["state"], "grads": grads}
+    named = dict(model.named_parameters())
+    out = {"replaced": [n for n, p in named.items() if p is not before.get(n)]}
+    out["frozen"] = [n for n, p in named.items() if not p.requires_grad]
+    if out["replaced"] or out["frozen"]:  # the judge stops there
+        return out
+    state = _learned(model, ids)["state"]  # the gradients now on the parameters
+    return out | {"state": state, "grads": {n: p.grad for n, p in named.items()}}
