@@ -48,7 +48,8 @@ def grpo_loss_by(
     straight_through (the clip's value with the unclipped ratio's gradient),
     padding_by_where (the padding dropped by a torch.where at the end: its value 0,
     its gradient NaN where exp overflowed), kl_per_token and kl_per_completion (the
-    KL averaged over every real token, or per completion, whatever loss_type)."""
+    KL averaged over every real token, or per completion, whatever loss_type),
+    kl_at_beta_0 (the KL term kept as 0 * KL at beta 0, NaN where the KL is inf)."""
     if bugs.get("masked_in_place"):
         logps.masked_fill_(completion_mask == 0, 0.0)
     unzeroed = {
@@ -88,13 +89,14 @@ def grpo_loss_by(
     mask = completion_mask.to(logps.dtype)
     if bugs.get("padding_counted"):
         mask = torch.ones_like(mask)
-    extra = beta * kl.mean() if bugs.get("kl_everywhere") else 0.0
-    if bugs.get("kl_per_token"):
+    kept = beta or bugs.get("kl_at_beta_0")  # at beta 0 no KL term, as smol's
+    extra = beta * kl.mean() if kept and bugs.get("kl_everywhere") else 0.0
+    if kept and bugs.get("kl_per_token"):
         extra = beta * (kl * mask).sum() / mask.sum()
-    if bugs.get("kl_per_completion"):
+    if kept and bugs.get("kl_per_completion"):
         extra = beta * ((kl * mask).sum(-1) / mask.sum(-1)).mean()
     own_kl = {"kl_everywhere", "kl_per_token", "kl_per_completion"} & set(bugs)
-    per_token = -objective + (0.0 if own_kl else beta * kl)
+    per_token = -objective + (beta * kl if kept and not own_kl else 0.0)
     if bugs.get("padding_by_where"):
         per_token = torch.where(completion_mask.bool(), per_token, 0.0)
     summed = (per_token * mask).sum(-1)

@@ -38,6 +38,7 @@ from smol.grading.runner import collected_results, expected_tasks
 from smol.mlp import MLP
 from smol.norm import RMSNorm
 from tests import (
+    grading_mutants_fresh,
     grading_mutants_generation,
     grading_mutants_later,
     grading_mutants_precision,
@@ -1243,6 +1244,7 @@ for _more in (
     grading_mutants_generation,
     grading_mutants_rl,
     grading_mutants_later,
+    grading_mutants_fresh,
 ):
     MUTANTS |= _more.MUTANTS
     WIDE_MUTANTS |= _more.WIDE_MUTANTS
@@ -2113,7 +2115,8 @@ def pack_value_by_numpy(kind, value):
 def q8_0_by_the_gguf_package(w):
     import gguf
 
-    blocks = gguf.quants.quantize(w.numpy(), gguf.GGMLQuantizationType.Q8_0)
+    # numpy has no bfloat16: float32, as ggml converts a bfloat16 weight
+    blocks = gguf.quants.quantize(w.float().numpy(), gguf.GGMLQuantizationType.Q8_0)
     return torch.from_numpy(blocks)
 
 
@@ -2184,7 +2187,8 @@ def grpo_loss_by_rows(
         )
         objective = bound * A
         d = ref[b][real] - logp
-        losses.append(-objective + beta * (d.exp() - d - 1))
+        kl = beta * (d.exp() - d - 1) if beta else 0.0  # none at beta 0, as TRL's
+        losses.append(-objective + kl)
     if loss_type == "grpo":
         return torch.stack([row.mean() for row in losses]).mean()
     total = torch.cat(losses).sum()
@@ -2285,6 +2289,18 @@ def test_every_task_has_a_correct_variant_written_differently():
 @pytest.mark.parametrize("task", sorted(_variants()))
 def test_other_correct_implementations_score_full_marks(task):
     result = run_checks(task, _variants()[task])
+    assert result.score == result.total, result.table()
+
+
+@pytest.mark.parametrize(
+    "task, variant",
+    grading_mutants_fresh.CORRECT,
+    ids=[f"{t}-{v.__name__}" for t, v in grading_mutants_fresh.CORRECT],
+)
+def test_rewrites_beside_the_strengthened_checks_keep_full_marks(task, variant):
+    """Each check strengthened against a mutant of grading_mutants_fresh.py still
+    gives these correct rewrites full marks."""
+    result = run_checks(task, variant)
     assert result.score == result.total, result.table()
 
 

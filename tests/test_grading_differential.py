@@ -109,7 +109,9 @@ def grpo_loss_by_where_on_inputs(
     clipped = torch.where(A > 0, ratio.clamp(max=1 + epsilon_high), ratio)
     clipped = torch.where(A < 0, ratio.clamp(min=1 - epsilon_low), clipped)
     d = ref - logps
-    per_token = -clipped * A + beta * (d.exp() - d - 1)
+    per_token = -clipped * A
+    if beta:  # at beta 0 the reference may be anything: zeros, where exp(d) is inf
+        per_token = per_token + beta * (d.exp() - d - 1)
     m = mask.to(per_token.dtype)
     if loss_type == "grpo":
         return ((per_token * m).sum(-1) / m.sum(-1)).mean()

@@ -63,6 +63,7 @@ def _call(fn, c: dict, grad: bool = False, backward: bool = False) -> dict:
         isinstance(t, torch.Tensor) and t.requires_grad for t in out.values()
     ]
     out["after"] = given
+    out["graph_after"] = [given[s].requires_grad for s in SIDES]  # detach_() clears it
     if backward:
         is_tensor(loss, "the loss").sum().backward()
         out["grads"] = {s: leaves[s].grad for s in SIDES}
@@ -114,9 +115,14 @@ def _judge_gradients(inputs, outputs) -> None:
 
 
 def _judge_inputs_kept(inputs, outputs) -> None:
+    """The values, and the graph each input carried (a model's outputs do)."""
     for c, out in zip(inputs, outputs):
-        for side in SIDES:
+        for side, graph in zip(SIDES, out["graph_after"]):
             untouched(out["after"][side], c[side], f"{side} ({_what_pairs(c)})")
+            assert graph, (
+                f"{side} ({_what_pairs(c)}) left the caller's graph: detach_() "
+                "detaches the caller's tensor in place; detach() makes a new one"
+            )
 
 
 for name, points, hint, make, grad, judge in (  # grad: 1 leaves, 2 and backward
@@ -178,9 +184,9 @@ for name, points, hint, make, grad, judge in (  # grad: 1 leaves, 2 and backward
         "the four log-probability tensors are left unchanged",
         1,
         "policy_chosen - ref_chosen makes a new tensor; policy_chosen -= ref_chosen "
-        "writes into the caller's",
+        "writes into the caller's, and ref_chosen.detach_() cuts the caller's graph",
         lambda: [_pairs(3, 0.1), _pairs(2, 1.0)],
-        0,
+        1,
         _judge_inputs_kept,
     ),
 ):

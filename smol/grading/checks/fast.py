@@ -200,9 +200,32 @@ def _product(x, q, scale):
     return x.float() @ (q.float() * scale[:, None]).T
 
 
+class _ScaledWeights(torch.overrides.TorchFunctionMode):
+    """Records the shape of every tensor the code makes that has the weight's
+    shape (or its transpose) and other values than q's: the float matrix s_i q_ij
+    (casts and transposes of q hold q's values)."""
+
+    def __init__(self, q):
+        super().__init__()
+        self.q, self.built = q, []
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor) and out.is_floating_point():
+            for w in (self.q, self.q.T):
+                if out.shape == w.shape and not torch.equal(out, w.to(out.dtype)):
+                    self.built.append(list(out.shape))
+        return out
+
+
 def _judge_product(inputs, out):
     x, q, scale = inputs
-    is_tensor(out)
+    built = out["built"]
+    assert not built, (
+        f"a {tuple(built[0])} float matrix of scaled weights was built: multiply x "
+        "by q first, then scale each output"
+    )
+    out = is_tensor(out["out"])
     close(out, _product(x, q, scale), "int8_linear(x, q, scale)", atol=1e-4)
 
 
@@ -211,12 +234,15 @@ def _judge_product(inputs, out):
     "values: x @ (q * scale)^T, each scale on its output (out != in)",
     2,
     "(x @ q.T) * scale: scale (out,) multiplies the last axis of the result, which "
-    "has out entries",
+    "has out entries; never the matrix q * scale[:, None], which a step would read "
+    "in float",
     inputs=lambda: [torch.randn(3, 5, 24), *_int8()],
     judge=_judge_product,
 )
 def _(fn, inputs):
-    return fn(*inputs)
+    with _ScaledWeights(inputs[1]) as spy:
+        out = fn(*inputs)
+    return {"out": out, "built": spy.built}
 
 
 def _bfloat16_inputs():

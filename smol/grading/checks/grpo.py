@@ -21,8 +21,10 @@ def _groups(rows: list[list[float]]) -> dict:
 
 def _spread_cases():
     """Groups of 2, 3, 4, 6 and 8 rewards, each group's mean and spread its own, no
-    group of equal rewards: a checker's 0 and 1, partial credit, a scalar score; and
-    bfloat16 rewards (advantages within bfloat16's rounding)."""
+    group of equal rewards: a checker's 0 and 1, partial credit, a scalar score,
+    scores near 3000 (a length in tokens, a sum of log-probabilities: the variance as
+    E[x^2] - E[x]^2 cancels there); and bfloat16 rewards (advantages within
+    bfloat16's rounding)."""
     pairs = [[0.0, 1.0], [1.0, 0.0], [0.5, 2.0], [3.0, 1.0]]
     fours = torch.tensor([[0.0, 1.0], [1.0, 0.0], [0.0, 1.0]])
     fours = torch.cat([fours, torch.randint(0, 3, (3, 2)) / 2], 1)
@@ -33,6 +35,7 @@ def _spread_cases():
         _groups(eights.tolist()),
         _groups([[1.0, 0.0, 0.0], [2.0, 5.0, 3.0]]),
         _groups([[0.0, 1.0, 1.0, 1.0, 0.0, 1.0]]),  # one prompt: the batch is a group
+        _groups((eights + 3000.0).tolist()),
         {**_groups(pairs), "rewards": _groups(pairs)["rewards"].bfloat16()},
     ]
 
@@ -89,7 +92,8 @@ for name, points, hint, make, judge in (
         "the rewards of a prompt's group are consecutive: rewards.view(-1, group_size) "
         "gives a row per group; subtract each row's mean and divide by its std "
         "(.std(1, keepdim=True), unbiased, as torch.std and TRL), then flatten back; "
-        "the whole batch's mean and std mix the prompts",
+        "the whole batch's mean and std mix the prompts; mean(x**2) - mean(x)**2 "
+        "loses the variance of rewards far from 0",
         _spread_cases,
         _judge_advantages(1e-3, 1e-3),
     ),

@@ -188,13 +188,17 @@ def _judge_kl(inputs, outputs) -> None:
 def _unlikely_cases():
     """Every log-probability near -110 (a completion of unlikely tokens: exp of one
     is 0 in float32, exp of a difference is not), full length, ratios inside the
-    clipping range; beta 0, and beta > 0 with the reference equal to the policy
-    (every KL term 0, unless computed as exp(ref) / exp(logp))."""
+    clipping range; beta 0, beta > 0 with the reference equal to the policy (every
+    KL term 0, unless computed as exp(ref) / exp(logp)), and beta 0 with zeros for
+    the reference (none is run at beta 0): there exp(ref - logp) overflows, and a KL
+    term kept as 0 * inf is NaN."""
     cases = [
         _batch(4, 6, INSIDE, loss_type=t, beta=b)
-        for t, b in (("grpo", 0.0), ("dapo", 0.1))
+        for t, b in (("grpo", 0.0), ("dapo", 0.1), ("dapo", 0.0))
     ]
-    return [c | {k: c[k] - 110 for k in TENSORS[:3]} for c in cases]
+    cases = [c | {k: c[k] - 110 for k in TENSORS[:3]} for c in cases]
+    cases[-1]["ref_logps"] = torch.zeros_like(cases[-1]["ref_logps"])
+    return cases
 
 
 def _grad_cases():
@@ -272,7 +276,8 @@ for name, points, hint, make, grad, judge in (
         1,
         "exp(-110) is 0 in float32 (and bfloat16), and 0 / 0 is NaN: take the "
         "difference first, torch.exp(logps - old_logps) for the ratio and "
-        "torch.exp(ref_logps - logps) for the KL",
+        "torch.exp(ref_logps - logps) for the KL; at beta 0 leave the KL term out "
+        "(if beta: ...): 0 * inf is NaN",
         _unlikely_cases,
         False,
         _judge_loss,

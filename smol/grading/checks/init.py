@@ -359,10 +359,11 @@ def _(fn, _):
 
 
 def _judge_learns(ids, out):
-    frozen = out["frozen"]
-    assert not frozen, (
-        f"{frozen[0]} no longer requires a gradient: training could not change it"
-    )
+    for names, why in (
+        (out["replaced"], "is a new Parameter: an optimizer trains the old one"),
+        (out["frozen"], "no longer requires a gradient: training could not change it"),
+    ):
+        assert not names, f"{names[0]} {why}"
     model = _smol(out["state"])
     _, loss = model(ids[:, :-1], targets=ids[:, 1:])
     want = math.log(CONFIG.vocab_size)
@@ -379,17 +380,20 @@ def _judge_learns(ids, out):
     "the model still runs and learns after init: a loss near log(vocab), "
     "every gradient",
     1,
-    "initialise values in place and leave the rest alone (requires_grad, dtypes, "
-    "modules): a fresh model predicts about uniformly, so its loss is close to "
-    "log(vocab_size)",
+    "initialise values in place and leave the rest alone (the Parameters themselves, "
+    "requires_grad, dtypes, modules): a fresh model predicts about uniformly, so its "
+    "loss is close to log(vocab_size)",
     inputs=_ids,
     judge=_judge_learns,
 )
 def _(fn, ids):
-    model = _initialised_by(fn)
-    frozen = [name for name, p in model.named_parameters() if not p.requires_grad]
-    if frozen:  # the judge stops there
-        return {"frozen": frozen}
-    out = _learned(model, ids)
-    grads = {name: p.grad for name, p in model.named_parameters()}
-    return {"frozen": frozen, "state": out["state"], "grads": grads}
+    model = _scrambled()
+    before = dict(model.named_parameters())
+    fn(model)
+    named = dict(model.named_parameters())
+    out = {"replaced": [n for n, p in named.items() if p is not before.get(n)]}
+    out["frozen"] = [n for n, p in named.items() if not p.requires_grad]
+    if out["replaced"] or out["frozen"]:  # the judge stops there
+        return out
+    state = _learned(model, ids)["state"]  # the gradients now on the parameters
+    return out | {"state": state, "grads": {n: p.grad for n, p in named.items()}}
