@@ -34,7 +34,7 @@ from smol.commands import runs
 from smol.commands.common import Parser, Terminated, UsageError, parser, run
 from smol.config import SmolConfig
 from smol.interrupt import TrainingInterrupted
-from smol.shards import describe
+from smol.shards import MANIFEST, describe
 from smol.train import TrainConfig, Trainer
 from smol.train_report import TrainingDiverged, plot_history
 
@@ -156,6 +156,8 @@ def _train(cfg: TrainConfig) -> int:
     out = Path(cfg.out_dir)
     check_earlier_results(cfg)
     runs.check_out(out, "out_dir")
+    if cfg.shards and not (Path(cfg.shards) / MANIFEST).is_file():
+        runs.check_out(Path(cfg.shards), "shards")  # to be written, not reused
     if cfg.resume:
         runs.check_resumed_kind(out, "train", "out_dir")
     stage = runs.staging(out) if cfg.overwrite else None
