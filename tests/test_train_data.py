@@ -290,10 +290,18 @@ def bad_sources(tmp_path):
     "name", ["empty", "short", "binary", "latin1", "jsonl", "parquet"]
 )
 def test_a_bad_source_fails_in_one_line_naming_it(tmp_path, capsys, name):
+    """The out-dir the run made is removed again while it holds no file (a command
+    that left its empty checkpoints/ and data/ there fails): the short source's
+    shards, written before they are found too short, stay."""
     source, says = bad_sources(tmp_path)[name]
-    argv = [*SMALL, "--data", str(source), "--out-dir", str(tmp_path / "run")]
+    out = tmp_path / "new" / "run"
+    argv = [*SMALL, "--data", str(source), "--out-dir", str(out)]
     err = one_error_line(capsys, main(argv), 1)
     assert says in err, err
+    if name == "short":
+        assert (out / "data" / "manifest.json").is_file()
+    else:
+        assert not (tmp_path / "new").exists()
 
 
 def test_bad_shards_and_tokenizers_fail_in_one_line(folder, tmp_path, capsys):

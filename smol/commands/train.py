@@ -202,8 +202,11 @@ def _train(cfg: TrainConfig) -> int:
         if trainer.is_main:
             _write_results(trainer, history, summary, out)
 
+    made = [out, *([Path(cfg.shards)] if cfg.shards else [])]
     with runs.replacing(stage, out):
-        return fit_until_stopped(start, finish, discard=stage is not None)
+        return runs.removed_unless_done(
+            made, lambda: fit_until_stopped(start, finish, discard=stage is not None)
+        )
 
 
 def check_earlier_results(cfg: TrainConfig) -> None:
