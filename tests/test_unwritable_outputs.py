@@ -47,6 +47,7 @@ OUTPUTS = [
     ("grade {r}/class/alice/01_rmsnorm.ipynb --json OUT", ".json"),
     ("grade {r}/class --gradebook OUT", ".csv"),
     ("grade {r}/class --gradebook {r}/b.csv --canvas OUT", ".csv"),
+    ("grade {r}/class --gradebook {r}/b.csv --nbgrader OUT", ".csv"),
     ("grade {r}/class --gradebook {r}/b.csv --feedback OUT", ""),
     ("grade 01 --autograder OUT", ".zip"),
 ]
