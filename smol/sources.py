@@ -13,7 +13,9 @@ end of its file. Every bad input is a one-line ValueError naming the file and wh
 from __future__ import annotations
 
 import codecs
+import itertools
 import json
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -206,17 +208,46 @@ def hub_rows(name: str, config: str, data_files: str) -> Iterator[tuple[str, boo
     or data_files on disk: e.g. name "parquet" with a local file)."""
     from datasets import load_dataset
 
-    rows = load_dataset(
-        name,
-        config or None,
-        data_files=data_files or None,
-        split="train",
-        streaming=True,
+    source = HUB + name + (f" (data_files {data_files})" if data_files else "")
+    rows = _from_hub(
+        source,
+        lambda: iter(
+            load_dataset(
+                name,
+                config or None,
+                data_files=data_files or None,
+                split="train",
+                streaming=True,
+            )
+        ),
     )
-    for n, row in enumerate(rows):
+    for n in itertools.count():
+        if (row := _from_hub(source, lambda: next(rows, None))) is None:
+            return
         if "text" not in row:
             raise ValueError(
-                f"row {n} of {name} has no 'text' field (it has {', '.join(row)})"
+                f"row {n} of {source} has no 'text' field (it has {', '.join(row)})"
+            )
+        if not isinstance(row["text"], (str, type(None))):
+            raise ValueError(
+                f"row {n} of {source}: 'text' is a {type(row['text']).__name__}, not "
+                "a string"
             )
         if row["text"]:
             yield row["text"], True
+
+
+def _from_hub(source: str, call):
+    """call()'s result, the datasets library's own log lines held back: what it
+    raises (a file that is not Parquet or JSON, a dataset it cannot reach) is one
+    ValueError naming the source."""
+    library = logging.getLogger("datasets")
+    level = library.level
+    library.setLevel(logging.CRITICAL)
+    try:
+        return call()
+    except Exception as e:  # noqa: BLE001 - datasets and pyarrow raise their own
+        message = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ValueError(f"data {source}: {message}") from None
+    finally:
+        library.setLevel(level)

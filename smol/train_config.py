@@ -33,6 +33,11 @@ NON_NEGATIVE_INTS = (
     "max_tokens",
 )
 FLAGS = ("compile", "overwrite", "allow_changed_settings", "progress")
+# the named tokenizers' sizes: the vocabularies of the presets they were made for
+NAMED_TOKENIZERS = {
+    "shakespeare": PRESETS["tiny"].vocab_size,
+    "smollm2": PRESETS["smollm2-135m"].vocab_size,
+}
 
 
 @dataclass
@@ -122,7 +127,8 @@ class TrainConfig:
         if self.tokenizer != "auto":
             return self
         vocab = self.model_config().vocab_size if vocab_size is None else vocab_size
-        tokenizer = "shakespeare" if vocab <= 4096 else "smollm2"
+        small = vocab <= NAMED_TOKENIZERS["shakespeare"]
+        tokenizer = "shakespeare" if small else "smollm2"
         return dataclasses.replace(self, tokenizer=tokenizer)
 
     def model_config(self) -> SmolConfig:

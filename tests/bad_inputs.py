@@ -173,9 +173,11 @@ def make_files(root: Path) -> None:
         json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}),
         encoding="utf-8",
     )
+    from tests.bad_inputs_data import make_data_files
     from tests.bad_inputs_fresh import make_fresh_files
 
     make_fresh_files(root)
+    make_data_files(root)
 
 
 def dpo_argv(*more: str) -> Argv:
@@ -746,9 +748,10 @@ def cases() -> list[Case]:
             check=every_student_in_the_gradebook,
         ),
     ]
+    from tests.bad_inputs_data import data_cases
     from tests.bad_inputs_fresh import fresh_cases
 
-    return out + fresh_cases()
+    return out + fresh_cases() + data_cases()
 
 
 # CPU seconds: a case still running by then went to work on the bad input. CPU time,

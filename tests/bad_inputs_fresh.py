@@ -699,6 +699,15 @@ def instructor_cases() -> list[Case]:
         Case(gr, class_book("class", "--json", "/dev/full"), 2, "/dev/full"),
         Case(gr, lambda r: [str(r / "class"), "--gradebook", "/dev/full"], 2, "full"),
         Case(gr, class_book("class", "--canvas", "/dev/full"), 2, "/dev/full"),
+        *(  # each output in a folder no one may write: refused before any grading
+            Case(gr, class_book("class", option, f"{UNWRITABLE}/{name}"), 2, name)
+            for option, name in (
+                ("--feedback", "fb"),
+                ("--canvas", "c.csv"),
+                ("--nbgrader", "n.csv"),
+            )
+        ),
+        Case(gr, ["01", "--autograder", f"{UNWRITABLE}/a.zip"], 2, "a.zip"),
         Case(gr, class_book("class_macosx"), 2, "__MACOSX"),
         Case(gr, class_book("class_twice"), 2, "01_rmsnorm (1).ipynb"),
         Case(

@@ -165,6 +165,31 @@ def test_the_hub_path_streams_a_fineweb_edu_shard_offline_through_datasets(tmp_p
     assert docs == [(t, True) for t in texts]
 
 
+def test_a_bad_hub_source_is_one_error_naming_it_and_no_log_line(tmp_path, capfd):
+    """What the datasets library raises while streaming is a ValueError naming the
+    source, its own error line held back, and a text that is not a string is
+    refused: before, a file that is not Parquet printed datasets' line on stderr and
+    then pyarrow's message, naming no file, and a column of numbers reached the
+    tokenizer as ints (a TypeError's traceback)."""
+    junk = tmp_path / "junk.parquet"
+    junk.write_text("not parquet\n")
+    numbers = tmp_path / "numbers.parquet"
+    pq.write_table(pa.table({"text": [1, 2]}), numbers)
+    no_text = tmp_path / "no_text.parquet"
+    pq.write_table(pa.table({"body": ["a"]}), no_text)
+    for path, says in (
+        (junk, "Parquet magic bytes not found"),
+        (numbers, "row 0 of hf:parquet (data_files {}): 'text' is a int, not a "),
+        (no_text, "row 0 of hf:parquet (data_files {}) has no 'text' field (it has b"),
+        (tmp_path / "gone.parquet", "Unable to find"),
+    ):
+        with pytest.raises(ValueError) as e:
+            list(sources.documents("hf:parquet", data_files=str(path)))
+        assert str(path) in str(e.value) and says.format(path) in str(e.value)
+        assert "\n" not in str(e.value)
+        assert capfd.readouterr().err == ""
+
+
 # shards
 
 

@@ -15,6 +15,7 @@ from smol import SmolConfig, SmolLM, data, shards
 from smol.commands.train import main
 from smol.gguf import bundled_gguf_path
 from smol.pretrained import save_pretrained
+from smol.train_config import NAMED_TOKENIZERS
 from tests.cli_args import ONE_LAYER, cli_args, run_smol
 from tests.test_data_sources import fineweb_edu_parquet, plays, wide_tokenizer_file
 from tests.test_ddp import TORCHRUN, run as run_torchrun
@@ -219,6 +220,7 @@ def test_init_smollm2_starts_from_the_released_weights(tmp_path, capsys):
     [
         (["--data", "/nonexistent/texts"], "no such file or folder"),
         (["--tokenizer", "bpe:8192", "--data", "."], "vocab_size is 4096"),
+        (["--tokenizer", "smollm2", "--data", "."], "smollm2 has 49152 tokens"),
         (["--tokenizer", "bpe:512"], "is for data of your own: give data too"),
         (["--init", "smollm2", "--set", "num_hidden_layers=1"], "cannot change it"),
         (["--val-fraction", "0", "--data", "."], "val_fraction must lie in (0, 0.5]"),
@@ -233,6 +235,30 @@ def test_usage_errors_are_one_line_before_any_work(tmp_path, capsys, extra, says
     status = main(["--out-dir", str(out), "--no-progress", *extra])
     assert says in one_error_line(capsys, status, 2)
     assert not out.exists()
+
+
+def test_a_named_tokenizer_larger_than_the_model_is_a_usage_error(tmp_path, capsys):
+    """As bpe:N's is: known before any work, from sizes that are the tokenizers' own
+    (smollm2's taken as 4096 would let it through to fail once the run had begun,
+    with status 1, as it did); auto names the one it chose."""
+    for name, size in NAMED_TOKENIZERS.items():
+        assert data.load_tokenizer(name).vocab_size == size
+    out = tmp_path / "run"
+    for extra, says in (
+        (
+            ["--tokenizer", "smollm2"],
+            "tokenizer smollm2 has 49152 tokens; the tiny model's vocab_size is "
+            "4096: give --set vocab_size=49152 or another --tokenizer",
+        ),
+        (
+            ["--set", "vocab_size=4095"],
+            "tokenizer auto (shakespeare) has 4096 tokens; the tiny model's "
+            "vocab_size is 4095",
+        ),
+    ):
+        status = main(["--out-dir", str(out), "--no-progress", *extra])
+        assert says in one_error_line(capsys, status, 2)
+        assert not out.exists()
 
 
 def bad_sources(tmp_path):
@@ -264,10 +290,18 @@ def bad_sources(tmp_path):
     "name", ["empty", "short", "binary", "latin1", "jsonl", "parquet"]
 )
 def test_a_bad_source_fails_in_one_line_naming_it(tmp_path, capsys, name):
+    """The out-dir the run made is removed again while it holds no file (a command
+    that left its empty checkpoints/ and data/ there fails): the short source's
+    shards, written before they are found too short, stay."""
     source, says = bad_sources(tmp_path)[name]
-    argv = [*SMALL, "--data", str(source), "--out-dir", str(tmp_path / "run")]
+    out = tmp_path / "new" / "run"
+    argv = [*SMALL, "--data", str(source), "--out-dir", str(out)]
     err = one_error_line(capsys, main(argv), 1)
     assert says in err, err
+    if name == "short":
+        assert (out / "data" / "manifest.json").is_file()
+    else:
+        assert not (tmp_path / "new").exists()
 
 
 def test_bad_shards_and_tokenizers_fail_in_one_line(folder, tmp_path, capsys):

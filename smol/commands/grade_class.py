@@ -12,7 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+from smol.commands.common import UsageError
 from smol.commands.grade_files import report_problem, write_output, write_report
+from smol.commands.runs import check_out
 from smol.grading import exports, gradebook, reaper
 from smol.grading.files import (
     earlier_grades,
@@ -62,8 +64,14 @@ def gradebook_problem(args) -> str:
         folder = args.feedback
         if folder.exists() and not folder.is_dir():
             return f"--feedback {folder} is a file, not a folder"
+        if not folder.exists() and folder.parent.is_file():
+            return f"--feedback: {folder.parent} is a file, not a folder"
         if not folder.exists() and not folder.parent.is_dir():
             return f"--feedback: the folder {folder.parent} does not exist"
+        try:  # the pages are written after the grading: found unwritable before it
+            check_out(folder, "--feedback")
+        except UsageError as exc:
+            return str(exc)
         for student in sorted({s.student for s in args.submissions}):
             page = folder / gradebook.feedback_name(student)
             if page.exists() and not gradebook.is_feedback(page):

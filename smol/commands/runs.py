@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 from smol.checkpoint import check_writable
@@ -37,6 +38,33 @@ def check_out(folder: Path, what: str) -> None:
         for path in made:
             with contextlib.suppress(OSError):
                 path.rmdir()
+
+
+def removed_unless_done(folders: list[Path], work: Callable[[], int]) -> int:
+    """work()'s status; each of `folders` that did not exist before it is removed
+    again where work fails or is stopped (raises, or a status other than 0) and it
+    holds no file by then: a run refused as its source is read leaves nothing behind,
+    as check_out does, where one that saved a checkpoint keeps it."""
+    new = [f for f in map(_first_made, folders) if f is not None]
+    status = 1
+    try:
+        status = work()
+        return status
+    finally:
+        if status != 0 and int(os.environ.get("RANK", "0")) == 0:
+            for folder in new:
+                for path, _, _ in sorted(os.walk(folder), reverse=True):
+                    with contextlib.suppress(OSError):  # it holds a file: kept
+                        os.rmdir(path)
+
+
+def _first_made(folder: Path) -> Path | None:
+    """The outermost of folder and its parents that does not exist yet (None: the
+    folder exists): what making it makes."""
+    folder, first = Path(folder), None
+    while not folder.exists() and not folder.is_symlink() and folder != folder.parent:
+        first, folder = folder, folder.parent
+    return first
 
 
 def made_by(folder: Path) -> str | None:

@@ -34,8 +34,9 @@ from smol.commands import runs
 from smol.commands.common import Parser, Terminated, UsageError, parser, run
 from smol.config import SmolConfig
 from smol.interrupt import TrainingInterrupted
-from smol.shards import describe
+from smol.shards import MANIFEST, describe
 from smol.train import TrainConfig, Trainer
+from smol.train_config import NAMED_TOKENIZERS
 from smol.train_report import TrainingDiverged, plot_history
 
 # Failures while running: one line on stderr, exit status 1.
@@ -128,9 +129,28 @@ def _parse_args(argv) -> TrainConfig:
     args = vars(build_parser().parse_args(argv))
     overrides = dict(_model_override(item) for item in args.pop("set"))
     try:
-        return TrainConfig(**args, model_overrides=overrides)
+        cfg = TrainConfig(**args, model_overrides=overrides)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    check_named_tokenizer(cfg)
+    return cfg
+
+
+def check_named_tokenizer(cfg: TrainConfig) -> None:
+    """A usage error where the tokenizer named (or auto's choice) has more tokens than
+    the model's vocabulary, as a bpe:N has: its size is known before any work. (A
+    run given its token streams in Python takes any; the command never gives them.)"""
+    if cfg.init:
+        return  # the model's own tokenizer
+    vocab, name = cfg.model_config().vocab_size, cfg.with_tokenizer().tokenizer
+    size = NAMED_TOKENIZERS.get(name, 0)
+    if size > vocab:
+        named = name if name == cfg.tokenizer else f"{cfg.tokenizer} ({name})"
+        raise UsageError(
+            f"tokenizer {named} has {size} tokens; the {cfg.preset} model's "
+            f"vocab_size is {vocab}: give --set vocab_size={size} or another "
+            "--tokenizer"
+        )
 
 
 def add_resume_option(p: argparse.ArgumentParser, out: str) -> None:
@@ -156,6 +176,8 @@ def _train(cfg: TrainConfig) -> int:
     out = Path(cfg.out_dir)
     check_earlier_results(cfg)
     runs.check_out(out, "out_dir")
+    if cfg.shards and not (Path(cfg.shards) / MANIFEST).is_file():
+        runs.check_out(Path(cfg.shards), "shards")  # to be written, not reused
     if cfg.resume:
         runs.check_resumed_kind(out, "train", "out_dir")
     stage = runs.staging(out) if cfg.overwrite else None
@@ -180,8 +202,11 @@ def _train(cfg: TrainConfig) -> int:
         if trainer.is_main:
             _write_results(trainer, history, summary, out)
 
+    made = [out, *([Path(cfg.shards)] if cfg.shards else [])]
     with runs.replacing(stage, out):
-        return fit_until_stopped(start, finish, discard=stage is not None)
+        return runs.removed_unless_done(
+            made, lambda: fit_until_stopped(start, finish, discard=stage is not None)
+        )
 
 
 def check_earlier_results(cfg: TrainConfig) -> None:
