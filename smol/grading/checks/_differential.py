@@ -37,7 +37,7 @@ Table = list[Callable[[torch.Generator], dict]]
 
 
 def register(
-    task: str,
+    tasks: str | tuple[str, ...],
     name: str,
     points: int,
     hint: str,
@@ -46,16 +46,18 @@ def register(
     reference: Callable,
     n: int,
 ) -> None:
-    """TASK's differential check: n cases of `make`, the student's function run by
-    `call` in its own process, judged against smol's (`reference()` gives it)."""
-    probe_check(
-        task,
-        name,
-        points,
-        hint,
-        inputs=lambda: cases([make], n, task),
-        judge=judge(call, reference),
-    )(probe(call))
+    """The differential check of each task in `tasks` (one name or several): n cases
+    of `make`, seeded by the task's name, the student's function run by `call` in its
+    own process, judged against smol's (`reference()` gives it)."""
+    for task in (tasks,) if isinstance(tasks, str) else tasks:
+        probe_check(
+            task,
+            name,
+            points,
+            hint,
+            inputs=lambda task=task: cases([make], n, task),
+            judge=judge(call, reference),
+        )(probe(call))
 
 
 def cases(table: Table, n: int, name: str) -> list[dict]:

@@ -329,5 +329,4 @@ for tasks, make, call, reference, hint in (
         "float32, cast back once to x's dtype",
     ),
 ):
-    for task in tasks:
-        diff.register(task, NAME, 1, hint, make, call, reference, CASES)
+    diff.register(tasks, NAME, 1, hint, make, call, reference, CASES)
