@@ -12,6 +12,7 @@ compare its tokens with greedy decoding."""
 import torch
 
 from smol.grading.checks import _differential as diff
+from smol.grading.checks.fast import BOTH
 from smol.quantize import quantize_per_channel
 from smol.speculative import lookup_draft
 
@@ -100,19 +101,9 @@ def _call_draft(fn, args):
     return [fn(args["tokens"].clone(), args["ngram"], args["draft"])]
 
 
-for task, name, make, call, reference, hint in (
+for tasks, name, make, call, reference, hint in (
     (
-        "quantize_int8",
-        NAME,
-        _weight_case,
-        _call_quantize,
-        lambda: quantize_per_channel,
-        "the case named below differs from smol.quantize.quantize_per_channel: "
-        "weight.float() whatever its dtype, scale = |w| max of the row / 127 "
-        "(float32), q = round(w / scale) as int8; an all-zero row gives zeros",
-    ),
-    (
-        "quantize_bug",
+        BOTH,
         NAME,
         _weight_case,
         _call_quantize,
@@ -143,4 +134,4 @@ for task, name, make, call, reference, hint in (
         "then up to num_draft tokens after it; empty when none",
     ),
 ):
-    diff.register(task, name, 1, hint, make, call, reference, CASES)
+    diff.register(tasks, name, 1, hint, make, call, reference, CASES)
