@@ -11,7 +11,7 @@ plain data:
     {"what": "B=2, T=5, bfloat16, ...",  # how the hint names it
      "args": {...},           # fn's arguments, by name (call passes them)
      "grad": ["logits"],      # the arguments whose gradient is compared
-     "up": [tensor | None],   # an upstream gradient per output (None: not trained)
+     "up": [tensor | None],   # an upstream gradient per output (None, []: untrained)
      "tol": (atol, rtol),     # for the values
      "gtol": (atol, rtol),    # for the gradients
      "regions": {"padding": (B, T) bool},  # optional: names a differing position
@@ -64,6 +64,12 @@ def cases(table: Table, n: int, name: str) -> list[dict]:
     """n cases, the table's generators in turn, from a generator seeded by `name`."""
     g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
     return [table[i % len(table)](g) for i in range(n)]
+
+
+def exact(what: str, args: dict, tol=(0.0, 0.0)) -> dict:
+    """A case whose results are compared without gradients: their values (equal, or
+    within `tol`) and dtypes."""
+    return {"what": what, "args": args, "grad": [], "up": [], "tol": tol, "dtype": True}
 
 
 def run(call: Callable, fn, case: dict) -> dict:

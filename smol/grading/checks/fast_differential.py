@@ -30,15 +30,11 @@ def _weight_case(g) -> dict:
     dtype = diff.pick(g, DTYPES)
     w = w.to(dtype)
     zero = int((w == 0).all(1).sum())
-    return {
-        "what": f"a {diff.dtype_name(w)} weight {tuple(w.shape)}, rows up to "
-        f"{w.float().abs().amax():.3g}, {zero} all-zero rows",
-        "args": {"w": w},
-        "grad": [],
-        "up": [None, None],
-        "tol": (0.0, 1e-6),
-        "dtype": True,
-    }
+    what = (
+        f"a {diff.dtype_name(w)} weight {tuple(w.shape)}, rows up to "
+        f"{w.float().abs().amax():.3g}, {zero} all-zero rows"
+    )
+    return diff.exact(what, {"w": w}, tol=(0.0, 1e-6))
 
 
 def _call_quantize(fn, args):
@@ -87,14 +83,8 @@ def _draft_case(g) -> dict:
     N, V = diff.pick(g, (1, 2, 4, 8, 20)), diff.pick(g, (1, 2, 2, 3, 5))
     tokens = torch.randint(0, V, (N,), generator=g)
     ngram, draft = diff.pick(g, (1, 2, 3, 4)), diff.pick(g, (1, 3, 8))
-    return {
-        "what": f"tokens {tokens.tolist()}, max_ngram={ngram}, num_draft={draft}",
-        "args": {"tokens": tokens, "ngram": ngram, "draft": draft},
-        "grad": [],
-        "up": [None],
-        "tol": (0.0, 0.0),
-        "dtype": True,
-    }
+    what = f"tokens {tokens.tolist()}, max_ngram={ngram}, num_draft={draft}"
+    return diff.exact(what, {"tokens": tokens, "ngram": ngram, "draft": draft})
 
 
 def _call_draft(fn, args):
