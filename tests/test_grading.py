@@ -43,6 +43,7 @@ from tests import (
     grading_mutants_precision,
     grading_mutants_rl,
 )
+from tests.grading_mutants_later import tiled_attention_by, tiled_attention_no_rescale
 from tests.grading_mutants_rl import grpo_loss_by, grpo_loss_with
 from tests.nbtools import ROOT
 
@@ -510,49 +511,6 @@ def truncating_quantize(weight):  # .to(torch.int8) rounds towards zero
     return (w / scale[:, None]).to(torch.int8), scale
 
 
-def tiled_attention_by(
-    q,
-    k,
-    v,
-    block_size,
-    is_causal=False,
-    rescale=True,
-    last_key_aligned=False,
-    max_start=-math.inf,
-):
-    """Attention over blocks of keys with an online softmax; rescale=False forgets to
-    rescale the output summed so far when the running maximum grows,
-    last_key_aligned=True lets the last query see the last key (not query i key i),
-    max_start=0.0 starts the running maximum at 0 instead of -inf."""
-    B, H, Tq, D = q.shape
-    shift = k.shape[2] - Tq if last_key_aligned else 0
-    m = torch.full((B, H, Tq), max_start)
-    total, acc = torch.zeros(B, H, Tq), torch.zeros(B, H, Tq, D)
-    for start in range(0, k.shape[2], block_size):
-        kb, vb = (
-            k[:, :, start : start + block_size],
-            v[:, :, start : start + block_size],
-        )
-        s = q.float() @ kb.float().mT / math.sqrt(D)
-        if is_causal:
-            future = (
-                torch.arange(start, start + kb.shape[2])
-                > torch.arange(Tq)[:, None] + shift
-            )
-            s = s.masked_fill(future, -math.inf)
-        new = torch.maximum(m, s.amax(-1))
-        safe = torch.where(new == -math.inf, 0.0, new)
-        p, c = torch.exp(s - safe[..., None]), torch.exp(m - safe)
-        total = total * c + p.sum(-1)
-        acc = (acc * c[..., None] if rescale else acc) + p @ vb.float()
-        m = new
-    return (acc / total[..., None]).to(q.dtype)
-
-
-def unrescaled_tiled_attention(q, k, v, block_size, is_causal=False):
-    return tiled_attention_by(q, k, v, block_size, is_causal, rescale=False)
-
-
 def q8_0_by(w, rounding=torch.round, divide=False, half_scale=False):
     """Q8_0 blocks computed another way: a rounding function, x / d for x * (1 / d),
     or the float16-rounded scale used to quantize."""
@@ -953,7 +911,7 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it), in course or
     ),
     "online softmax: the output summed so far not rescaled": (
         "tiled_attention_bug",
-        unrescaled_tiled_attention,
+        tiled_attention_no_rescale,
         "many blocks equal SDPA",
     ),
     "LoRA's B initialised randomly": (
