@@ -3002,6 +3002,24 @@ def test_loading_the_object_is_not_check_time(monkeypatch):
     assert all("could not load your object in 0.3 s" in r.message for r in result.rows)
 
 
+def test_a_tasks_warm_up_runs_before_checks_that_run_in_this_process(monkeypatch):
+    """Where checks cannot fork (macOS, Windows, a kernel holding CUDA) they run
+    here, each under its time limit: the task's warm-up runs first, once, outside
+    that limit, as it does before forked checks. A grader that warmed up only before
+    a fork charged AdamW's first use (torch._dynamo's import, 5.5 s on two busy
+    cores) to param_groups' "AdamW accepts the groups" check."""
+    order = []
+    warmed = registry.Task("warmed", "grader_tests", "a task with a warm-up")
+    warmed.warm_up = lambda: order.append("warm-up")
+    monkeypatch.setitem(registry.TASKS, "warmed", warmed)
+    registry.probe_check("warmed", "runs", 1, "none", judge=lambda inputs, out: None)(
+        lambda fn, inputs: order.append("probe")
+    )
+    assert run_checks("warmed", isolate=False).score == 1
+    assert run_checks("warmed", isolate=False).score == 1
+    assert order == ["warm-up", "probe", "probe"]
+
+
 def _holding_what_pickle_refuses(tmp_path, started: bool):
     """A correct cumsum that holds a lock, an event, an open file and a generator
     (started or not)."""
