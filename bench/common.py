@@ -1,6 +1,7 @@
 """Helpers of the benchmark scripts: a parser with --threads, alternating timed runs of
-named callables (used by bench/forward.py), and writing a results table (used by every
-script)."""
+named callables (used by bench/forward.py), writing a results table (used by every
+script), and a memory figure of the process with a table of measures to print (used
+by bench/data.py and bench/data_shard.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import csv
 import statistics
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 
 def threads_parser(doc: str) -> argparse.ArgumentParser:
@@ -52,3 +54,22 @@ def write_csv(path: str, header: list[str], rows: list[list]) -> None:
     with open(path, "w", newline="") as f:
         csv.writer(f).writerows([header, *rows])
     print("wrote", path)
+
+
+def status_kb(field: str) -> int:
+    """A memory figure of this process (VmHWM, RssAnon) in /proc/self/status, in kB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def show_measures(header: list[str], rows: list[list], path: str | None) -> None:
+    """Print rows that start (measure, value, unit) as aligned lines; write them all
+    under `header` to the CSV file `path`, if given."""
+    width = max(len(r[0]) for r in rows)
+    digits = max(len(f"{r[1]:,}") for r in rows)
+    for row in rows:
+        print(f"{row[0]:<{width}}  {row[1]:>{digits},} {row[2]}")
+    if path:
+        write_csv(path, header, rows)

@@ -23,15 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import write_csv
-
-
-def status_kb(field: str) -> int:
-    """A memory figure of this process from /proc/self/status, in kB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])
-    raise KeyError(field)
+from common import show_measures, status_kb
 
 
 def make_corpus(folder: Path, size_mb: int) -> int:
@@ -146,12 +138,8 @@ def main() -> None:
         for row in rows
     ]
     header = ["measure", "value", "unit", "corpus_mb", "corpus_tokens", "cpus", "load"]
-    width = max(len(r[0]) for r in rows)
     print(f"corpus {mb:,.0f} MB, {results['smol']['tokens']:,} tokens; load {load}")
-    for row in rows:
-        print(f"{row[0]:<{width}}  {row[1]:>12,} {row[2]}")
-    if args.csv:
-        write_csv(args.csv, header, rows)
+    show_measures(header, rows, args.csv)
 
 
 if __name__ == "__main__":

@@ -23,17 +23,14 @@ import time
 from pathlib import Path
 
 import numpy as np
-from common import write_csv
+from common import show_measures, status_kb
 
 VOCAB, SEQ_LEN, BATCH = 49152, 1024, 16
 
 
 def status_mb(field: str) -> float:
     """A memory figure of this process from /proc/self/status, in MB."""
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1]) / 1024
-    raise KeyError(field)
+    return status_kb(field) / 1024
 
 
 def make_shard(path: Path, size_gb: float) -> int:
@@ -102,12 +99,8 @@ def main() -> None:
     ]
     rows = [[*row, round(seconds, 1), os.cpu_count(), load] for row in rows]
     header = ["measure", "value", "unit", "seconds", "cpus", "load"]
-    width = max(len(r[0]) for r in rows)
     print(f"load {load}")
-    for row in rows:
-        print(f"{row[0]:<{width}}  {row[1]:>14,} {row[2]}")
-    if args.csv:
-        write_csv(args.csv, header, rows)
+    show_measures(header, rows, args.csv)
 
 
 if __name__ == "__main__":

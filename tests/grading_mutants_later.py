@@ -130,39 +130,58 @@ def merge_stats_hidden_blocks_whole(m_a, l_a, m_b, l_b):
     return m, l_a * torch.exp(m_a - m) + l_b * torch.exp(m_b - m)
 
 
-def tiled_attention_by(q, k, v, block_size, is_causal=False, bug=""):
-    """Tiled attention with one bug: "bfloat16 only" (the result cast back only for
-    bfloat16: float16 in, float32 out), "no rescale" (exercise 11's)."""
+def tiled_attention_by(
+    q,
+    k,
+    v,
+    block_size,
+    is_causal=False,
+    *,
+    rescale=True,
+    last_key_aligned=False,
+    max_start=-math.inf,
+    dtype=torch.float32,
+    cast=lambda out, q: out.to(q.dtype),
+):
+    """Attention over blocks of keys with an online softmax, summed in `dtype`, the
+    result `cast` back; a bug by option: rescale=False forgets to rescale the output
+    summed so far when the running maximum grows (exercise 11's), last_key_aligned
+    lets the last query see the last key (not query i key i), max_start=0.0 starts
+    the running maximum at 0 instead of -inf."""
     B, H, Tq, D = q.shape
-    qs = q.float() / math.sqrt(D)
-    m, l = torch.full((B, H, Tq), -math.inf), torch.zeros(B, H, Tq)
-    acc, rows = torch.zeros(B, H, Tq, D), torch.arange(Tq)[:, None]
+    shift = k.shape[2] - Tq if last_key_aligned else 0
+    qs = q.to(dtype) / math.sqrt(D)
+    m = torch.full((B, H, Tq), max_start, dtype=dtype)
+    l = torch.zeros(B, H, Tq, dtype=dtype)
+    acc, rows = torch.zeros(B, H, Tq, D, dtype=dtype), torch.arange(Tq)[:, None]
     for start in range(0, k.shape[2], block_size):
-        kb = k[:, :, start : start + block_size].float()
-        vb = v[:, :, start : start + block_size].float()
+        kb = k[:, :, start : start + block_size].to(dtype)
+        vb = v[:, :, start : start + block_size].to(dtype)
         s = qs @ kb.transpose(-2, -1)
         if is_causal:
             cols = torch.arange(start, start + kb.shape[2])[None, :]
-            s = s.masked_fill(cols > rows, -math.inf)
+            s = s.masked_fill(cols > rows + shift, -math.inf)
         m_new = torch.maximum(m, s.amax(-1))
         safe = torch.where(m_new == -math.inf, 0.0, m_new)
         p = torch.exp(s - safe[..., None])
-        rescale = torch.exp(m - safe)
-        l = l * rescale + p.sum(-1)
-        acc = (acc if bug == "no rescale" else acc * rescale[..., None]) + p @ vb
+        rescaled = torch.exp(m - safe)
+        l = l * rescaled + p.sum(-1)
+        acc = (acc * rescaled[..., None] if rescale else acc) + p @ vb
         m = m_new
-    out = acc / l[..., None]
-    if bug == "bfloat16 only":
-        return out.bfloat16() if q.dtype == torch.bfloat16 else out
-    return out.to(q.dtype)
+    return cast(acc / l[..., None], q)
 
 
 def tiled_attention_bfloat16_only(q, k, v, block_size, is_causal=False):
-    return tiled_attention_by(q, k, v, block_size, is_causal, "bfloat16 only")
+    """The result cast back for bfloat16 only: float16 in, float32 out."""
+
+    def cast(out, q):
+        return out.bfloat16() if q.dtype == torch.bfloat16 else out
+
+    return tiled_attention_by(q, k, v, block_size, is_causal, cast=cast)
 
 
 def tiled_attention_no_rescale(q, k, v, block_size, is_causal=False):
-    return tiled_attention_by(q, k, v, block_size, is_causal, "no rescale")
+    return tiled_attention_by(q, k, v, block_size, is_causal, rescale=False)
 
 
 # --- 12 LoRA

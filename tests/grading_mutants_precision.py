@@ -9,6 +9,7 @@ import torch
 from smol.attention import repeat_kv
 from smol.norm import RMSNorm
 from smol.rope import rotate_half
+from tests.grading_mutants_later import tiled_attention_by
 
 
 class ScaledInHalfPrecisionRMSNorm(RMSNorm):
@@ -56,29 +57,7 @@ def gqa_masked_with_minus_1e4(q, k, v):
 
 def tiled_attention_in_bfloat16(q, k, v, block_size, is_causal=False):
     """Sums, maxima and blocks in q's dtype: no float32 upcast."""
-    B, H, Tq, D = q.shape
-    qs = q / math.sqrt(D)
-    m = torch.full((B, H, Tq), -math.inf, dtype=q.dtype)
-    l = torch.zeros(B, H, Tq, dtype=q.dtype)
-    acc = torch.zeros(B, H, Tq, D, dtype=q.dtype)
-    rows = torch.arange(Tq)[:, None]
-    for start in range(0, k.shape[2], block_size):
-        kb, vb = (
-            k[:, :, start : start + block_size],
-            v[:, :, start : start + block_size],
-        )
-        s = qs @ kb.transpose(-2, -1)
-        if is_causal:
-            cols = torch.arange(start, start + kb.shape[2])[None, :]
-            s = s.masked_fill(cols > rows, -math.inf)
-        m_new = torch.maximum(m, s.amax(-1))
-        safe = torch.where(m_new == -math.inf, 0.0, m_new)
-        p = torch.exp(s - safe[..., None])
-        rescale = torch.exp(m - safe)
-        l = l * rescale + p.sum(-1)
-        acc = acc * rescale[..., None] + p @ vb
-        m = m_new
-    return (acc / l[..., None]).to(q.dtype)
+    return tiled_attention_by(q, k, v, block_size, is_causal, dtype=q.dtype)
 
 
 def merge_stats_into_l_a(m_a, l_a, m_b, l_b):

@@ -44,6 +44,7 @@ from tests import (
     grading_mutants_precision,
     grading_mutants_rl,
 )
+from tests.grading_mutants_later import tiled_attention_by, tiled_attention_no_rescale
 from tests.grading_mutants_rl import grpo_loss_by, grpo_loss_with
 from tests.nbtools import ROOT
 
@@ -511,49 +512,6 @@ def truncating_quantize(weight):  # .to(torch.int8) rounds towards zero
     return (w / scale[:, None]).to(torch.int8), scale
 
 
-def tiled_attention_by(
-    q,
-    k,
-    v,
-    block_size,
-    is_causal=False,
-    rescale=True,
-    last_key_aligned=False,
-    max_start=-math.inf,
-):
-    """Attention over blocks of keys with an online softmax; rescale=False forgets to
-    rescale the output summed so far when the running maximum grows,
-    last_key_aligned=True lets the last query see the last key (not query i key i),
-    max_start=0.0 starts the running maximum at 0 instead of -inf."""
-    B, H, Tq, D = q.shape
-    shift = k.shape[2] - Tq if last_key_aligned else 0
-    m = torch.full((B, H, Tq), max_start)
-    total, acc = torch.zeros(B, H, Tq), torch.zeros(B, H, Tq, D)
-    for start in range(0, k.shape[2], block_size):
-        kb, vb = (
-            k[:, :, start : start + block_size],
-            v[:, :, start : start + block_size],
-        )
-        s = q.float() @ kb.float().mT / math.sqrt(D)
-        if is_causal:
-            future = (
-                torch.arange(start, start + kb.shape[2])
-                > torch.arange(Tq)[:, None] + shift
-            )
-            s = s.masked_fill(future, -math.inf)
-        new = torch.maximum(m, s.amax(-1))
-        safe = torch.where(new == -math.inf, 0.0, new)
-        p, c = torch.exp(s - safe[..., None]), torch.exp(m - safe)
-        total = total * c + p.sum(-1)
-        acc = (acc * c[..., None] if rescale else acc) + p @ vb.float()
-        m = new
-    return (acc / total[..., None]).to(q.dtype)
-
-
-def unrescaled_tiled_attention(q, k, v, block_size, is_causal=False):
-    return tiled_attention_by(q, k, v, block_size, is_causal, rescale=False)
-
-
 def q8_0_by(w, rounding=torch.round, divide=False, half_scale=False):
     """Q8_0 blocks computed another way: a rounding function, x / d for x * (1 / d),
     or the float16-rounded scale used to quantize."""
@@ -954,7 +912,7 @@ MUTANTS = {  # bug class: (task, mutant, the check written for it), in course or
     ),
     "online softmax: the output summed so far not rescaled": (
         "tiled_attention_bug",
-        unrescaled_tiled_attention,
+        tiled_attention_no_rescale,
         "many blocks equal SDPA",
     ),
     "LoRA's B initialised randomly": (
@@ -3058,6 +3016,24 @@ def test_loading_the_object_is_not_check_time(monkeypatch):
     result = run_checks("probe_cumsum", payload=payload, timeout=0.6, isolate=True)
     assert result.score == 0, result.table()
     assert all("could not load your object in 0.3 s" in r.message for r in result.rows)
+
+
+def test_a_tasks_warm_up_runs_before_checks_that_run_in_this_process(monkeypatch):
+    """Where checks cannot fork (macOS, Windows, a kernel holding CUDA) they run
+    here, each under its time limit: the task's warm-up runs first, once, outside
+    that limit, as it does before forked checks. A grader that warmed up only before
+    a fork charged AdamW's first use (torch._dynamo's import, 5.5 s on two busy
+    cores) to param_groups' "AdamW accepts the groups" check."""
+    order = []
+    warmed = registry.Task("warmed", "grader_tests", "a task with a warm-up")
+    warmed.warm_up = lambda: order.append("warm-up")
+    monkeypatch.setitem(registry.TASKS, "warmed", warmed)
+    registry.probe_check("warmed", "runs", 1, "none", judge=lambda inputs, out: None)(
+        lambda fn, inputs: order.append("probe")
+    )
+    assert run_checks("warmed", isolate=False).score == 1
+    assert run_checks("warmed", isolate=False).score == 1
+    assert order == ["warm-up", "probe", "probe"]
 
 
 def _holding_what_pickle_refuses(tmp_path, started: bool):

@@ -72,8 +72,7 @@ def run_checks(
         def load():
             return obj
 
-    if isolate:
-        _warm_up(TASKS[task_name])
+    _warm_up(TASKS[task_name])
     checks = [c for c in TASKS[task_name].checks if hidden or not c.hidden]
     with exits_refused():
         return Result(task_name, [check_row(c, load, timeout, isolate) for c in checks])
@@ -153,8 +152,7 @@ def serve_probes(
                     importlib.import_module(name)
                 c = TASKS[task_name].checks[index]
                 isolate = ISOLATE and can_isolate()
-                if isolate:
-                    _warm_up(TASKS[task_name])
+                _warm_up(TASKS[task_name])
                 run = probe_in_child if isolate else probe_here
                 out = run(c, lambda: obj, (where / f"in-{index}").read_bytes(), timeout)
             except Exception as exc:  # noqa: BLE001
@@ -166,7 +164,8 @@ def serve_probes(
 
 
 def _warm_up(t: Task) -> None:
-    """Run the task's warm-up once in this process, before its checks are forked."""
+    """Run the task's warm-up once in this process, before its checks: outside their
+    time limit, whether they then run in forked children or here."""
     if t.warm_up is not None and t.warm_up not in _WARM:
         _WARM.add(t.warm_up)
         try:

@@ -44,9 +44,9 @@ class Task:
     notebook: str  # the topic (solutions/NN_<topic>.ipynb) the task belongs to
     title: str
     checks: list[Check] = field(default_factory=list)
-    # Run once per process before the task's checks are forked: slow lazy imports
-    # (AdamW's first use imports torch._dynamo, seconds) then happen once, not in every
-    # child.
+    # Run once per process before the task's checks: slow lazy imports (AdamW's first
+    # use imports torch._dynamo, seconds) then happen once, outside every check's time
+    # limit, whether the checks run in forked children or in this process.
     warm_up: Callable[[], None] | None = None
 
     @property

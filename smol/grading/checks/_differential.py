@@ -11,7 +11,7 @@ plain data:
     {"what": "B=2, T=5, bfloat16, ...",  # how the hint names it
      "args": {...},           # fn's arguments, by name (call passes them)
      "grad": ["logits"],      # the arguments whose gradient is compared
-     "up": [tensor | None],   # an upstream gradient per output (None: not trained)
+     "up": [tensor | None],   # an upstream gradient per output (None, []: untrained)
      "tol": (atol, rtol),     # for the values
      "gtol": (atol, rtol),    # for the gradients
      "regions": {"padding": (B, T) bool},  # optional: names a differing position
@@ -37,7 +37,7 @@ Table = list[Callable[[torch.Generator], dict]]
 
 
 def register(
-    task: str,
+    tasks: str | tuple[str, ...],
     name: str,
     points: int,
     hint: str,
@@ -46,22 +46,30 @@ def register(
     reference: Callable,
     n: int,
 ) -> None:
-    """TASK's differential check: n cases of `make`, the student's function run by
-    `call` in its own process, judged against smol's (`reference()` gives it)."""
-    probe_check(
-        task,
-        name,
-        points,
-        hint,
-        inputs=lambda: cases([make], n, task),
-        judge=judge(call, reference),
-    )(probe(call))
+    """The differential check of each task in `tasks` (one name or several): n cases
+    of `make`, seeded by the task's name, the student's function run by `call` in its
+    own process, judged against smol's (`reference()` gives it)."""
+    for task in (tasks,) if isinstance(tasks, str) else tasks:
+        probe_check(
+            task,
+            name,
+            points,
+            hint,
+            inputs=lambda task=task: cases([make], n, task),
+            judge=judge(call, reference),
+        )(probe(call))
 
 
 def cases(table: Table, n: int, name: str) -> list[dict]:
     """n cases, the table's generators in turn, from a generator seeded by `name`."""
     g = torch.Generator().manual_seed(zlib.crc32(name.encode()))
     return [table[i % len(table)](g) for i in range(n)]
+
+
+def exact(what: str, args: dict, tol=(0.0, 0.0)) -> dict:
+    """A case whose results are compared without gradients: their values (equal, or
+    within `tol`) and dtypes."""
+    return {"what": what, "args": args, "grad": [], "up": [], "tol": tol, "dtype": True}
 
 
 def run(call: Callable, fn, case: dict) -> dict:

@@ -117,16 +117,15 @@ diff.register(
     _smol_step,
     CASES,
 )
-for task in BOTH:
-    diff.register(
-        task,
-        NAME,
-        1,
-        "the case named below differs from smol.bpe.BPE.apply_merges: merge the "
-        "adjacent pair of the lowest rank, everywhere it stands, then look again, "
-        "until no pair has a merge",
-        _encode_case,
-        _call_encode,
-        _smol_encode,
-        CASES,
-    )
+diff.register(
+    BOTH,
+    NAME,
+    1,
+    "the case named below differs from smol.bpe.BPE.apply_merges: merge the "
+    "adjacent pair of the lowest rank, everywhere it stands, then look again, "
+    "until no pair has a merge",
+    _encode_case,
+    _call_encode,
+    _smol_encode,
+    CASES,
+)

@@ -84,8 +84,7 @@ HINT = (
     "t, with log_softmax of the float32 logits (logits.float() for bfloat16 and "
     "float16 alike), whatever the context's length"
 )
-for task in BOTH:
-    diff.register(task, NAME, 1, HINT, _case, _call_logprobs, lambda: reference, CASES)
+diff.register(BOTH, NAME, 1, HINT, _case, _call_logprobs, lambda: reference, CASES)
 diff.register(
     "choice_score",
     NAME,

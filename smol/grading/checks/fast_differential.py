@@ -12,6 +12,7 @@ compare its tokens with greedy decoding."""
 import torch
 
 from smol.grading.checks import _differential as diff
+from smol.grading.checks.fast import BOTH
 from smol.quantize import quantize_per_channel
 from smol.speculative import lookup_draft
 
@@ -29,15 +30,11 @@ def _weight_case(g) -> dict:
     dtype = diff.pick(g, DTYPES)
     w = w.to(dtype)
     zero = int((w == 0).all(1).sum())
-    return {
-        "what": f"a {diff.dtype_name(w)} weight {tuple(w.shape)}, rows up to "
-        f"{w.float().abs().amax():.3g}, {zero} all-zero rows",
-        "args": {"w": w},
-        "grad": [],
-        "up": [None, None],
-        "tol": (0.0, 1e-6),
-        "dtype": True,
-    }
+    what = (
+        f"a {diff.dtype_name(w)} weight {tuple(w.shape)}, rows up to "
+        f"{w.float().abs().amax():.3g}, {zero} all-zero rows"
+    )
+    return diff.exact(what, {"w": w}, tol=(0.0, 1e-6))
 
 
 def _call_quantize(fn, args):
@@ -86,33 +83,17 @@ def _draft_case(g) -> dict:
     N, V = diff.pick(g, (1, 2, 4, 8, 20)), diff.pick(g, (1, 2, 2, 3, 5))
     tokens = torch.randint(0, V, (N,), generator=g)
     ngram, draft = diff.pick(g, (1, 2, 3, 4)), diff.pick(g, (1, 3, 8))
-    return {
-        "what": f"tokens {tokens.tolist()}, max_ngram={ngram}, num_draft={draft}",
-        "args": {"tokens": tokens, "ngram": ngram, "draft": draft},
-        "grad": [],
-        "up": [None],
-        "tol": (0.0, 0.0),
-        "dtype": True,
-    }
+    what = f"tokens {tokens.tolist()}, max_ngram={ngram}, num_draft={draft}"
+    return diff.exact(what, {"tokens": tokens, "ngram": ngram, "draft": draft})
 
 
 def _call_draft(fn, args):
     return [fn(args["tokens"].clone(), args["ngram"], args["draft"])]
 
 
-for task, name, make, call, reference, hint in (
+for tasks, name, make, call, reference, hint in (
     (
-        "quantize_int8",
-        NAME,
-        _weight_case,
-        _call_quantize,
-        lambda: quantize_per_channel,
-        "the case named below differs from smol.quantize.quantize_per_channel: "
-        "weight.float() whatever its dtype, scale = |w| max of the row / 127 "
-        "(float32), q = round(w / scale) as int8; an all-zero row gives zeros",
-    ),
-    (
-        "quantize_bug",
+        BOTH,
         NAME,
         _weight_case,
         _call_quantize,
@@ -143,4 +124,4 @@ for task, name, make, call, reference, hint in (
         "then up to num_draft tokens after it; empty when none",
     ),
 ):
-    diff.register(task, name, 1, hint, make, call, reference, CASES)
+    diff.register(tasks, name, 1, hint, make, call, reference, CASES)

@@ -21,17 +21,6 @@ DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 NEG = float("-inf")
 
 
-def _case(what: str, args: dict) -> dict:
-    return {
-        "what": what,
-        "args": args,
-        "grad": [],
-        "up": [None],
-        "tol": (0.0, 0.0),
-        "dtype": True,
-    }
-
-
 def _hide(g, x: torch.Tensor) -> torch.Tensor:
     """x with -inf at about a fifth of its places, never at a row's first."""
     hidden = torch.rand(x.shape, generator=g) < 0.2
@@ -60,7 +49,7 @@ def _top_k_case(g) -> dict:
     if torch.rand((), generator=g) < 0.4:
         x = _hide(g, x)
     x = x.to(diff.pick(g, DTYPES))
-    return _case(f"{_shown(x)}, k={k}", {"logits": x, "arg": k})
+    return diff.exact(f"{_shown(x)}, k={k}", {"logits": x, "arg": k})
 
 
 def _top_p_case(g) -> dict:
@@ -81,7 +70,7 @@ def _top_p_case(g) -> dict:
     ]
     ends = [0.0, 1.0] if step < 0.5 else [0.0]  # p = 1: no probability underflows
     p = round(diff.pick(g, ends + between * 2), 6) if between else diff.pick(g, ends)
-    return _case(f"{_shown(x)}, p={p}", {"logits": x, "arg": p})
+    return diff.exact(f"{_shown(x)}, p={p}", {"logits": x, "arg": p})
 
 
 def _call_filter(fn, args):
@@ -112,7 +101,7 @@ def _mask_case(g) -> dict:
     T, offset = diff.pick(g, (1, 2, 5)), diff.pick(g, (0, 0, 1, 4))
     Tk = offset + T
     if torch.rand((), generator=g) < 0.2:
-        return _case(
+        return diff.exact(
             f"no padding mask, T={T}, offset={offset}",
             {"mask": None, "T": T, "offset": offset},
         )
@@ -125,7 +114,7 @@ def _mask_case(g) -> dict:
         f"attention_mask {mask.int().tolist()} ({diff.dtype_name(mask)}), T={T}, "
         f"offset={offset}"
     )
-    return _case(what, {"mask": mask, "T": T, "offset": offset})
+    return diff.exact(what, {"mask": mask, "T": T, "offset": offset})
 
 
 def _call_mask(fn, args):

@@ -215,5 +215,4 @@ for tasks, make, call, reference, hint in (
         "before down_proj), the gradient through the gate too",
     ),
 ):
-    for task in tasks:
-        diff.register(task, NAME, 1, hint, make, call, reference, CASES)
+    diff.register(tasks, NAME, 1, hint, make, call, reference, CASES)

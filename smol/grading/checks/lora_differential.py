@@ -121,14 +121,8 @@ def _targets_case(g) -> dict:
     ids = torch.randint(0, 50, (B, T), generator=g)
     # 1 (no prompt to hide) to T (all prompt: every target -100)
     prompts = [int(n) for n in torch.randint(1, T + 1, (B,), generator=g)]
-    return {
-        "what": f"ids {ids.tolist()}, prompt_lens {prompts}",
-        "args": {"ids": ids, "prompts": prompts},
-        "grad": [],
-        "up": [None, None],
-        "tol": (0.0, 0.0),
-        "dtype": True,
-    }
+    what = f"ids {ids.tolist()}, prompt_lens {prompts}"
+    return diff.exact(what, {"ids": ids, "prompts": prompts})
 
 
 def _call_targets(fn, a):

@@ -129,14 +129,8 @@ def _smol_norm():
 def _frequencies_case(g) -> dict:
     head_dim = diff.pick(g, (2, 4, 6, 8, 10, 16, 32, 48, 64, 96, 128, 256))
     theta = diff.pick(g, (2.0, 10.0, 500.0, 1e4, 1e5, 5e5, 1e6))
-    return {
-        "what": f"head_dim={head_dim}, theta={theta:g}",
-        "args": {"head_dim": head_dim, "theta": theta},
-        "grad": [],
-        "up": [None],
-        "tol": (1e-7, 1e-5),
-        "dtype": True,
-    }
+    what = f"head_dim={head_dim}, theta={theta:g}"
+    return diff.exact(what, {"head_dim": head_dim, "theta": theta}, tol=(1e-7, 1e-5))
 
 
 def _call_frequencies(fn, args):
@@ -329,5 +323,4 @@ for tasks, make, call, reference, hint in (
         "float32, cast back once to x's dtype",
     ),
 ):
-    for task in tasks:
-        diff.register(task, NAME, 1, hint, make, call, reference, CASES)
+    diff.register(tasks, NAME, 1, hint, make, call, reference, CASES)

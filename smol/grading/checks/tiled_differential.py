@@ -114,16 +114,15 @@ diff.register(
     _smol_stats,
     CASES,
 )
-for task in BOTH:
-    diff.register(
-        task,
-        NAME,
-        1,
-        "the case named below differs from F.scaled_dot_product_attention on the "
-        "float32 inputs: every block, the last one shorter; the causal mask aligned "
-        "to the top left; m, l and the sum in float32, returned in q's dtype",
-        _attention_case,
-        _call_attention,
-        _smol_attention,
-        CASES,
-    )
+diff.register(
+    BOTH,
+    NAME,
+    1,
+    "the case named below differs from F.scaled_dot_product_attention on the "
+    "float32 inputs: every block, the last one shorter; the causal mask aligned "
+    "to the top left; m, l and the sum in float32, returned in q's dtype",
+    _attention_case,
+    _call_attention,
+    _smol_attention,
+    CASES,
+)

@@ -22,17 +22,6 @@ NAME = "generated inputs: values and dtypes equal smol's"
 CASES = 40
 
 
-def _case(what: str, args: dict, tol=(0.0, 0.0)) -> dict:
-    return {
-        "what": what,
-        "args": args,
-        "grad": [],
-        "up": [None, None],
-        "tol": tol,
-        "dtype": True,
-    }
-
-
 def _batch_case(g) -> dict:
     B, T = diff.pick(g, (1, 2, 4)), diff.pick(g, (2, 3, 6, 10))
     tokens = torch.randint(0, 100, (B, T), generator=g)
@@ -45,7 +34,9 @@ def _batch_case(g) -> dict:
         if mask is None
         else f"mask {mask.int().tolist()} ({diff.dtype_name(mask)})"
     )
-    return _case(f"tokens {tokens.tolist()}, {shown}", {"tokens": tokens, "mask": mask})
+    return diff.exact(
+        f"tokens {tokens.tolist()}, {shown}", {"tokens": tokens, "mask": mask}
+    )
 
 
 def _call_batch(fn, args):
@@ -81,7 +72,7 @@ def _schedule_case(g) -> dict:
         "total_steps": total,
         "min_lr": min_lr,
     }
-    return _case(
+    return diff.exact(
         f"steps {steps} of {schedule}",
         {"schedule": schedule, "steps": steps},
         (1e-12, 1e-9),
