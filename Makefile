@@ -35,11 +35,17 @@ book: setup
 	$(VENV)/bin/jupyter-book build . --path-output . -W --keep-going
 
 # Every test, then the chapters again on PyTorch's scalar CPU kernels (tests/kernels.py):
-# their stored outputs must hold on every CPU, not only on the one that stored them.
+# their stored outputs must hold on every CPU, not only on the one that stored them. So
+# must the grader's verdicts: the solutions and the correct rewrites keep full marks there.
+GRADER_ON_EVERY_CPU = -k "solutions_score_full_marks or correct or rewrites" \
+	tests/test_grading.py tests/test_grading_core_differential.py \
+	tests/test_grading_differential.py tests/test_grading_differential_later.py
 test: setup
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -n $(NPROC) --dist loadfile
 	kernels="$$($(PY) -m tests.kernels)" && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
 		env $$kernels $(PY) -m pytest -n $(NPROC) --dist loadfile chapters
+	kernels="$$($(PY) -m tests.kernels)" && HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+		env $$kernels $(PY) -m pytest -n $(NPROC) --dist loadfile $(GRADER_ON_EVERY_CPU)
 
 # Format smol/, tests/, bench/ and every notebook's code cells with ruff (line length 88, as the
 # book's code boxes show it), then rewrite the chapters' closing `# smol/...` cells from smol/.
