@@ -2,8 +2,11 @@
 smollm2` runs): the held-out plays' loss and perplexity before and after, and MMLU and
 one of the card's benchmarks before and after, question by question (the same
 questions), each accuracy with its 95% Wilson interval and the paired sign test of the
-answers that changed. A few minutes of training on a GPU; --quick proves on a CPU that
-it runs (two steps, a few questions: its numbers measure nothing).
+answers that changed; the held-out loss with the 95% interval of its mean over
+windows, and of its change, paired window by window (the windows are taken as the
+sample: neighbouring windows of one play are not quite independent, so the interval is
+if anything a little narrow). A few minutes of training on a GPU; --quick proves on a
+CPU that it runs (two steps, a few questions: its numbers measure nothing).
 
     python bench/continued_pretraining.py [--steps 200] [--limit 570]
         [--task arc-easy] [--csv bench/results/continued_pretraining.csv]
@@ -23,6 +26,7 @@ import tempfile
 import time
 
 import torch
+import torch.nn.functional as F
 from common import write_csv
 
 from smol import benchmarks, data, evaluate, load_pretrained, stats
@@ -30,19 +34,33 @@ from smol.train import TrainConfig, Trainer
 
 
 @torch.no_grad()
-def held_out_loss(model, tokens: torch.Tensor, seq_len: int, limit: int) -> float:
-    """Mean next-token loss (nats) over the first `limit` tokens of the held-out plays,
-    in windows of seq_len + 1 in order."""
+def held_out_losses(model, tokens: torch.Tensor, seq_len: int, limit: int) -> list:
+    """The mean next-token loss (nats) of each window of seq_len + 1 tokens, in order,
+    over the first `limit` tokens of the held-out plays: their mean is the loss over
+    all of them (every window has seq_len targets)."""
     model.eval()
     windows = data.PackedWindows(tokens[: limit + 1], seq_len, shuffle=False)
-    total, count = 0.0, 0
+    out = []
     for start in range(0, len(windows), 8):
         x, y = data.next_token_targets(
             windows.windows(start, min(8, len(windows) - start))
         )
-        _, loss = model(x.to(model_device(model)), y.to(model_device(model)))
-        total, count = total + loss.item() * y.numel(), count + y.numel()
-    return total / count
+        logits, _ = model(x.to(model_device(model)))
+        loss = F.cross_entropy(
+            logits.float().transpose(1, 2), y.to(logits.device), reduction="none"
+        )
+        out += loss.mean(dim=1).tolist()
+    return out
+
+
+def mean_interval(values: list[float], z: float = 1.96) -> tuple[float, float, float]:
+    """(mean, low, high): the normal 95% interval of the mean of `values`, from their
+    standard error (windows of text as the sample)."""
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = z * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
 
 
 def model_device(model) -> torch.device:
@@ -81,7 +99,7 @@ def main() -> None:
     held_out = data.corpus_tokens("val", tokenizer)
     mmlu = evaluate.subset(evaluate.load_mmlu(), args.limit)
     items = benchmarks.load(args.task)[: args.limit]
-    before_loss = held_out_loss(base, held_out, args.seq_len, args.eval_tokens)
+    before_losses = held_out_losses(base, held_out, args.seq_len, args.eval_tokens)
     before = scored(base, tokenizer, mmlu, items)
     del base
 
@@ -105,17 +123,24 @@ def main() -> None:
         trainer.fit()
         seconds = time.perf_counter() - start
     model = trainer.model.float()
-    after_loss = held_out_loss(model, held_out, args.seq_len, args.eval_tokens)
+    after_losses = held_out_losses(model, held_out, args.seq_len, args.eval_tokens)
     after = scored(model, tokenizer, mmlu, items)
 
-    blank = [""] * 5  # no interval, no paired answers
+    b, bl, bh = mean_interval(before_losses)
+    a, al, ah = mean_interval(after_losses)
+    d, dl, dh = mean_interval([y - x for x, y in zip(before_losses, after_losses)])
+    blank = [""] * 3  # no paired answers
     rows = [
-        ["held-out plays loss (nats)", round(before_loss, 4), "", ""]
-        + [round(after_loss, 4)]
+        ["held-out plays loss (nats)"]
+        + [round(v, 4) for v in (b, bl, bh, a, al, ah)]
+        + blank
+        + [f"{len(before_losses)} windows of {args.seq_len} tokens"],
+        ["held-out plays perplexity"]
+        + [round(math.exp(v), 2) for v in (b, bl, bh, a, al, ah)]
         + blank
         + [""],
-        ["held-out plays perplexity", round(math.exp(before_loss), 2), "", ""]
-        + [round(math.exp(after_loss), 2)]
+        ["held-out plays loss, after - before (paired by window)"]
+        + ["", "", "", round(d, 4), round(dl, 4), round(dh, 4)]
         + blank
         + [""],
     ]

@@ -163,6 +163,8 @@ def test_citation_matches_its_row(where, before, m):
         )
         return
     stated = float(text.replace(",", ""))
+    if before.rstrip()[: said.start()].endswith(("-", "\u2212")):  # a minus sign
+        stated = -stated
     assert round(value, decimals(text)) == stated, (
         f"{where}: the prose says {text} where {where_in_csv} holds {value}"
     )
@@ -279,6 +281,28 @@ def test_a_wrong_citation_fails():
     )
     with pytest.raises(AssertionError, match="pick 0 rows"):
         cited_value(bad)
+
+
+def test_a_citation_reads_the_sign_it_follows():
+    """A negative value is cited with its minus sign, and a number without one does
+    not cite it: the check once read only digits, so -0.38 and 0.38 cited alike."""
+    measure = "held-out plays loss, after - before (paired by window)"
+    cite = (
+        "<!-- cite bench/results/continued_pretraining.csv: "
+        f"measure={measure} -> after -->"
+    )
+    _, value = cited_value(CITE.search(cite))
+    assert value < 0
+    for sign in ("-", "\u2212"):
+        text = f"{sign}{abs(value):.2f}{cite}"
+        test_citation_matches_its_row(
+            "test", text[: CITE.search(text).start()], CITE.search(text)
+        )
+    text = f"lower by {abs(value):.2f}{cite}"
+    with pytest.raises(AssertionError, match="holds"):
+        test_citation_matches_its_row(
+            "test", text[: CITE.search(text).start()], CITE.search(text)
+        )
 
 
 def test_run_time_table_lists_every_chapter():
