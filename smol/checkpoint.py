@@ -262,7 +262,23 @@ def check_writable(folder: str | Path, what: str) -> None:
         probe.write_bytes(b"")
         probe.unlink()
     except OSError as e:
-        raise OSError(f"cannot write to {what} {folder}: {e.strerror or e}") from None
+        why = not_a_folder(folder) or e.strerror or e
+        raise OSError(f"cannot write to {what} {folder}: {why}") from None
+
+
+def not_a_folder(folder: str | Path) -> str:
+    """Why `folder` cannot hold an output where it or a parent, the nearest that
+    exists, is a file ("" where that is a folder): every output's one wording."""
+    for path in (Path(folder), *Path(folder).parents):
+        if path.exists():
+            return "" if path.is_dir() else f"{path} is a file, not a folder"
+    return ""
+
+
+def missing_folder(folder: str | Path) -> str:
+    """Why `folder`, not a folder, cannot hold an output: a file in its way, or it
+    does not exist."""
+    return not_a_folder(folder) or f"the folder {folder} does not exist"
 
 
 def load(path: str | Path, device="cpu") -> tuple[dict[str, torch.Tensor], dict]:

@@ -115,27 +115,10 @@ def documents(
 def text_pieces(path: Path) -> Iterator[tuple[str, bool]]:
     """A UTF-8 text file in pieces cut at blank lines, read a megabyte at a time; a NUL
     byte (a binary file) or bytes that are not UTF-8 are refused with their offset."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    offset, buf, held = 0, "", None
+    buf, held = "", None
     with open(path, "rb") as f:
-        while True:
-            chunk = f.read(READ_BYTES)
-            nul = chunk.find(b"\0")
-            if nul >= 0:
-                raise ValueError(
-                    f"{path} is a binary file, not text: a NUL byte at offset "
-                    f"{offset + nul}"
-                )
-            pending = len(decoder.getstate()[0])
-            try:
-                buf += decoder.decode(chunk, final=not chunk)
-            except UnicodeDecodeError as e:
-                at = offset - pending + e.start
-                raise ValueError(
-                    f"{path} is not UTF-8 text: byte 0x{e.object[e.start]:02x} at "
-                    f"offset {at}"
-                ) from None
-            offset += len(chunk)
+        for text in decoded(path, f):
+            buf += text
             while len(buf) >= PIECE_CHARS:
                 end = buf.find("\n\n", PIECE_CHARS) + 2
                 if end < 2:  # no blank line: a long line may not grow without end
@@ -145,14 +128,40 @@ def text_pieces(path: Path) -> Iterator[tuple[str, bool]]:
                 if held is not None:
                     yield held, False
                 held, buf = buf[:end], buf[end:]
-            if not chunk:
-                break
     if buf:
         if held is not None:
             yield held, False
         held = buf
     if held is not None:
         yield held, True
+
+
+def decoded(path: Path | str, f) -> Iterator[str]:
+    """The binary stream `f` of the file `path` as UTF-8 text, READ_BYTES at a time; a
+    NUL byte (a binary file) or bytes that are not UTF-8 are refused with their
+    offset."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    offset = 0
+    while True:
+        chunk = f.read(READ_BYTES)
+        nul = chunk.find(b"\0")
+        if nul >= 0:
+            raise ValueError(
+                f"{path} is a binary file, not text: a NUL byte at offset "
+                f"{offset + nul}"
+            )
+        pending = len(decoder.getstate()[0])
+        try:
+            yield decoder.decode(chunk, final=not chunk)
+        except UnicodeDecodeError as e:
+            at = offset - pending + e.start
+            raise ValueError(
+                f"{path} is not UTF-8 text: byte 0x{e.object[e.start]:02x} at "
+                f"offset {at}"
+            ) from None
+        offset += len(chunk)
+        if not chunk:
+            return
 
 
 def jsonl_texts(path: Path) -> Iterator[str]:
@@ -209,6 +218,8 @@ def hub_rows(name: str, config: str, data_files: str) -> Iterator[tuple[str, boo
     from datasets import load_dataset
 
     source = HUB + name + (f" (data_files {data_files})" if data_files else "")
+    if name == "text" and data_files:
+        check_local_text(data_files)
     rows = _from_hub(
         source,
         lambda: iter(
@@ -235,6 +246,31 @@ def hub_rows(name: str, config: str, data_files: str) -> Iterator[tuple[str, boo
             )
         if row["text"]:
             yield row["text"], True
+
+
+def check_local_text(data_files: str) -> None:
+    """Each file on disk that data_files names, read (once more) as the datasets
+    library's text builder reads it, decompressed where it is .gz, .xz, ..., and
+    refused as a local text file is: that builder takes a NUL byte as text, and its
+    non-UTF-8 error names no file."""
+    from datasets.data_files import resolve_pattern
+    from datasets.download.streaming_download_manager import StreamingDownloadManager
+    from datasets.utils.file_utils import xopen
+
+    if "://" in data_files:
+        return  # not on disk
+    try:
+        found = resolve_pattern(data_files, base_path=str(Path.cwd()))
+    except FileNotFoundError:
+        return  # datasets' own error names it
+    for name in found:
+        if Path(name).is_file():
+            try:
+                with xopen(StreamingDownloadManager().extract(name), "rb") as f:
+                    for _ in decoded(name, f):
+                        pass
+            except OSError as e:
+                raise ValueError(f"{name} cannot be read ({e})") from None
 
 
 def _from_hub(source: str, call):

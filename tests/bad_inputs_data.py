@@ -1,11 +1,11 @@
 """The survey's cases of `smol train --data SOURCE` (tests/bad_inputs.py): sources that
 cannot be read or hold too little (a binary or non-UTF-8 file, named with the byte; an
 empty corpus, one shorter than a window; a JSONL line or a Parquet file without text;
-a hub dataset's file that is not Parquet), tokenizers that do not fit the model or
-cannot be read, token shards of another tokenizer or source, corrupted, cut short or
-with a dtype their tokenizer does not fit, --init weights that cannot be loaded or
-options that conflict with them, outputs that cannot be written, another command's
-run resumed, and SIGTERM or Ctrl-C while the source is tokenized."""
+a hub dataset's file that is not Parquet, or not text), tokenizers that do not fit the
+model or cannot be read, token shards of another tokenizer or source, corrupted, cut
+short or with a dtype their tokenizer does not fit, --init weights that cannot be
+loaded or options that conflict with them, outputs that cannot be written, another
+command's run resumed, and SIGTERM or Ctrl-C while the source is tokenized."""
 
 from __future__ import annotations
 
@@ -211,6 +211,21 @@ def data_cases() -> list[Case]:
                 ),
                 1,
                 says,
+            )
+        )
+    for name, says in (  # the datasets library's text builder, refused as --data is
+        ("bin.txt", "bin.txt is a binary file, not text: a nul byte at offset 5"),
+        ("latin1.txt", "latin1.txt is not utf-8 text: byte 0xe7 at offset 4"),
+    ):
+        cases.append(
+            Case(
+                t,
+                lambda r, n=name: (
+                    train("--data", "hf:text")(r) + ["--data-files", str(r / T / n)]
+                ),
+                1,
+                says,
+                gone="run",
             )
         )
     cases += [

@@ -190,6 +190,43 @@ def test_a_bad_hub_source_is_one_error_naming_it_and_no_log_line(tmp_path, capfd
         assert capfd.readouterr().err == ""
 
 
+def test_the_hub_s_text_builder_refuses_a_local_file_as_data_refuses_it(tmp_path):
+    """hf:text with --data-files FILE reads FILE as --data FILE does: the datasets
+    library's text builder took a NUL byte as text (the binary file trained on) and
+    said of bytes that are not UTF-8 'position 3' of a chunk, naming no file. A
+    compressed file is read decompressed, as that builder reads it (a check of its raw
+    bytes would refuse every .gz), and its offset counts the text's bytes."""
+    import gzip
+
+    cases = {
+        "model.txt": (b"text first \0\1\2", "is a binary file, not text: a NUL byte"),
+        "latin1.txt": (b"caf\xe9 na", "is not UTF-8 text: byte 0xe9"),
+        "z.txt.gz": (gzip.compress(b"ok\n\xffx"), "is not UTF-8 text: byte 0xff"),
+    }
+    for name, (raw, says) in cases.items():
+        (path := tmp_path / name).write_bytes(raw)
+        with pytest.raises(ValueError) as local:
+            list(sources.documents(str(path)))
+        with pytest.raises(ValueError) as hub:
+            list(sources.documents("hf:text", data_files=str(path)))
+        assert str(hub.value) == str(local.value) or name.endswith(".gz")
+        assert str(hub.value).startswith(f"{path} {says} at offset ")
+    assert str(hub.value).endswith("offset 3")
+    (fine := tmp_path / "fine.txt.gz").write_bytes(gzip.compress(b"To be\n\xc3\xa9\n"))
+    docs = list(sources.documents("hf:text", data_files=str(fine)))
+    assert docs == [("To be", True), ("\u00e9", True)]
+    cfg = config(
+        tmp_path,
+        "hf:text",
+        data_files=str(tmp_path / "model.txt"),
+        tokenizer="shakespeare",
+    )
+    folder = tmp_path / "s"
+    with pytest.raises(ValueError, match="model.txt is a binary file"):
+        shards.prepare(cfg, folder, "shakespeare", None, 4096)
+    assert list(folder.iterdir()) == []
+
+
 # shards
 
 

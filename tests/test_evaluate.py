@@ -434,7 +434,7 @@ def test_compare_finds_a_csv_it_cannot_write_before_the_work(
 
     for target, says in (
         (tmp_path / "no" / "pairs.csv", f"the folder {tmp_path / 'no'} does not"),
-        (tmp_path / "base" / "mmlu_questions.csv" / "x.csv", "does not exist"),
+        (tmp_path / "base" / "mmlu_questions.csv" / "x.csv", "csv is a file, not a"),
         (tmp_path / "pairs.csv", f"folder of --csv {tmp_path}: Permission denied"),
     ):
         if target == tmp_path / "pairs.csv":

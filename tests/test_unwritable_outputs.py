@@ -53,7 +53,7 @@ OUTPUTS = [
 ]
 
 
-@pytest.mark.parametrize("where", ["unwritable", "under a file"])
+@pytest.mark.parametrize("where", ["unwritable", "under a file", "deeper"])
 @pytest.mark.parametrize("line, suffix", OUTPUTS, ids=[line for line, _ in OUTPUTS])
 def test_an_output_that_cannot_be_written_is_a_usage_error(
     tmp_path, capsys, line, suffix, where
@@ -61,10 +61,14 @@ def test_an_output_that_cannot_be_written_is_a_usage_error(
     """Before the fix, `grade --feedback /sys/fb` graded the class, wrote the
     gradebook and then failed with a traceback (status 1) making the folder, and
     `train --shards` under a file or in /sys failed with status 1 once the run had
-    begun; a command that checked its output only as it wrote it fails here."""
+    begun; a command that checked its output only as it wrote it fails here. Under a
+    file every output says so in one wording (smol.checkpoint.not_a_folder): grade's
+    outputs and eval compare's --csv said "the folder F does not exist" of the file,
+    export "no such folder", the others "Not a directory". Deeper (file.txt/a/OUT)
+    the file is still the one named, not the folder a that is not there."""
     inputs(tmp_path)
     folder = UNWRITABLE if where == "unwritable" else str(tmp_path / "file.txt")
-    out = f"{folder}/smol-out{suffix}"
+    out = f"{folder}{'/a' if where == 'deeper' else ''}/smol-out{suffix}"
     argv = [out if a == "OUT" else a.format(r=tmp_path) for a in line.split()]
     before = sorted(p.name for p in tmp_path.iterdir())
     status = main(argv)
@@ -72,5 +76,7 @@ def test_an_output_that_cannot_be_written_is_a_usage_error(
     assert status == 2, err
     assert err.count("\n") == 1 and err.startswith(f"smol {argv[0]}: error: "), err
     assert folder in err, err
+    if where != "unwritable":
+        assert f": {folder} is a file, not a folder" in err, err
     assert (tmp_path / "file.txt").read_text() == "the user's file\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written

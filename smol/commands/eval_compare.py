@@ -8,7 +8,7 @@ import csv
 from pathlib import Path
 
 from smol import stats
-from smol.checkpoint import check_writable
+from smol.checkpoint import check_writable, missing_folder
 from smol.commands.common import UsageError
 from smol.commands.eval_runs import write_csv
 
@@ -68,7 +68,7 @@ def check_comparisons(path: Path | None) -> None:
     if path.is_dir():
         raise UsageError(f"--csv must be a file, got the folder {path}")
     if not path.parent.is_dir():
-        raise UsageError(f"--csv {path}: the folder {path.parent} does not exist")
+        raise UsageError(f"--csv {path}: {missing_folder(path.parent)}")
     try:
         check_writable(path.parent, "the folder of --csv")
     except OSError as e:

@@ -12,7 +12,7 @@ import argparse
 import re
 from pathlib import Path
 
-from smol.checkpoint import check_writable
+from smol.checkpoint import check_writable, missing_folder
 from smol.commands.common import Parser, UsageError, check_text, parser, run
 from smol.export import TYPES, export_gguf
 
@@ -69,7 +69,7 @@ def _parse(argv) -> argparse.Namespace:
     if out.exists() and not args.overwrite:
         raise UsageError(f"{out} exists; pass --overwrite to replace it")
     if not out.parent.is_dir():
-        raise UsageError(f"no such folder: {out.parent}")
+        raise UsageError(f"OUT {out}: {missing_folder(out.parent)}")
     try:  # found now, not after the model is read and converted
         check_writable(out.parent, "the folder of OUT")
     except OSError as e:

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+from smol.checkpoint import missing_folder, not_a_folder
 from smol.commands.common import UsageError
 from smol.commands.grade_files import report_problem, write_output, write_report
 from smol.commands.runs import check_out
@@ -62,12 +63,10 @@ def gradebook_problem(args) -> str:
         )
     if args.feedback is not None:
         folder = args.feedback
-        if folder.exists() and not folder.is_dir():
-            return f"--feedback {folder} is a file, not a folder"
-        if not folder.exists() and folder.parent.is_file():
-            return f"--feedback: {folder.parent} is a file, not a folder"
+        if problem := not_a_folder(folder):
+            return f"--feedback: {problem}"
         if not folder.exists() and not folder.parent.is_dir():
-            return f"--feedback: the folder {folder.parent} does not exist"
+            return f"--feedback: {missing_folder(folder.parent)}"
         try:  # the pages are written after the grading: found unwritable before it
             check_out(folder, "--feedback")
         except UsageError as exc:

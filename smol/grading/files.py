@@ -17,6 +17,8 @@ from typing import Callable
 
 import nbformat
 
+from smol.checkpoint import missing_folder
+
 
 def is_regular(path: Path) -> bool:
     """Whether `path` is a regular file (not a device such as /dev/full, whose reads
@@ -65,7 +67,7 @@ def output_problem(path: Path, ours: Callable[[Path], bool], what: str) -> str:
         return "it is a notebook, which the output would replace"
     folder = path.parent
     if not folder.is_dir():
-        return f"the folder {folder} does not exist"
+        return missing_folder(folder)
     if path.exists() and not is_regular(path):
         return "it is not a regular file (a device or a pipe?): name a file"
     if path.exists() and not ours(path):
